@@ -1,0 +1,38 @@
+//! The Umbra host↔guest protocol, shared by the in-guest agent and the host runtime.
+//!
+//! A connection is a byte stream (vsock in a VM, a Unix socket in host-side tests) carrying
+//! frames: a fixed 12-byte header followed by a bounded body ([`frame`]). Control frames carry
+//! JSON ([`messages`]); stdio frames carry raw bytes. [`codec::FrameCodec`] turns bytes into
+//! frames and rejects anything malformed with a [`codec::DecodeError`] — it never panics and never
+//! allocates more than [`frame::MAX_BODY_LEN`] for one frame.
+//!
+//! This crate holds no I/O policy: who sends what, when, is documented in `docs/protocol.md` and
+//! implemented by the agent and the runtime's agent client.
+
+pub mod codec;
+pub mod frame;
+pub mod messages;
+
+pub use codec::{DecodeError, FrameCodec};
+pub use frame::{Channel, Frame, FrameHeader, FrameKind, HEADER_LEN, MAX_BODY_LEN};
+pub use messages::*;
+
+/// The vsock port the agent listens on inside the guest.
+pub const AGENT_VSOCK_PORT: u32 = 1024;
+
+/// Protocol version spoken by this build. Peers with a different major refuse each other;
+/// a newer minor only adds optional fields and methods.
+pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 1, minor: 0 };
+
+/// Bytes of stdout or stderr the agent may send per stream before the host grants more credit.
+pub const INITIAL_OUTPUT_CREDIT: u32 = 256 * 1024;
+
+/// Bytes of stdin the host may send per process before the agent grants more credit.
+pub const INITIAL_STDIN_CREDIT: u32 = 256 * 1024;
+
+/// Largest data payload in one stdio frame. Smaller than [`MAX_BODY_LEN`] so that a data frame
+/// never monopolises the connection for long.
+pub const MAX_DATA_CHUNK: usize = 64 * 1024;
+
+/// Largest file payload moved by one read_file/write_file request.
+pub const MAX_FILE_CHUNK: usize = 1024 * 1024;

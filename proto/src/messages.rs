@@ -1,0 +1,405 @@
+//! Message bodies carried by control frames, as serde types.
+//!
+//! Control bodies are JSON. A Request or Response may carry a raw *attachment* (file contents)
+//! after the JSON, separated by one NUL byte: a JSON text never contains a raw NUL, so the split
+//! is unambiguous and file bytes need no base64. Stdio never goes through JSON (Data frames).
+
+use std::collections::BTreeMap;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::frame::{Frame, FrameKind};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProtocolVersion {
+    pub major: u16,
+    pub minor: u16,
+}
+
+impl ProtocolVersion {
+    /// Peers interoperate when their majors match.
+    pub fn compatible_with(&self, other: &ProtocolVersion) -> bool {
+        self.major == other.major
+    }
+}
+
+impl std::fmt::Display for ProtocolVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The first frame each side sends. The host speaks first; the agent answers with its own
+/// Hello, or with an Error frame (`incompatible_version`) and closes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol: ProtocolVersion,
+    /// "umbra-agent 0.1.0", "umbra-runtime 0.1.0".
+    pub software: String,
+    /// Agent only: the guest's hostname.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Agent only: whether it runs as PID 1 (inside a VM) or as an ordinary process (tests).
+    #[serde(default)]
+    pub pid1: bool,
+    /// Optional features the sender supports, e.g. "pty", "files", "mount".
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+}
+
+/// A request from the host; the frame id is the request id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "method", content = "params", rename_all = "snake_case")]
+pub enum Request {
+    Ping,
+    /// Starts a process whose id is this request's id. The response is the spawn confirmation;
+    /// no Data or Event frame of the process precedes it.
+    Spawn(SpawnRequest),
+    /// Ends the process's stdin after the stdin data already sent.
+    CloseStdin { process: u32 },
+    /// Sends `signal` to the process group of the process.
+    Kill { process: u32, signal: i32 },
+    /// Sends `signal` to every process of this connection.
+    KillAll { signal: i32 },
+    /// Sets the window size of a process spawned with a tty.
+    Resize { process: u32, size: TtySize },
+    Stats,
+    /// Reads at most `len` (≤ MAX_FILE_CHUNK) bytes at `offset`; data in the attachment.
+    ReadFile { path: String, #[serde(default)] offset: u64, len: u32 },
+    /// Writes the attachment (≤ MAX_FILE_CHUNK bytes) to `path`.
+    WriteFile(WriteFileRequest),
+    Stat { path: String },
+    ListDir { path: String, #[serde(default)] limit: Option<u32> },
+    /// Mounts a filesystem, e.g. a virtio-fs share by its tag.
+    Mount(MountRequest),
+    Unmount { path: String },
+    /// Powers the guest off (as PID 1) or stops the agent (as an ordinary process).
+    Shutdown,
+}
+
+impl Request {
+    pub fn method(&self) -> &'static str {
+        match self {
+            Request::Ping => "ping",
+            Request::Spawn(_) => "spawn",
+            Request::CloseStdin { .. } => "close_stdin",
+            Request::Kill { .. } => "kill",
+            Request::KillAll { .. } => "kill_all",
+            Request::Resize { .. } => "resize",
+            Request::Stats => "stats",
+            Request::ReadFile { .. } => "read_file",
+            Request::WriteFile(_) => "write_file",
+            Request::Stat { .. } => "stat",
+            Request::ListDir { .. } => "list_dir",
+            Request::Mount(_) => "mount",
+            Request::Unmount { .. } => "unmount",
+            Request::Shutdown => "shutdown",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnRequest {
+    /// argv[0] is looked up in PATH when it has no slash.
+    pub argv: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Added to the agent's base environment (PATH, HOME, TERM); entries here win.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    /// Run on a pseudo-terminal of this size; its output arrives on the stdout channel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty: Option<TtySize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteFileRequest {
+    pub path: String,
+    #[serde(default)]
+    pub mode: WriteMode,
+    /// Permission bits for a file this request creates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<u32>,
+    /// Create missing parent directories.
+    #[serde(default)]
+    pub create_dirs: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "offset")]
+pub enum WriteMode {
+    #[default]
+    Truncate,
+    Append,
+    At(u64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountRequest {
+    /// virtio-fs tag, or a device/source path for other filesystem types.
+    pub source: String,
+    pub target: String,
+    #[serde(default = "default_fs_type")]
+    pub fs_type: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+fn default_fs_type() -> String {
+    "virtiofs".into()
+}
+
+/// The answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Response {
+    Ok(ResponseBody),
+    Error(ErrorBody),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseBody {
+    Done,
+    Pong { uptime_ms: u64 },
+    Spawned { pid: u32 },
+    Stats(Stats),
+    /// File bytes are the attachment; `eof` is true when the read reached the end of the file.
+    FileData { len: u32, eof: bool },
+    Written { bytes: u64 },
+    Stat(FileStat),
+    DirList { entries: Vec<DirEntry>, truncated: bool },
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    pub mem_total_kib: u64,
+    pub mem_available_kib: u64,
+    /// Load averages ×100 (integers keep the type `Eq` and the JSON exact).
+    pub load_x100: [u32; 3],
+    /// Every process the kernel knows in this guest (or host, in tests).
+    pub processes: u32,
+    /// Processes this agent is tracking across all connections.
+    pub agent_processes: u32,
+    pub uptime_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    pub kind: FileKind,
+    pub size: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    pub kind: FileKind,
+    pub size: u64,
+}
+
+/// What went wrong, for a Response error or an Error frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct ErrorBody {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The frame could not be decoded or violated the protocol.
+    Protocol,
+    IncompatibleVersion,
+    /// The request was well-framed JSON but not a valid request.
+    BadRequest,
+    /// A request id that is already in use (in flight, or a live process).
+    DuplicateId,
+    NoSuchProcess,
+    SpawnFailed,
+    NotFound,
+    PermissionDenied,
+    TooLarge,
+    Io,
+    Unsupported,
+    /// A code from a newer peer.
+    #[serde(other)]
+    Other,
+}
+
+/// Something that happened to a process; the frame id is the process id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The process ended. Sent after all of its stdout and stderr.
+    Exit(ExitStatus),
+    /// Something failed around the process (its stdin pipe, its output), not the process itself.
+    Error { message: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    /// Exit code when the process exited normally.
+    pub code: Option<i32>,
+    /// Signal number when the process was killed by a signal.
+    pub signal: Option<i32>,
+    pub duration_ms: u64,
+}
+
+impl ExitStatus {
+    /// Shell convention: the code, or 128 + signal.
+    pub fn shell_code(&self) -> i32 {
+        match (self.code, self.signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => 255,
+        }
+    }
+}
+
+/// Why a control body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("invalid JSON body: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Encodes a JSON control frame.
+pub fn json_frame<T: Serialize>(kind: FrameKind, id: u32, body: &T) -> Frame {
+    Frame::new(kind, id, serde_json::to_vec(body).expect("protocol types serialize"))
+}
+
+/// Encodes a JSON control frame with a raw attachment after a NUL separator.
+pub fn json_frame_with_attachment<T: Serialize>(kind: FrameKind, id: u32, body: &T, attachment: &[u8]) -> Frame {
+    let json = serde_json::to_vec(body).expect("protocol types serialize");
+    let mut buf = BytesMut::with_capacity(json.len() + 1 + attachment.len());
+    buf.put_slice(&json);
+    buf.put_u8(0);
+    buf.put_slice(attachment);
+    Frame::new(kind, id, buf.freeze())
+}
+
+/// Splits a control body into its JSON value and its attachment, if any.
+pub fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<(T, Option<Bytes>), BodyError> {
+    let (json, attachment) = match body.iter().position(|&b| b == 0) {
+        Some(nul) => (body.slice(..nul), Some(body.slice(nul + 1..))),
+        None => (body.clone(), None),
+    };
+    Ok((serde_json::from_slice(&json)?, attachment))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn wire_shapes_are_stable() {
+        let ping = serde_json::to_string(&Request::Ping).unwrap();
+        assert_eq!(ping, r#"{"method":"ping"}"#);
+        let kill = serde_json::to_string(&Request::Kill { process: 7, signal: 15 }).unwrap();
+        assert_eq!(kill, r#"{"method":"kill","params":{"process":7,"signal":15}}"#);
+        let ok = serde_json::to_string(&Response::Ok(ResponseBody::Spawned { pid: 42 })).unwrap();
+        assert_eq!(ok, r#"{"ok":{"type":"spawned","pid":42}}"#);
+        let exit = Event::Exit(ExitStatus { code: None, signal: Some(15), duration_ms: 3 });
+        assert_eq!(
+            serde_json::to_string(&exit).unwrap(),
+            r#"{"event":"exit","code":null,"signal":15,"duration_ms":3}"#
+        );
+    }
+
+    #[test]
+    fn unknown_error_codes_from_newer_peers_decode_as_other() {
+        let e: ErrorBody = serde_json::from_str(r#"{"code":"quota_exceeded","message":"m"}"#).unwrap();
+        assert_eq!(e.code, ErrorCode::Other);
+    }
+
+    #[test]
+    fn unknown_methods_are_errors_not_panics() {
+        let body = Bytes::from_static(br#"{"method":"format_disk","params":{}}"#);
+        assert!(parse_body::<Request>(&body).is_err());
+    }
+
+    #[test]
+    fn attachment_survives_nul_bytes_inside_it() {
+        let req = Request::WriteFile(WriteFileRequest {
+            path: "/tmp/a".into(),
+            mode: WriteMode::At(5),
+            permissions: Some(0o600),
+            create_dirs: true,
+        });
+        let data = b"\0\x01\0binary\0";
+        let frame = json_frame_with_attachment(FrameKind::Request, 3, &req, data);
+        let (back, att): (Request, _) = parse_body(&frame.body).unwrap();
+        assert_eq!(back, req);
+        assert_eq!(att.as_deref(), Some(&data[..]));
+    }
+
+    fn arb_spawn() -> impl Strategy<Value = SpawnRequest> {
+        (
+            proptest::collection::vec(".*", 1..4),
+            proptest::option::of(".*"),
+            proptest::collection::btree_map("[A-Z_]{1,8}", ".*", 0..4),
+            proptest::option::of(any::<u32>()),
+            proptest::option::of((any::<u16>(), any::<u16>()).prop_map(|(rows, cols)| TtySize { rows, cols })),
+        )
+            .prop_map(|(argv, cwd, env, uid, tty)| SpawnRequest { argv, cwd, env, uid, gid: uid, tty })
+    }
+
+    proptest! {
+        #[test]
+        fn requests_round_trip(spawn in arb_spawn(), path in ".*", n in any::<u32>(), sig in any::<i32>()) {
+            for req in [
+                Request::Spawn(spawn.clone()),
+                Request::Kill { process: n, signal: sig },
+                Request::ReadFile { path: path.clone(), offset: n as u64, len: n },
+                Request::ListDir { path: path.clone(), limit: Some(n) },
+                Request::Stats,
+            ] {
+                let frame = json_frame(FrameKind::Request, n, &req);
+                let (back, att): (Request, _) = parse_body(&frame.body).unwrap();
+                prop_assert_eq!(back, req);
+                prop_assert!(att.is_none());
+            }
+        }
+
+        #[test]
+        fn arbitrary_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let b = Bytes::from(body);
+            let _ = parse_body::<Request>(&b);
+            let _ = parse_body::<Response>(&b);
+            let _ = parse_body::<Event>(&b);
+            let _ = parse_body::<Hello>(&b);
+        }
+    }
+}
