@@ -1,0 +1,94 @@
+//! umbra-agent: PID 1 of every Umbra guest and the server of the host↔guest protocol.
+//!
+//! In a guest it mounts the basics, reaps every orphan, and serves the protocol on vsock port
+//! 1024. On the host (`--listen unix:PATH`) the same server runs as an ordinary process, which
+//! is how the test suite drives it with real processes and no VM.
+
+mod fdio;
+mod files;
+mod pid1;
+mod process;
+mod reaper;
+mod server;
+mod system;
+
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Parser;
+use server::{Agent, ListenAddr};
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Umbra guest agent (PID 1 and protocol server)")]
+struct Args {
+    /// Where to serve the protocol: vsock:PORT or unix:PATH.
+    #[arg(long, default_value = "vsock:1024")]
+    listen: ListenAddr,
+    /// Hostname to set when running as PID 1.
+    #[arg(long, default_value = "umbra")]
+    hostname: String,
+    /// Log filter (tracing-subscriber syntax). Logs go to stderr — the console in a guest,
+    /// where every byte is slow, so the default is quiet.
+    #[arg(long, env = "UMBRA_AGENT_LOG", default_value = "warn")]
+    log: String,
+}
+
+fn main() {
+    let pid1 = pid1::is_pid1();
+    // As PID 1 the kernel passes unknown `key=value` boot arguments as environment and
+    // anything else as argv; only our own flags are meaningful, so ignore parse errors there.
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) if !pid1 => e.exit(),
+        Err(_) => Args::parse_from(["umbra-agent"]),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    if pid1 {
+        std::panic::set_hook(Box::new(|info| pid1::fatal(&format!("panic: {info}"))));
+    }
+    if let Err(e) = run(args, pid1) {
+        if pid1 {
+            pid1::fatal(&format!("{e:#}"));
+        }
+        eprintln!("umbra-agent: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
+    if pid1 {
+        pid1::init(&args.hostname)?;
+    } else {
+        // Orphans of our children are reparented to us, as they would be to PID 1 in a guest.
+        // SAFETY: prctl with an integer argument has no memory effects.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async {
+        let agent = Arc::new(Agent {
+            reaper: reaper::Reaper::start()?,
+            started: Instant::now(),
+            pid1,
+            hostname: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
+            live_processes: AtomicU32::new(0),
+            shutdown: tokio::sync::Notify::new(),
+        });
+        tokio::select! {
+            r = server::serve(agent.clone(), &args.listen) => r,
+            _ = agent.shutdown.notified() => {
+                // Let the shutdown response reach the host first.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                if pid1 {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), nix::sys::signal::SIGKILL);
+                    pid1::power_off();
+                }
+                Ok(())
+            }
+        }
+    })
+}

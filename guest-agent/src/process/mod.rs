@@ -1,0 +1,205 @@
+//! The process model: one supervised child per spawn request.
+//!
+//! A [`ProcessHandle`] is what the connection keeps to talk to a child (stdin queue, credits,
+//! PTY for resizes). The supervisor task owns the rest: it pumps stdin and output, waits for the
+//! reaper's exit notice, drains what the child left in its pipes, and only then emits the exit
+//! event — so the host always sees all output before the exit.
+
+mod credit;
+pub mod spawn;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+use umbra_proto::{json_frame, Channel, Event, ExitStatus, Frame, FrameKind, MAX_DATA_CHUNK};
+
+pub use credit::Credit;
+use spawn::{ChildStdio, SpawnedChild};
+
+use crate::fdio::FdIo;
+use crate::reaper::ChildExit;
+
+/// After the child exits, a pipe still open (held by a background grandchild) that stays idle
+/// this long is treated as finished, so `sh -c 'sleep 100 &'` still reports its exit promptly.
+const DRAIN_IDLE: Duration = Duration::from_millis(50);
+
+pub enum StdinMsg {
+    Data(Bytes),
+    Close,
+}
+
+/// Where frames for the host go; bounded, so a host that stops reading stalls producers.
+pub type FrameSink = mpsc::Sender<Frame>;
+
+pub struct ProcessHandle {
+    pub pid: u32,
+    pub stdin: mpsc::UnboundedSender<StdinMsg>,
+    /// Stdin bytes the host may still send; the connection spends it, the stdin pump refills it.
+    pub stdin_window: Arc<AtomicU64>,
+    pub stdout_credit: Arc<Credit>,
+    pub stderr_credit: Arc<Credit>,
+    pub pty: Option<Arc<FdIo>>,
+}
+
+impl ProcessHandle {
+    pub fn credit(&self, channel: Channel) -> Option<&Arc<Credit>> {
+        match channel {
+            Channel::Stdout => Some(&self.stdout_credit),
+            Channel::Stderr => Some(&self.stderr_credit),
+            _ => None,
+        }
+    }
+
+    /// Releases output pumps blocked on credit (the host is gone).
+    pub fn close_credits(&self) {
+        self.stdout_credit.close();
+        self.stderr_credit.close();
+    }
+}
+
+/// Starts supervising `child` as process `id`. `on_exit` runs after the exit event is queued.
+pub fn supervise(
+    id: u32,
+    child: SpawnedChild,
+    sink: FrameSink,
+    on_exit: impl FnOnce() + Send + 'static,
+) -> std::io::Result<ProcessHandle> {
+    let started = Instant::now();
+    let stdout_credit = Arc::new(Credit::new(umbra_proto::INITIAL_OUTPUT_CREDIT));
+    let stderr_credit = Arc::new(Credit::new(umbra_proto::INITIAL_OUTPUT_CREDIT));
+    let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
+    let (exited_tx, exited_rx) = watch::channel(false);
+
+    let (stdin_io, pumps, pty) = match child.stdio {
+        ChildStdio::Pipes { stdin, stdout, stderr } => {
+            let out = Arc::new(FdIo::new(stdout, false)?);
+            let err = Arc::new(FdIo::new(stderr, false)?);
+            let pumps = vec![
+                tokio::spawn(pump_output(id, Channel::Stdout, out, stdout_credit.clone(), sink.clone(), exited_rx.clone())),
+                tokio::spawn(pump_output(id, Channel::Stderr, err, stderr_credit.clone(), sink.clone(), exited_rx)),
+            ];
+            (StdinTarget::Pipe(FdIo::new(stdin, false)?), pumps, None)
+        }
+        ChildStdio::Pty { master } => {
+            let master = Arc::new(FdIo::new(master, true)?);
+            let pumps = vec![tokio::spawn(pump_output(
+                id,
+                Channel::Stdout,
+                master.clone(),
+                stdout_credit.clone(),
+                sink.clone(),
+                exited_rx,
+            ))];
+            (StdinTarget::Pty(master.clone()), pumps, Some(master))
+        }
+    };
+    let stdin_window = Arc::new(AtomicU64::new(umbra_proto::INITIAL_STDIN_CREDIT as u64));
+    let stdin_pump = tokio::spawn(pump_stdin(id, stdin_io, stdin_rx, stdin_window.clone(), sink.clone()));
+
+    let exit = child.exit;
+    tokio::spawn(async move {
+        // The reaper only drops the sender if its loop died; report that rather than hang.
+        let status = match exit.await {
+            Ok(ChildExit::Code(c)) => ExitStatus { code: Some(c), signal: None, duration_ms: 0 },
+            Ok(ChildExit::Signal(s)) => ExitStatus { code: None, signal: Some(s), duration_ms: 0 },
+            Err(_) => ExitStatus { code: None, signal: None, duration_ms: 0 },
+        };
+        let duration_ms = started.elapsed().as_millis() as u64;
+        let _ = exited_tx.send(true);
+        for pump in pumps {
+            let _ = pump.await;
+        }
+        stdin_pump.abort();
+        let _ = sink.send(json_frame(FrameKind::Event, id, &Event::Exit(ExitStatus { duration_ms, ..status }))).await;
+        on_exit();
+    });
+
+    Ok(ProcessHandle {
+        pid: child.pid,
+        stdin: stdin_tx,
+        stdin_window,
+        stdout_credit,
+        stderr_credit,
+        pty,
+    })
+}
+
+enum StdinTarget {
+    Pipe(FdIo),
+    Pty(Arc<FdIo>),
+}
+
+async fn pump_stdin(
+    id: u32,
+    target: StdinTarget,
+    mut rx: mpsc::UnboundedReceiver<StdinMsg>,
+    window: Arc<AtomicU64>,
+    sink: FrameSink,
+) {
+    let mut target = Some(target);
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            StdinMsg::Data(bytes) => {
+                if let Some(t) = &target {
+                    let io = match t {
+                        StdinTarget::Pipe(io) => io,
+                        StdinTarget::Pty(io) => io,
+                    };
+                    // A child that closed its stdin (EPIPE) just stops receiving; the host still
+                    // gets its credit back so its writer never hangs.
+                    if io.write_all(&bytes).await.is_err() {
+                        target = None;
+                    }
+                }
+                window.fetch_add(bytes.len() as u64, Ordering::AcqRel);
+                if sink.send(Frame::credit(id, Channel::Stdin, bytes.len() as u32)).await.is_err() {
+                    return;
+                }
+            }
+            StdinMsg::Close => match target.take() {
+                // Dropping the write end is EOF for a pipe.
+                Some(StdinTarget::Pipe(io)) => drop(io),
+                // A terminal has no end of input; VEOF (^D) at line start is what a shell reads as one.
+                Some(StdinTarget::Pty(io)) => {
+                    let _ = io.write_all(b"\x04").await;
+                }
+                None => {}
+            },
+        }
+    }
+}
+
+async fn pump_output(
+    id: u32,
+    channel: Channel,
+    io: Arc<FdIo>,
+    credit: Arc<Credit>,
+    sink: FrameSink,
+    mut exited: watch::Receiver<bool>,
+) {
+    let mut buf = vec![0u8; MAX_DATA_CHUNK];
+    loop {
+        let Some(allowed) = credit.available(MAX_DATA_CHUNK).await else { return };
+        let read = loop {
+            if *exited.borrow() {
+                break tokio::time::timeout(DRAIN_IDLE, io.read(&mut buf[..allowed])).await.unwrap_or(Ok(0));
+            }
+            tokio::select! {
+                r = io.read(&mut buf[..allowed]) => break r,
+                changed = exited.changed() => if changed.is_err() { break Ok(0) },
+            }
+        };
+        match read {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                credit.spend(n);
+                if sink.send(Frame::data(id, channel, Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Turning a [`SpawnRequest`] into a running child: environment, cwd, credentials, and stdio
+//! as pipes or a pseudo-terminal. Every child leads its own session (so `kill` reaches its whole
+//! process tree through the group, and a PTY can become its controlling terminal).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::pty::{openpty, Winsize};
+use umbra_proto::{SpawnRequest, TtySize};
+
+use crate::reaper::{ChildExit, Reaper};
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The host side of a new child's stdio.
+pub enum ChildStdio {
+    Pipes { stdin: OwnedFd, stdout: OwnedFd, stderr: OwnedFd },
+    /// One master fd carries input and the merged output.
+    Pty { master: OwnedFd },
+}
+
+pub struct SpawnedChild {
+    pub pid: u32,
+    pub stdio: ChildStdio,
+    pub exit: tokio::sync::oneshot::Receiver<ChildExit>,
+}
+
+/// The environment a child sees: a small fixed base, then the request's entries. The agent's own
+/// environment is not inherited — in a guest it is the kernel's, in tests the test runner's.
+pub fn child_env(req: &SpawnRequest) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
+    let home = if req.uid.unwrap_or(0) == 0 { "/root" } else { "/" };
+    env.insert("HOME".to_string(), home.to_string());
+    if req.tty.is_some() {
+        env.insert("TERM".to_string(), "xterm-256color".to_string());
+    }
+    env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+pub fn winsize(size: TtySize) -> Winsize {
+    Winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 }
+}
+
+/// Forks and execs the request. Errors carry the OS reason (missing binary, bad cwd, EPERM).
+pub fn spawn(reaper: &Reaper, req: &SpawnRequest) -> io::Result<SpawnedChild> {
+    let Some(program) = req.argv.first() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "argv is empty"));
+    };
+    if req.argv.iter().any(|a| a.contains('\0')) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "argv contains a NUL byte"));
+    }
+    let mut cmd = Command::new(program);
+    cmd.args(&req.argv[1..]).env_clear().envs(child_env(req));
+    if let Some(cwd) = &req.cwd {
+        cmd.current_dir(cwd);
+    }
+    if let Some(gid) = req.gid {
+        cmd.gid(gid);
+    }
+    if let Some(uid) = req.uid {
+        cmd.uid(uid);
+    }
+    let tty = req.tty;
+    // Reaping is paused while we fork, so the pty fds opened here cannot leak into another
+    // child forked concurrently (all agent forks go through the reaper lock).
+    let (stdio, pid, exit) = reaper.spawn(|| {
+        if let Some(size) = tty {
+            let pty = openpty(Some(&winsize(size)), None).map_err(io::Error::from)?;
+            fcntl(&pty.master, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+            fcntl(&pty.slave, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+            cmd.stdin(Stdio::from(pty.slave.try_clone()?))
+                .stdout(Stdio::from(pty.slave.try_clone()?))
+                .stderr(Stdio::from(pty.slave.try_clone()?));
+            // SAFETY: between fork and exec we only call async-signal-safe functions
+            // (setsid, ioctl) and touch no heap state.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::setsid() < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn()?;
+            // Our copy of the slave closes here (and the Stdio copies with `cmd`), so the
+            // master reports EIO exactly when the child side is gone.
+            drop(pty.slave);
+            let pid = child.id();
+            Ok((ChildStdio::Pty { master: pty.master }, pid))
+        } else {
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            // SAFETY: setsid is async-signal-safe and touches no heap state.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::setsid() < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let mut child = cmd.spawn()?;
+            let pid = child.id();
+            let stdin = OwnedFd::from(child.stdin.take().expect("stdin piped"));
+            let stdout = OwnedFd::from(child.stdout.take().expect("stdout piped"));
+            let stderr = OwnedFd::from(child.stderr.take().expect("stderr piped"));
+            // `child` is dropped without waiting: the reaper owns its exit.
+            Ok((ChildStdio::Pipes { stdin, stdout, stderr }, pid))
+        }
+    })?;
+    Ok(SpawnedChild { pid, stdio, exit })
+}
+
+/// Sets a PTY's window size; the kernel delivers SIGWINCH to the foreground group.
+pub fn resize(master: &impl AsRawFd, size: TtySize) -> io::Result<()> {
+    let ws = winsize(size);
+    // SAFETY: TIOCSWINSZ reads one `struct winsize` from the pointer, which is valid for the call.
+    let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws as *const Winsize) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_env_overrides_the_base_and_tty_sets_term() {
+        let mut req = SpawnRequest { argv: vec!["x".into()], ..Default::default() };
+        req.env.insert("PATH".into(), "/opt/bin".into());
+        req.env.insert("FOO".into(), "bar".into());
+        let env = child_env(&req);
+        assert_eq!(env["PATH"], "/opt/bin");
+        assert_eq!(env["FOO"], "bar");
+        assert_eq!(env["HOME"], "/root");
+        assert!(!env.contains_key("TERM"));
+        req.tty = Some(TtySize { rows: 24, cols: 80 });
+        req.uid = Some(1000);
+        let env = child_env(&req);
+        assert_eq!(env["TERM"], "xterm-256color");
+        assert_eq!(env["HOME"], "/");
+    }
+}

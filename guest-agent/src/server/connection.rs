@@ -1,0 +1,210 @@
+//! One host connection: handshake, then a reader loop that routes frames, and a writer task.
+//!
+//! The reader never blocks on a single process: stdin goes to per-process queues bounded by the
+//! stdin credit the host was granted, output credit goes to the pumps, and slow requests (files,
+//! mounts) run as their own tasks. Frames that cannot be decoded close the connection after an
+//! Error frame; well-framed but invalid ones get an error and the connection goes on.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_util::codec::{FramedRead, FramedWrite};
+use umbra_proto::{
+    json_frame, parse_body, Channel, ErrorBody, ErrorCode, Frame, FrameCodec, FrameKind, Hello, Request, PROTOCOL_VERSION,
+};
+
+use super::Agent;
+use crate::process::{FrameSink, ProcessHandle, StdinMsg};
+
+/// Frames queued for the writer. Output is credit-limited, so this bounds memory, not throughput.
+const OUTBOX: usize = 64;
+
+pub type ProcessTable = Arc<Mutex<HashMap<u32, ProcessHandle>>>;
+
+pub struct Connection {
+    pub agent: Arc<Agent>,
+    pub sink: FrameSink,
+    pub processes: ProcessTable,
+    /// Ids of requests still being served by a task.
+    pub in_flight: Arc<Mutex<HashSet<u32>>>,
+}
+
+/// Why the connection must end.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    #[error("undecodable input: {0}")]
+    Decode(#[from] umbra_proto::DecodeError),
+    #[error("{0}")]
+    Protocol(String),
+    #[error("host stopped reading (writer closed)")]
+    WriterGone,
+}
+
+pub async fn serve_connection<S: AsyncRead + AsyncWrite + Send + 'static>(
+    agent: Arc<Agent>,
+    stream: S,
+) -> Result<(), ConnectionError> {
+    let (r, w) = tokio::io::split(stream);
+    let mut frames = FramedRead::new(r, FrameCodec::new());
+    let (sink, outbox) = mpsc::channel(OUTBOX);
+    let writer = tokio::spawn(write_frames(FramedWrite::new(w, FrameCodec::new()), outbox));
+
+    let conn = Connection {
+        agent,
+        sink,
+        processes: Arc::new(Mutex::new(HashMap::new())),
+        in_flight: Arc::new(Mutex::new(HashSet::new())),
+    };
+    let result = match handshake(&conn, &mut frames).await {
+        Ok(true) => conn.read_loop(&mut frames).await,
+        Ok(false) => Ok(()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = &result {
+        // Best effort: tell the host why before closing.
+        let _ = conn.sink.try_send(protocol_error(0, e.to_string()));
+    }
+    conn.teardown();
+    drop(conn);
+    let _ = writer.await;
+    result
+}
+
+fn protocol_error(id: u32, message: impl Into<String>) -> Frame {
+    json_frame(FrameKind::Error, id, &ErrorBody::new(ErrorCode::Protocol, message))
+}
+
+/// Returns Ok(false) if the peer closed before saying hello.
+async fn handshake<R: AsyncRead + Unpin>(
+    conn: &Connection,
+    frames: &mut FramedRead<R, FrameCodec>,
+) -> Result<bool, ConnectionError> {
+    let Some(frame) = frames.next().await.transpose()? else { return Ok(false) };
+    if frame.kind != FrameKind::Hello {
+        return Err(ConnectionError::Protocol(format!("expected Hello as the first frame, got {:?}", frame.kind)));
+    }
+    let (hello, _): (Hello, _) =
+        parse_body(&frame.body).map_err(|e| ConnectionError::Protocol(format!("bad Hello: {e}")))?;
+    if !hello.protocol.compatible_with(&PROTOCOL_VERSION) {
+        let err = ErrorBody::new(
+            ErrorCode::IncompatibleVersion,
+            format!(
+                "host speaks protocol {} but this agent speaks {}; use a runtime and guest image of the same major version",
+                hello.protocol, PROTOCOL_VERSION
+            ),
+        );
+        conn.send(json_frame(FrameKind::Error, 0, &err)).await?;
+        return Ok(false);
+    }
+    tracing::debug!(peer = %hello.software, protocol = %hello.protocol, "handshake");
+    let ours = Hello {
+        protocol: PROTOCOL_VERSION,
+        software: format!("umbra-agent {}", env!("CARGO_PKG_VERSION")),
+        hostname: Some(conn.agent.hostname.clone()),
+        pid1: conn.agent.pid1,
+        capabilities: ["pty", "files", "mount", "stats"].map(String::from).to_vec(),
+    };
+    conn.send(json_frame(FrameKind::Hello, 0, &ours)).await?;
+    Ok(true)
+}
+
+impl Connection {
+    pub async fn send(&self, frame: Frame) -> Result<(), ConnectionError> {
+        self.sink.send(frame).await.map_err(|_| ConnectionError::WriterGone)
+    }
+
+    async fn read_loop<R: AsyncRead + Unpin>(&self, frames: &mut FramedRead<R, FrameCodec>) -> Result<(), ConnectionError> {
+        while let Some(frame) = frames.next().await.transpose()? {
+            match frame.kind {
+                FrameKind::Request => self.on_request(frame).await?,
+                FrameKind::Data => self.on_stdin(frame)?,
+                FrameKind::Credit => self.on_credit(frame).await?,
+                other => {
+                    self.send(protocol_error(frame.id, format!("the host may not send {other:?} frames"))).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_request(&self, frame: Frame) -> Result<(), ConnectionError> {
+        let id = frame.id;
+        if id == 0 {
+            return self.send(protocol_error(0, "request id 0 is reserved")).await;
+        }
+        let duplicate = self.in_flight.lock().unwrap().contains(&id) || self.processes.lock().unwrap().contains_key(&id);
+        if duplicate {
+            let err = ErrorBody::new(ErrorCode::DuplicateId, format!("request id {id} is already in use"));
+            return self.send(json_frame(FrameKind::Error, id, &err)).await;
+        }
+        match parse_body::<Request>(&frame.body) {
+            Ok((request, attachment)) => self.dispatch(id, request, attachment).await,
+            Err(e) => {
+                let err = ErrorBody::new(ErrorCode::BadRequest, format!("request {id}: {e}"));
+                self.send(json_frame(FrameKind::Response, id, &umbra_proto::Response::Error(err))).await
+            }
+        }
+    }
+
+    fn on_stdin(&self, frame: Frame) -> Result<(), ConnectionError> {
+        if frame.channel != Channel::Stdin {
+            return Err(ConnectionError::Protocol(format!("the host may not send {:?} data", frame.channel)));
+        }
+        let processes = self.processes.lock().unwrap();
+        // Stdin for a process that already exited is dropped: the host may race the exit.
+        let Some(p) = processes.get(&frame.id) else { return Ok(()) };
+        let len = frame.body.len() as u64;
+        // Only this loop spends the window, so load-then-subtract cannot race another spender.
+        let window = p.stdin_window.load(Ordering::Acquire);
+        if len > window {
+            return Err(ConnectionError::Protocol(format!(
+                "process {}: {len} bytes of stdin exceed the {window} bytes of credit granted",
+                frame.id
+            )));
+        }
+        p.stdin_window.fetch_sub(len, Ordering::AcqRel);
+        let _ = p.stdin.send(StdinMsg::Data(frame.body));
+        Ok(())
+    }
+
+    async fn on_credit(&self, frame: Frame) -> Result<(), ConnectionError> {
+        let Some(bytes) = frame.credit_bytes() else {
+            return self.send(protocol_error(frame.id, "a Credit body is exactly 4 bytes")).await;
+        };
+        let processes = self.processes.lock().unwrap();
+        if let Some(credit) = processes.get(&frame.id).and_then(|p| p.credit(frame.channel)) {
+            credit.grant(bytes);
+        }
+        Ok(())
+    }
+
+    /// The host is gone: its processes must not outlive it, nor wait for credit forever.
+    fn teardown(&self) {
+        let processes = self.processes.lock().unwrap();
+        for p in processes.values() {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pid as i32), nix::sys::signal::SIGKILL);
+            p.close_credits();
+        }
+    }
+}
+
+async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(mut out: FramedWrite<W, FrameCodec>, mut rx: mpsc::Receiver<Frame>) {
+    while let Some(frame) = rx.recv().await {
+        if out.feed(frame).await.is_err() {
+            return;
+        }
+        // Batch whatever is already queued into one flush.
+        while let Ok(frame) = rx.try_recv() {
+            if out.feed(frame).await.is_err() {
+                return;
+            }
+        }
+        if out.flush().await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Request handlers: validate, call into the process model or the file/system helpers, answer.
+//! Quick requests are answered inline (ping stays prompt under load because nothing here waits
+//! on a process); filesystem work runs on the blocking pool as its own task.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use umbra_proto::{
+    json_frame, json_frame_with_attachment, ErrorBody, ErrorCode, FrameKind, Request, Response, ResponseBody,
+    SpawnRequest,
+};
+
+use super::connection::{Connection, ConnectionError};
+use crate::process::{self, spawn, StdinMsg};
+use crate::{files, system};
+
+type Reply = Result<ResponseBody, ErrorBody>;
+
+fn no_such_process(id: u32) -> ErrorBody {
+    ErrorBody::new(ErrorCode::NoSuchProcess, format!("no live process with id {id}"))
+}
+
+fn parse_signal(signal: i32) -> Result<Signal, ErrorBody> {
+    Signal::try_from(signal).map_err(|_| ErrorBody::new(ErrorCode::BadRequest, format!("{signal} is not a signal number")))
+}
+
+impl Connection {
+    pub(super) async fn dispatch(&self, id: u32, request: Request, attachment: Option<Bytes>) -> Result<(), ConnectionError> {
+        let reply = match request {
+            Request::Ping => Ok(ResponseBody::Pong { uptime_ms: self.agent.started.elapsed().as_millis() as u64 }),
+            Request::Spawn(req) => return self.spawn(id, req).await,
+            Request::CloseStdin { process } => self.with_process(process, |p| {
+                let _ = p.stdin.send(StdinMsg::Close);
+                Ok(ResponseBody::Done)
+            }),
+            Request::Kill { process, signal } => match parse_signal(signal) {
+                Ok(sig) => self.with_process(process, |p| {
+                    // Each child leads its own process group; signal all of it. ESRCH means the
+                    // tree is already gone while the exit is still being reported: not an error.
+                    let _ = killpg(Pid::from_raw(p.pid as i32), sig);
+                    Ok(ResponseBody::Done)
+                }),
+                Err(e) => Err(e),
+            },
+            Request::KillAll { signal } => parse_signal(signal).map(|sig| {
+                for p in self.processes.lock().unwrap().values() {
+                    let _ = killpg(Pid::from_raw(p.pid as i32), sig);
+                }
+                ResponseBody::Done
+            }),
+            Request::Resize { process, size } => self.with_process(process, |p| match &p.pty {
+                Some(pty) => spawn::resize(&pty.raw_fd(), size)
+                    .map(|_| ResponseBody::Done)
+                    .map_err(|e| ErrorBody::new(ErrorCode::Io, format!("resize of process {process}: {e}"))),
+                None => Err(ErrorBody::new(ErrorCode::Unsupported, format!("process {process} has no terminal"))),
+            }),
+            Request::Shutdown => {
+                self.respond(id, Ok(ResponseBody::Done)).await?;
+                self.agent.shutdown.notify_one();
+                return Ok(());
+            }
+            blocking => return self.run_blocking(id, blocking, attachment),
+        };
+        self.respond(id, reply).await
+    }
+
+    fn with_process(&self, id: u32, f: impl FnOnce(&process::ProcessHandle) -> Reply) -> Reply {
+        match self.processes.lock().unwrap().get(&id) {
+            Some(p) => f(p),
+            None => Err(no_such_process(id)),
+        }
+    }
+
+    async fn respond(&self, id: u32, reply: Reply) -> Result<(), ConnectionError> {
+        let response = match reply {
+            Ok(body) => Response::Ok(body),
+            Err(e) => Response::Error(e),
+        };
+        self.send(json_frame(FrameKind::Response, id, &response)).await
+    }
+
+    /// Spawns inline: the response (the spawn confirmation) is queued before the output pumps
+    /// start, so no output of the process can overtake it.
+    async fn spawn(&self, id: u32, req: SpawnRequest) -> Result<(), ConnectionError> {
+        let child = match spawn::spawn(&self.agent.reaper, &req) {
+            Ok(child) => child,
+            Err(e) => {
+                let argv0 = req.argv.first().map(String::as_str).unwrap_or("");
+                let cwd = req.cwd.as_deref().map(|c| format!(" in {c:?}")).unwrap_or_default();
+                let err = ErrorBody::new(ErrorCode::SpawnFailed, format!("cannot run {argv0:?}{cwd}: {e}"));
+                return self.respond(id, Err(err)).await;
+            }
+        };
+        self.respond(id, Ok(ResponseBody::Spawned { pid: child.pid })).await?;
+
+        let agent = self.agent.clone();
+        let table = Arc::downgrade(&self.processes);
+        // Holding the table lock across supervise+insert means the exit hook (which removes the
+        // entry) cannot run before the entry exists, however fast the child is.
+        let mut processes = self.processes.lock().unwrap();
+        let on_exit = move || {
+            agent.live_processes.fetch_sub(1, Ordering::AcqRel);
+            if let Some(table) = table.upgrade() {
+                table.lock().unwrap().remove(&id);
+            }
+        };
+        let pid = child.pid;
+        match process::supervise(id, child, self.sink.clone(), on_exit) {
+            Ok(handle) => {
+                self.agent.live_processes.fetch_add(1, Ordering::AcqRel);
+                processes.insert(id, handle);
+            }
+            Err(e) => {
+                // Cannot watch its stdio (fd exhaustion): do not leave it running unobserved.
+                let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                tracing::error!("process {id}: cannot supervise: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    fn run_blocking(&self, id: u32, request: Request, attachment: Option<Bytes>) -> Result<(), ConnectionError> {
+        self.in_flight.lock().unwrap().insert(id);
+        let sink = self.sink.clone();
+        let in_flight = self.in_flight.clone();
+        let live = self.agent.live_processes.load(Ordering::Acquire);
+        let uptime_ms = self.agent.started.elapsed().as_millis() as u64;
+        tokio::spawn(async move {
+            let frame = tokio::task::spawn_blocking(move || {
+                let reply = match request {
+                    Request::Stats => Ok(ResponseBody::Stats(system::stats(live, uptime_ms))),
+                    Request::ReadFile { path, offset, len } => match files::read(&path, offset, len) {
+                        Ok((data, eof)) => {
+                            let body = ResponseBody::FileData { len: data.len() as u32, eof };
+                            return json_frame_with_attachment(FrameKind::Response, id, &Response::Ok(body), &data);
+                        }
+                        Err(e) => Err(e),
+                    },
+                    Request::WriteFile(req) => {
+                        files::write(&req, attachment.as_deref().unwrap_or_default()).map(|bytes| ResponseBody::Written { bytes })
+                    }
+                    Request::Stat { path } => files::stat(&path).map(ResponseBody::Stat),
+                    Request::ListDir { path, limit } => {
+                        files::list(&path, limit).map(|(entries, truncated)| ResponseBody::DirList { entries, truncated })
+                    }
+                    Request::Mount(req) => system::mount_fs(&req).map(|_| ResponseBody::Done),
+                    Request::Unmount { path } => system::unmount(&path).map(|_| ResponseBody::Done),
+                    other => Err(ErrorBody::new(ErrorCode::Unsupported, format!("{} is not a blocking request", other.method()))),
+                };
+                let response = match reply {
+                    Ok(body) => Response::Ok(body),
+                    Err(e) => Response::Error(e),
+                };
+                json_frame(FrameKind::Response, id, &response)
+            })
+            .await;
+            if let Ok(frame) = frame {
+                let _ = sink.send(frame).await;
+            }
+            in_flight.lock().unwrap().remove(&id);
+        });
+        Ok(())
+    }
+}

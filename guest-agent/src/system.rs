@@ -1,0 +1,71 @@
+//! Guest-wide requests: stats, mounts, shutdown.
+
+use std::fs;
+use std::path::Path;
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use umbra_proto::{ErrorBody, ErrorCode, MountRequest, Stats};
+
+pub fn stats(agent_processes: u32, uptime_ms: u64) -> Stats {
+    let meminfo = fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let loadavg = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut load = [0u32; 3];
+    for (slot, v) in load.iter_mut().zip(loadavg.split_whitespace()) {
+        *slot = (v.parse::<f64>().unwrap_or(0.0) * 100.0).round() as u32;
+    }
+    let processes = fs::read_dir("/proc")
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+                .count() as u32
+        })
+        .unwrap_or(0);
+    Stats {
+        mem_total_kib: field("MemTotal"),
+        mem_available_kib: field("MemAvailable"),
+        load_x100: load,
+        processes,
+        agent_processes,
+        uptime_ms,
+    }
+}
+
+pub fn mount_fs(req: &MountRequest) -> Result<(), ErrorBody> {
+    let target = Path::new(&req.target);
+    if !target.is_absolute() {
+        return Err(ErrorBody::new(ErrorCode::BadRequest, format!("mount target {:?} is not absolute", req.target)));
+    }
+    fs::create_dir_all(target).map_err(|e| crate::files::io_error("cannot create mount point", &req.target, e))?;
+    let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if req.read_only {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    mount(Some(req.source.as_str()), target, Some(req.fs_type.as_str()), flags, None::<&str>).map_err(|e| {
+        ErrorBody::new(
+            ErrorCode::Io,
+            format!("cannot mount {} {:?} on {:?}: {e}", req.fs_type, req.source, req.target),
+        )
+    })
+}
+
+pub fn unmount(path: &str) -> Result<(), ErrorBody> {
+    umount2(path, MntFlags::empty())
+        .map_err(|e| ErrorBody::new(ErrorCode::Io, format!("cannot unmount {path:?}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn stats_read_real_proc() {
+        let s = super::stats(0, 1);
+        assert!(s.mem_total_kib > 0 && s.mem_available_kib <= s.mem_total_kib);
+        assert!(s.processes >= 1);
+    }
+}

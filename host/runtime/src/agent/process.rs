@@ -1,0 +1,184 @@
+//! A process running in the guest, as seen by the host: an event stream, a stdin writer, and
+//! kill/resize. Consuming output grants the agent credit for more, so a caller that stops
+//! reading stalls that process (in its pipe) and nothing else.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use umbra_proto::{Channel, ErrorBody, ExitStatus, Frame, Request, TtySize, MAX_DATA_CHUNK};
+
+use super::{AgentClient, ClientError};
+
+/// Stdin writes queued ahead of the credit; small so `write` applies backpressure.
+const STDIN_QUEUE: usize = 16;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessEvent {
+    /// The agent started the process. Always the first event unless the spawn failed.
+    Spawned { pid: u32 },
+    /// The agent could not start it; no further events follow.
+    SpawnFailed(ErrorBody),
+    Stdout(Bytes),
+    Stderr(Bytes),
+    /// The process ended; all of its output came before this. No further events follow.
+    Exit(ExitStatus),
+    /// Something failed around the process. After a lost connection this is the last event.
+    Error(String),
+}
+
+/// Everything a process printed, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessOutput {
+    pub pid: u32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub status: ExitStatus,
+}
+
+pub struct Process {
+    client: AgentClient,
+    id: u32,
+    events: mpsc::UnboundedReceiver<ProcessEvent>,
+    stdin: ProcessStdin,
+    finished: bool,
+}
+
+/// Writes to a process's stdin. Clones share the stream.
+#[derive(Clone)]
+pub struct ProcessStdin {
+    tx: mpsc::Sender<StdinCmd>,
+}
+
+enum StdinCmd {
+    Data(Bytes),
+    Close,
+}
+
+impl Process {
+    pub(super) fn new(
+        client: AgentClient,
+        id: u32,
+        events: mpsc::UnboundedReceiver<ProcessEvent>,
+        confirmed: oneshot::Receiver<Result<u32, ClientError>>,
+        credit: Arc<Semaphore>,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(STDIN_QUEUE);
+        tokio::spawn(stdin_task(client.clone(), id, confirmed, credit, rx));
+        Self { client, id, events, stdin: ProcessStdin { tx }, finished: false }
+    }
+
+    /// The protocol id of this process (not its guest pid).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub fn stdin(&self) -> ProcessStdin {
+        self.stdin.clone()
+    }
+
+    /// The next event, or `None` after the last one.
+    pub async fn next_event(&mut self) -> Option<ProcessEvent> {
+        let event = self.events.recv().await;
+        match &event {
+            Some(ProcessEvent::Stdout(b)) => self.grant(Channel::Stdout, b.len()),
+            Some(ProcessEvent::Stderr(b)) => self.grant(Channel::Stderr, b.len()),
+            Some(ProcessEvent::Exit(_) | ProcessEvent::SpawnFailed(_) | ProcessEvent::Error(_)) | None => {
+                self.finished = true
+            }
+            Some(ProcessEvent::Spawned { .. }) => {}
+        }
+        event
+    }
+
+    fn grant(&self, channel: Channel, bytes: usize) {
+        let _ = self.client.send(Frame::credit(self.id, channel, bytes as u32));
+    }
+
+    /// Sends `signal` to the process's group in the guest.
+    pub async fn kill(&self, signal: i32) -> Result<(), ClientError> {
+        self.client.call(&Request::Kill { process: self.id, signal }).await.map(drop)
+    }
+
+    pub async fn resize(&self, rows: u16, cols: u16) -> Result<(), ClientError> {
+        self.client.call(&Request::Resize { process: self.id, size: TtySize { rows, cols } }).await.map(drop)
+    }
+
+    /// Collects all output until the process exits.
+    pub async fn output(mut self) -> Result<ProcessOutput, ClientError> {
+        let (mut pid, mut stdout, mut stderr) = (0, Vec::new(), Vec::new());
+        while let Some(event) = self.next_event().await {
+            match event {
+                ProcessEvent::Spawned { pid: p } => pid = p,
+                ProcessEvent::SpawnFailed(e) => return Err(ClientError::Agent(e)),
+                ProcessEvent::Stdout(b) => stdout.extend_from_slice(&b),
+                ProcessEvent::Stderr(b) => stderr.extend_from_slice(&b),
+                ProcessEvent::Exit(status) => return Ok(ProcessOutput { pid, stdout, stderr, status }),
+                ProcessEvent::Error(e) => return Err(ClientError::ConnectionLost(e)),
+            }
+        }
+        Err(self.client.lost_error())
+    }
+}
+
+impl Drop for Process {
+    /// A process nobody can observe any more is killed, like `kill_on_drop`.
+    fn drop(&mut self) {
+        if !self.finished {
+            let id = self.client.next_id();
+            let kill = Request::Kill { process: self.id, signal: SIGKILL };
+            let _ = self.client.send(umbra_proto::json_frame(umbra_proto::FrameKind::Request, id, &kill));
+        }
+    }
+}
+
+/// Linux's SIGKILL; the signal numbers on the wire are the guest's, which is always Linux.
+const SIGKILL: i32 = 9;
+
+impl ProcessStdin {
+    /// Queues bytes for the process's stdin; waits while the agent has no room for them.
+    pub async fn write(&self, data: impl Into<Bytes>) -> Result<(), ClientError> {
+        self.tx
+            .send(StdinCmd::Data(data.into()))
+            .await
+            .map_err(|_| ClientError::Protocol("process stdin is closed (process ended or spawn failed)".into()))
+    }
+
+    /// Ends stdin after everything written so far.
+    pub async fn close(&self) -> Result<(), ClientError> {
+        self.tx
+            .send(StdinCmd::Close)
+            .await
+            .map_err(|_| ClientError::Protocol("process stdin is closed (process ended or spawn failed)".into()))
+    }
+}
+
+/// Holds stdin until the spawn is confirmed, then sends it within the agent's credit.
+async fn stdin_task(
+    client: AgentClient,
+    id: u32,
+    confirmed: oneshot::Receiver<Result<u32, ClientError>>,
+    credit: Arc<Semaphore>,
+    mut rx: mpsc::Receiver<StdinCmd>,
+) {
+    if !matches!(confirmed.await, Ok(Ok(_))) {
+        return;
+    }
+    while let Some(cmd) = rx.recv().await {
+        match cmd {
+            StdinCmd::Data(mut bytes) => {
+                while !bytes.is_empty() {
+                    let chunk = bytes.split_to(bytes.len().min(MAX_DATA_CHUNK));
+                    let Ok(permit) = credit.acquire_many(chunk.len() as u32).await else { return };
+                    permit.forget();
+                    if client.send(Frame::data(id, Channel::Stdin, chunk)).is_err() {
+                        return;
+                    }
+                }
+            }
+            StdinCmd::Close => {
+                let _ = client.call(&Request::CloseStdin { process: id }).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Test support: runs the real `umbra-agent` binary on a Unix socket and connects the runtime's
+//! client to it, so behaviour tests exercise both sides of the protocol with real processes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use umbra_runtime::agent::AgentClient;
+
+/// Path of a workspace binary built next to the running test executable.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(format!("UMBRA_{}_BIN", name.to_uppercase().replace('-', "_"))) {
+        return p.into();
+    }
+    // target/<profile>/deps/<test>-<hash> → target/<profile>/<name>
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("test binary lives in target/<profile>/deps");
+    let bin = profile_dir.join(name);
+    assert!(bin.exists(), "{} not found: build it first (cargo build -p {name})", bin.display());
+    bin
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("umbra-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The agent running as an ordinary host process, killed on drop.
+pub struct HostAgent {
+    pub child: Child,
+    pub socket: PathBuf,
+    _dir: TempDir,
+}
+
+impl HostAgent {
+    pub async fn start() -> Self {
+        let dir = TempDir::new("agent");
+        let socket = dir.0.join("agent.sock");
+        let child = Command::new(workspace_bin("umbra-agent"))
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()))
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start umbra-agent");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "agent did not create {}", socket.display());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Self { child, socket, _dir: dir }
+    }
+
+    pub async fn connect(&self) -> AgentClient {
+        AgentClient::connect_unix(&self.socket).await.expect("connect to agent")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for HostAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Resident set size of a process, from /proc/<pid>/status.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Pids of the zombie children of `parent`, read from /proc.
+pub fn zombie_children(parent: u32) -> Vec<u32> {
+    let mut zombies = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // "pid (comm) S ppid ..." — comm may contain spaces and parens, so split after the last ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next();
+        let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
+        if state == Some("Z") && ppid == Some(parent) {
+            zombies.push(pid);
+        }
+    }
+    zombies
+}

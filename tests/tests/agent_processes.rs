@@ -1,0 +1,198 @@
+//! The agent on a Unix socket with real processes: output, exit codes, signals, stdin, env, cwd,
+//! PTYs, many concurrent processes, file requests and a dropped connection.
+
+use std::time::Duration;
+
+use umbra_proto::{ErrorCode, SpawnRequest, TtySize, WriteFileRequest, WriteMode};
+use umbra_runtime::agent::{ClientError, ProcessEvent};
+use umbra_tests::{zombie_children, HostAgent, TempDir};
+
+fn sh(script: &str) -> SpawnRequest {
+    SpawnRequest { argv: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() }
+}
+
+#[tokio::test]
+async fn echo_output_and_exit_codes() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    assert!(client.agent_info().software.starts_with("umbra-agent"));
+    assert!(!client.agent_info().pid1);
+
+    let out = client.spawn(SpawnRequest { argv: vec!["echo".into(), "hello".into()], ..Default::default() }).unwrap();
+    let out = out.output().await.unwrap();
+    assert_eq!(out.stdout, b"hello\n");
+    assert_eq!((out.status.code, out.status.signal), (Some(0), None));
+    assert!(out.pid > 0);
+
+    let out = client.spawn(sh("echo out; echo err >&2; exit 3")).unwrap().output().await.unwrap();
+    assert_eq!((out.stdout.as_slice(), out.stderr.as_slice()), (&b"out\n"[..], &b"err\n"[..]));
+    assert_eq!(out.status.code, Some(3));
+}
+
+#[tokio::test]
+async fn signals_are_reported_as_signals() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    let out = client.spawn(sh("kill -TERM $$")).unwrap().output().await.unwrap();
+    assert_eq!((out.status.code, out.status.signal), (None, Some(15)));
+    assert_eq!(out.status.shell_code(), 143);
+
+    // kill() from the host reaches the process (and its group).
+    let mut p = client.spawn(sh("sleep 30 & wait")).unwrap();
+    assert!(matches!(p.next_event().await, Some(ProcessEvent::Spawned { .. })));
+    p.kill(15).await.unwrap();
+    let out = p.output().await.unwrap();
+    assert_eq!(out.status.signal, Some(15));
+    assert!(out.status.duration_ms < 10_000);
+
+    // kill_all refuses a bogus signal and reaches every process of the connection.
+    let e = client.kill_all(999).await.unwrap_err();
+    assert_eq!(e.agent_error().unwrap().code, ErrorCode::BadRequest);
+    let mut a = client.spawn(sh("sleep 30")).unwrap();
+    let mut b = client.spawn(sh("sleep 30")).unwrap();
+    for p in [&mut a, &mut b] {
+        assert!(matches!(p.next_event().await, Some(ProcessEvent::Spawned { .. })));
+    }
+    client.kill_all(9).await.unwrap();
+    assert_eq!(a.output().await.unwrap().status.signal, Some(9));
+    assert_eq!(b.output().await.unwrap().status.signal, Some(9));
+}
+
+#[tokio::test]
+async fn stdin_is_echoed_through_cat_even_when_written_before_the_spawn_is_confirmed() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    let p = client.spawn(SpawnRequest { argv: vec!["cat".into()], ..Default::default() }).unwrap();
+    let stdin = p.stdin();
+    // Written immediately: the client holds it until the spawn confirmation arrives.
+    let payload: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let writer = {
+        let payload = payload.clone();
+        tokio::spawn(async move {
+            stdin.write(&b"first line\n"[..]).await.unwrap();
+            stdin.write(payload).await.unwrap();
+            stdin.close().await.unwrap();
+        })
+    };
+    let out = p.output().await.unwrap();
+    writer.await.unwrap();
+    assert_eq!(&out.stdout[..11], b"first line\n");
+    assert!(out.stdout[11..] == payload[..], "3 MB through cat came back intact (more than the stdin credit window)");
+    assert_eq!(out.status.code, Some(0));
+}
+
+#[tokio::test]
+async fn env_and_cwd_are_honoured() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    let dir = TempDir::new("cwd");
+    let mut req = sh("echo \"$GREETING\"; pwd; echo \"$HOME\"");
+    req.env.insert("GREETING".into(), "hi there".into());
+    req.cwd = Some(dir.0.display().to_string());
+    let out = client.spawn(req).unwrap().output().await.unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text, format!("hi there\n{}\n/root\n", dir.0.display()));
+
+    // A missing cwd or program is a spawn failure that says what and why.
+    let mut req = sh("true");
+    req.cwd = Some("/nonexistent-umbra-dir".into());
+    let e = client.spawn(req).unwrap().output().await.unwrap_err();
+    let e = e.agent_error().expect("agent error").clone();
+    assert_eq!(e.code, ErrorCode::SpawnFailed);
+    assert!(e.message.contains("/nonexistent-umbra-dir"), "{}", e.message);
+    let e = client.spawn(SpawnRequest { argv: vec!["no-such-program-umbra".into()], ..Default::default() }).unwrap();
+    let e = e.output().await.unwrap_err();
+    assert!(e.to_string().contains("no-such-program-umbra"), "{e}");
+}
+
+#[tokio::test]
+async fn pty_process_sees_a_terminal_and_its_new_size() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    let mut req = sh("test -t 0 && test -t 1 && echo is-a-tty; stty size; read line; stty size");
+    req.tty = Some(TtySize { rows: 24, cols: 80 });
+    let mut p = client.spawn(req).unwrap();
+    let mut seen = String::new();
+    let mut resized = false;
+    let status = loop {
+        match tokio::time::timeout(Duration::from_secs(10), p.next_event()).await.expect("pty output") {
+            Some(ProcessEvent::Stdout(b)) => seen.push_str(&String::from_utf8_lossy(&b)),
+            Some(ProcessEvent::Exit(s)) => break s,
+            Some(ProcessEvent::Spawned { .. }) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+        if !resized && seen.contains("24 80") {
+            p.resize(40, 100).await.unwrap();
+            p.stdin().write(&b"go\n"[..]).await.unwrap();
+            resized = true;
+        }
+    };
+    assert!(seen.contains("is-a-tty"), "{seen:?}");
+    assert!(seen.contains("40 100"), "new size after resize: {seen:?}");
+    assert_eq!(status.code, Some(0));
+
+    // Resizing a process without a terminal is a clear error.
+    let p = client.spawn(sh("sleep 5")).unwrap();
+    let e = p.resize(1, 1).await.unwrap_err();
+    assert_eq!(e.agent_error().unwrap().code, ErrorCode::Unsupported);
+}
+
+#[tokio::test]
+async fn two_hundred_concurrent_processes_all_exit_and_leave_no_zombie() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    let procs: Vec<_> = (0..200).map(|i| client.spawn(sh(&format!("echo {i}; exit $(({i} % 7))"))).unwrap()).collect();
+    let results = futures_util::future::join_all(procs.into_iter().map(|p| p.output())).await;
+    for (i, r) in results.into_iter().enumerate() {
+        let out = r.unwrap();
+        assert_eq!(out.stdout, format!("{i}\n").into_bytes());
+        assert_eq!(out.status.code, Some((i % 7) as i32));
+    }
+    // Orphans too: the background child outlives its parent and is reaped by the agent.
+    let out = client.spawn(sh("sleep 0.2 >/dev/null 2>&1 & echo parent-done")).unwrap().output().await.unwrap();
+    assert_eq!(out.stdout, b"parent-done\n");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(zombie_children(agent.pid()), Vec::<u32>::new());
+    assert_eq!(client.stats().await.unwrap().agent_processes, 0);
+}
+
+#[tokio::test]
+async fn files_and_stats() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    let dir = TempDir::new("files");
+    let path = dir.0.join("a/b.bin").display().to_string();
+    let data: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    let req = WriteFileRequest { path: path.clone(), mode: WriteMode::Truncate, permissions: Some(0o600), create_dirs: true };
+    assert_eq!(client.write_file(req, &data).await.unwrap(), 100_000);
+    let (back, eof) = client.read_file(&path, 0, 1 << 20).await.unwrap();
+    assert!(eof && back == data);
+    let st = client.stat(&path).await.unwrap();
+    assert_eq!((st.size, st.mode & 0o777), (100_000, 0o600));
+    let (entries, _) = client.list_dir(&dir.0.join("a").display().to_string(), None).await.unwrap();
+    assert_eq!(entries.len(), 1);
+    let e = client.read_file("/nonexistent/f", 0, 10).await.unwrap_err();
+    assert_eq!(e.agent_error().unwrap().code, ErrorCode::NotFound);
+    let e = client.read_file(&path, 0, u32::MAX).await.unwrap_err();
+    assert_eq!(e.agent_error().unwrap().code, ErrorCode::TooLarge);
+    let stats = client.stats().await.unwrap();
+    assert!(stats.mem_total_kib > 0 && stats.processes > 0);
+    assert!(client.ping().await.unwrap() < Duration::from_secs(60));
+}
+
+#[tokio::test]
+async fn a_dropped_connection_ends_open_processes_with_an_error_naming_the_cause() {
+    let mut agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    let mut p = client.spawn(sh("sleep 30")).unwrap();
+    assert!(matches!(p.next_event().await, Some(ProcessEvent::Spawned { .. })));
+    agent.child.kill().unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(5), p.next_event()).await.expect("error event, not a hang");
+    match event {
+        Some(ProcessEvent::Error(msg)) => assert!(msg.contains("agent closed the connection"), "{msg}"),
+        other => panic!("expected an error event, got {other:?}"),
+    }
+    assert!(p.next_event().await.is_none());
+    let e = client.ping().await.unwrap_err();
+    assert!(matches!(e, ClientError::ConnectionLost(_)), "{e}");
+}
