@@ -128,7 +128,8 @@ mod tests {
     use super::*;
 
     fn tmp() -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("umbra-files-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let d =
+            std::env::temp_dir().join(format!("umbra-files-{}-{:?}", std::process::id(), std::thread::current().id()));
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).unwrap();
         d
@@ -158,7 +159,12 @@ mod tests {
         assert_eq!(read("relative", 0, 1).unwrap_err().code, ErrorCode::BadRequest);
         assert_eq!(read("/etc/hostname", 0, u32::MAX).unwrap_err().code, ErrorCode::TooLarge);
         let big = vec![0u8; MAX_FILE_CHUNK + 1];
-        let req = WriteFileRequest { path: "/tmp/x".into(), mode: WriteMode::Truncate, permissions: None, create_dirs: false };
+        let req = WriteFileRequest {
+            path: "/tmp/x".into(),
+            mode: WriteMode::Truncate,
+            permissions: None,
+            create_dirs: false,
+        };
         assert_eq!(write(&req, &big).unwrap_err().code, ErrorCode::TooLarge);
     }
 

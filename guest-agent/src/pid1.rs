@@ -21,14 +21,70 @@ struct Mount {
 }
 
 const MOUNTS: &[Mount] = &[
-    Mount { source: "proc", target: "/proc", fstype: "proc", flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV).union(MsFlags::MS_NOEXEC), data: None, required: true },
-    Mount { source: "sysfs", target: "/sys", fstype: "sysfs", flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV).union(MsFlags::MS_NOEXEC), data: None, required: true },
-    Mount { source: "devtmpfs", target: "/dev", fstype: "devtmpfs", flags: MsFlags::MS_NOSUID, data: Some("mode=0755"), required: true },
-    Mount { source: "devpts", target: "/dev/pts", fstype: "devpts", flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NOEXEC), data: Some("mode=0620,ptmxmode=0666"), required: true },
-    Mount { source: "tmpfs", target: "/dev/shm", fstype: "tmpfs", flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV), data: Some("mode=1777"), required: false },
-    Mount { source: "tmpfs", target: "/tmp", fstype: "tmpfs", flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV), data: Some("mode=1777"), required: true },
-    Mount { source: "tmpfs", target: "/run", fstype: "tmpfs", flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV), data: Some("mode=0755"), required: false },
-    Mount { source: "cgroup2", target: "/sys/fs/cgroup", fstype: "cgroup2", flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV).union(MsFlags::MS_NOEXEC), data: None, required: false },
+    Mount {
+        source: "proc",
+        target: "/proc",
+        fstype: "proc",
+        flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV).union(MsFlags::MS_NOEXEC),
+        data: None,
+        required: true,
+    },
+    Mount {
+        source: "sysfs",
+        target: "/sys",
+        fstype: "sysfs",
+        flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV).union(MsFlags::MS_NOEXEC),
+        data: None,
+        required: true,
+    },
+    Mount {
+        source: "devtmpfs",
+        target: "/dev",
+        fstype: "devtmpfs",
+        flags: MsFlags::MS_NOSUID,
+        data: Some("mode=0755"),
+        required: true,
+    },
+    Mount {
+        source: "devpts",
+        target: "/dev/pts",
+        fstype: "devpts",
+        flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NOEXEC),
+        data: Some("mode=0620,ptmxmode=0666"),
+        required: true,
+    },
+    Mount {
+        source: "tmpfs",
+        target: "/dev/shm",
+        fstype: "tmpfs",
+        flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV),
+        data: Some("mode=1777"),
+        required: false,
+    },
+    Mount {
+        source: "tmpfs",
+        target: "/tmp",
+        fstype: "tmpfs",
+        flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV),
+        data: Some("mode=1777"),
+        required: true,
+    },
+    Mount {
+        source: "tmpfs",
+        target: "/run",
+        fstype: "tmpfs",
+        flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV),
+        data: Some("mode=0755"),
+        required: false,
+    },
+    Mount {
+        source: "cgroup2",
+        target: "/sys/fs/cgroup",
+        fstype: "cgroup2",
+        flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV).union(MsFlags::MS_NOEXEC),
+        data: None,
+        required: false,
+    },
 ];
 
 /// Prepares the guest. Errors name the step that failed.
@@ -42,7 +98,12 @@ pub fn init(hostname: &str) -> anyhow::Result<()> {
         }
     }
     // Programs expect these links (the kernel's devtmpfs does not create them).
-    for (link, target) in [("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"), ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2")] {
+    for (link, target) in [
+        ("/dev/fd", "/proc/self/fd"),
+        ("/dev/stdin", "/proc/self/fd/0"),
+        ("/dev/stdout", "/proc/self/fd/1"),
+        ("/dev/stderr", "/proc/self/fd/2"),
+    ] {
         let _ = std::os::unix::fs::symlink(target, link);
     }
     nix::unistd::sethostname(hostname).map_err(|e| anyhow::anyhow!("cannot set hostname: {e}"))?;

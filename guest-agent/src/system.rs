@@ -48,16 +48,12 @@ pub fn mount_fs(req: &MountRequest) -> Result<(), ErrorBody> {
         flags |= MsFlags::MS_RDONLY;
     }
     mount(Some(req.source.as_str()), target, Some(req.fs_type.as_str()), flags, None::<&str>).map_err(|e| {
-        ErrorBody::new(
-            ErrorCode::Io,
-            format!("cannot mount {} {:?} on {:?}: {e}", req.fs_type, req.source, req.target),
-        )
+        ErrorBody::new(ErrorCode::Io, format!("cannot mount {} {:?} on {:?}: {e}", req.fs_type, req.source, req.target))
     })
 }
 
 pub fn unmount(path: &str) -> Result<(), ErrorBody> {
-    umount2(path, MntFlags::empty())
-        .map_err(|e| ErrorBody::new(ErrorCode::Io, format!("cannot unmount {path:?}: {e}")))
+    umount2(path, MntFlags::empty()).map_err(|e| ErrorBody::new(ErrorCode::Io, format!("cannot unmount {path:?}: {e}")))
 }
 
 #[cfg(test)]

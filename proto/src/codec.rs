@@ -76,9 +76,7 @@ impl Decoder for FrameCodec {
         match self.decode(src)? {
             Some(frame) => Ok(Some(frame)),
             None if src.is_empty() && self.pending.is_none() => Ok(None),
-            None => Err(DecodeError::Truncated {
-                buffered: src.len() + self.pending.map_or(0, |_| HEADER_LEN),
-            }),
+            None => Err(DecodeError::Truncated { buffered: src.len() + self.pending.map_or(0, |_| HEADER_LEN) }),
         }
     }
 }
@@ -214,11 +212,8 @@ mod tests {
         fn random_bytes_never_panic_and_stay_bounded(bytes in proptest::collection::vec(any::<u8>(), 0..8192)) {
             let mut buf = BytesMut::from(&bytes[..]);
             let mut codec = FrameCodec::new();
-            loop {
-                match codec.decode_eof(&mut buf) {
-                    Ok(Some(f)) => prop_assert!(f.body.len() <= MAX_BODY_LEN),
-                    Ok(None) | Err(_) => break,
-                }
+            while let Ok(Some(f)) = codec.decode_eof(&mut buf) {
+                prop_assert!(f.body.len() <= MAX_BODY_LEN);
             }
             prop_assert!(buf.capacity() <= MAX_BODY_LEN + 8192 + HEADER_LEN);
         }

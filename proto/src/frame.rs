@@ -154,12 +154,7 @@ impl Frame {
 
     /// A flow-control grant of `bytes` on `channel` of process `id`.
     pub fn credit(id: u32, channel: Channel, bytes: u32) -> Self {
-        Self {
-            kind: FrameKind::Credit,
-            channel,
-            id,
-            body: Bytes::copy_from_slice(&bytes.to_le_bytes()),
-        }
+        Self { kind: FrameKind::Credit, channel, id, body: Bytes::copy_from_slice(&bytes.to_le_bytes()) }
     }
 
     /// The byte count of a Credit frame, if the body is exactly 4 bytes.

@@ -25,7 +25,7 @@ pub const AGENT_VSOCK_PORT: u32 = 1024;
 pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 1, minor: 0 };
 
 /// Bytes of stdout or stderr the agent may send per stream before the host grants more credit.
-pub const INITIAL_OUTPUT_CREDIT: u32 = 256 * 1024;
+pub const INITIAL_OUTPUT_CREDIT: u32 = 1024 * 1024;
 
 /// Bytes of stdin the host may send per process before the agent grants more credit.
 pub const INITIAL_STDIN_CREDIT: u32 = 256 * 1024;

@@ -57,23 +57,46 @@ pub enum Request {
     /// no Data or Event frame of the process precedes it.
     Spawn(SpawnRequest),
     /// Ends the process's stdin after the stdin data already sent.
-    CloseStdin { process: u32 },
+    CloseStdin {
+        process: u32,
+    },
     /// Sends `signal` to the process group of the process.
-    Kill { process: u32, signal: i32 },
+    Kill {
+        process: u32,
+        signal: i32,
+    },
     /// Sends `signal` to every process of this connection.
-    KillAll { signal: i32 },
+    KillAll {
+        signal: i32,
+    },
     /// Sets the window size of a process spawned with a tty.
-    Resize { process: u32, size: TtySize },
+    Resize {
+        process: u32,
+        size: TtySize,
+    },
     Stats,
     /// Reads at most `len` (≤ MAX_FILE_CHUNK) bytes at `offset`; data in the attachment.
-    ReadFile { path: String, #[serde(default)] offset: u64, len: u32 },
+    ReadFile {
+        path: String,
+        #[serde(default)]
+        offset: u64,
+        len: u32,
+    },
     /// Writes the attachment (≤ MAX_FILE_CHUNK bytes) to `path`.
     WriteFile(WriteFileRequest),
-    Stat { path: String },
-    ListDir { path: String, #[serde(default)] limit: Option<u32> },
+    Stat {
+        path: String,
+    },
+    ListDir {
+        path: String,
+        #[serde(default)]
+        limit: Option<u32>,
+    },
     /// Mounts a filesystem, e.g. a virtio-fs share by its tag.
     Mount(MountRequest),
-    Unmount { path: String },
+    Unmount {
+        path: String,
+    },
     /// Powers the guest off (as PID 1) or stops the agent (as an ordinary process).
     Shutdown,
 }
@@ -172,14 +195,26 @@ pub enum Response {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ResponseBody {
     Done,
-    Pong { uptime_ms: u64 },
-    Spawned { pid: u32 },
+    Pong {
+        uptime_ms: u64,
+    },
+    Spawned {
+        pid: u32,
+    },
     Stats(Stats),
     /// File bytes are the attachment; `eof` is true when the read reached the end of the file.
-    FileData { len: u32, eof: bool },
-    Written { bytes: u64 },
+    FileData {
+        len: u32,
+        eof: bool,
+    },
+    Written {
+        bytes: u64,
+    },
     Stat(FileStat),
-    DirList { entries: Vec<DirEntry>, truncated: bool },
+    DirList {
+        entries: Vec<DirEntry>,
+        truncated: bool,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,1 +1,106 @@
-fn main(){}
+//! Agent benchmarks over a Unix socket, each beside an anchor measured in the same run:
+//!   exec round-trip (spawn `true` → exit event)  vs  native fork/exec/wait of `true`
+//!   stdout throughput through the agent           vs  the same producer into a plain pipe
+//!
+//! Run with `scripts/bench` (builds the release agent first). Prints medians and ratios.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use umbra_proto::SpawnRequest;
+use umbra_runtime::agent::ProcessEvent;
+use umbra_tests::HostAgent;
+
+const EXEC_ROUNDS: usize = 200;
+const THROUGHPUT_BYTES: u64 = 512 << 20;
+const THROUGHPUT_ROUNDS: usize = 5;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn producer() -> Vec<String> {
+    vec!["head".into(), "-c".into(), THROUGHPUT_BYTES.to_string(), "/dev/zero".into()]
+}
+
+fn mib_per_s(d: Duration) -> f64 {
+    (THROUGHPUT_BYTES as f64 / (1 << 20) as f64) / d.as_secs_f64()
+}
+
+fn main() {
+    // `cargo bench` passes --bench; ignore arguments.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let agent = HostAgent::start().await;
+        let client = agent.connect().await;
+
+        let native: Vec<Duration> = (0..EXEC_ROUNDS)
+            .map(|_| {
+                let t = Instant::now();
+                assert!(Command::new("true").status().unwrap().success());
+                t.elapsed()
+            })
+            .collect();
+        let mut via_agent = Vec::with_capacity(EXEC_ROUNDS);
+        for _ in 0..EXEC_ROUNDS {
+            let t = Instant::now();
+            let out = client
+                .spawn(SpawnRequest { argv: vec!["true".into()], ..Default::default() })
+                .unwrap()
+                .output()
+                .await
+                .unwrap();
+            assert_eq!(out.status.code, Some(0));
+            via_agent.push(t.elapsed());
+        }
+        let (n, a) = (median(native), median(via_agent));
+        println!(
+            "exec round-trip   agent {:>9.1?}   native fork/exec {:>9.1?}   ratio {:.2}x",
+            a,
+            n,
+            a.as_secs_f64() / n.as_secs_f64()
+        );
+
+        let mut pipe = Vec::new();
+        let mut through = Vec::new();
+        for _ in 0..THROUGHPUT_ROUNDS {
+            let t = Instant::now();
+            let mut child = Command::new("head").args(&producer()[1..]).stdout(Stdio::piped()).spawn().unwrap();
+            let mut out = child.stdout.take().unwrap();
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut total = 0u64;
+            loop {
+                let n = out.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                total += n as u64;
+            }
+            child.wait().unwrap();
+            assert_eq!(total, THROUGHPUT_BYTES);
+            pipe.push(t.elapsed());
+
+            let t = Instant::now();
+            let mut p = client.spawn(SpawnRequest { argv: producer(), ..Default::default() }).unwrap();
+            let mut total = 0u64;
+            while let Some(ev) = p.next_event().await {
+                match ev {
+                    ProcessEvent::Stdout(b) => total += b.len() as u64,
+                    ProcessEvent::Exit(_) => break,
+                    _ => {}
+                }
+            }
+            assert_eq!(total, THROUGHPUT_BYTES);
+            through.push(t.elapsed());
+        }
+        let (p, a) = (median(pipe), median(through));
+        println!(
+            "stdout throughput agent {:>7.0} MiB/s   plain pipe {:>7.0} MiB/s   ratio {:.2}",
+            mib_per_s(a),
+            mib_per_s(p),
+            mib_per_s(a) / mib_per_s(p)
+        );
+    });
+}

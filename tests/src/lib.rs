@@ -9,7 +9,7 @@ use umbra_runtime::agent::AgentClient;
 
 /// Path of a workspace binary built next to the running test executable.
 pub fn workspace_bin(name: &str) -> PathBuf {
-    if let Ok(p) = std::env::var(format!("UMBRA_{}_BIN", name.to_uppercase().replace('-', "_"))) {
+    if let Ok(p) = std::env::var(format!("{}_BIN", name.to_uppercase().replace('-', "_"))) {
         return p.into();
     }
     // target/<profile>/deps/<test>-<hash> → target/<profile>/<name>

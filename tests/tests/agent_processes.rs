@@ -163,7 +163,8 @@ async fn files_and_stats() {
     let dir = TempDir::new("files");
     let path = dir.0.join("a/b.bin").display().to_string();
     let data: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
-    let req = WriteFileRequest { path: path.clone(), mode: WriteMode::Truncate, permissions: Some(0o600), create_dirs: true };
+    let req =
+        WriteFileRequest { path: path.clone(), mode: WriteMode::Truncate, permissions: Some(0o600), create_dirs: true };
     assert_eq!(client.write_file(req, &data).await.unwrap(), 100_000);
     let (back, eof) = client.read_file(&path, 0, 1 << 20).await.unwrap();
     assert!(eof && back == data);

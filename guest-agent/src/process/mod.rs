@@ -78,7 +78,14 @@ pub fn supervise(
             let out = Arc::new(FdIo::new(stdout, false)?);
             let err = Arc::new(FdIo::new(stderr, false)?);
             let pumps = vec![
-                tokio::spawn(pump_output(id, Channel::Stdout, out, stdout_credit.clone(), sink.clone(), exited_rx.clone())),
+                tokio::spawn(pump_output(
+                    id,
+                    Channel::Stdout,
+                    out,
+                    stdout_credit.clone(),
+                    sink.clone(),
+                    exited_rx.clone(),
+                )),
                 tokio::spawn(pump_output(id, Channel::Stderr, err, stderr_credit.clone(), sink.clone(), exited_rx)),
             ];
             (StdinTarget::Pipe(FdIo::new(stdin, false)?), pumps, None)
@@ -117,14 +124,7 @@ pub fn supervise(
         on_exit();
     });
 
-    Ok(ProcessHandle {
-        pid: child.pid,
-        stdin: stdin_tx,
-        stdin_window,
-        stdout_credit,
-        stderr_credit,
-        pty,
-    })
+    Ok(ProcessHandle { pid: child.pid, stdin: stdin_tx, stdin_window, stdout_credit, stderr_credit, pty })
 }
 
 enum StdinTarget {

@@ -18,9 +18,15 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 
 /// The host side of a new child's stdio.
 pub enum ChildStdio {
-    Pipes { stdin: OwnedFd, stdout: OwnedFd, stderr: OwnedFd },
+    Pipes {
+        stdin: OwnedFd,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    },
     /// One master fd carries input and the merged output.
-    Pty { master: OwnedFd },
+    Pty {
+        master: OwnedFd,
+    },
 }
 
 pub struct SpawnedChild {

@@ -14,7 +14,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite};
 use umbra_proto::{
-    json_frame, parse_body, Channel, ErrorBody, ErrorCode, Frame, FrameCodec, FrameKind, Hello, Request, PROTOCOL_VERSION,
+    json_frame, parse_body, Channel, ErrorBody, ErrorCode, Frame, FrameCodec, FrameKind, Hello, Request,
+    PROTOCOL_VERSION,
 };
 
 use super::Agent;
@@ -117,7 +118,10 @@ impl Connection {
         self.sink.send(frame).await.map_err(|_| ConnectionError::WriterGone)
     }
 
-    async fn read_loop<R: AsyncRead + Unpin>(&self, frames: &mut FramedRead<R, FrameCodec>) -> Result<(), ConnectionError> {
+    async fn read_loop<R: AsyncRead + Unpin>(
+        &self,
+        frames: &mut FramedRead<R, FrameCodec>,
+    ) -> Result<(), ConnectionError> {
         while let Some(frame) = frames.next().await.transpose()? {
             match frame.kind {
                 FrameKind::Request => self.on_request(frame).await?,
@@ -136,7 +140,8 @@ impl Connection {
         if id == 0 {
             return self.send(protocol_error(0, "request id 0 is reserved")).await;
         }
-        let duplicate = self.in_flight.lock().unwrap().contains(&id) || self.processes.lock().unwrap().contains_key(&id);
+        let duplicate =
+            self.in_flight.lock().unwrap().contains(&id) || self.processes.lock().unwrap().contains_key(&id);
         if duplicate {
             let err = ErrorBody::new(ErrorCode::DuplicateId, format!("request id {id} is already in use"));
             return self.send(json_frame(FrameKind::Error, id, &err)).await;
@@ -192,7 +197,10 @@ impl Connection {
     }
 }
 
-async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(mut out: FramedWrite<W, FrameCodec>, mut rx: mpsc::Receiver<Frame>) {
+async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(
+    mut out: FramedWrite<W, FrameCodec>,
+    mut rx: mpsc::Receiver<Frame>,
+) {
     while let Some(frame) = rx.recv().await {
         if out.feed(frame).await.is_err() {
             return;

@@ -24,11 +24,17 @@ fn no_such_process(id: u32) -> ErrorBody {
 }
 
 fn parse_signal(signal: i32) -> Result<Signal, ErrorBody> {
-    Signal::try_from(signal).map_err(|_| ErrorBody::new(ErrorCode::BadRequest, format!("{signal} is not a signal number")))
+    Signal::try_from(signal)
+        .map_err(|_| ErrorBody::new(ErrorCode::BadRequest, format!("{signal} is not a signal number")))
 }
 
 impl Connection {
-    pub(super) async fn dispatch(&self, id: u32, request: Request, attachment: Option<Bytes>) -> Result<(), ConnectionError> {
+    pub(super) async fn dispatch(
+        &self,
+        id: u32,
+        request: Request,
+        attachment: Option<Bytes>,
+    ) -> Result<(), ConnectionError> {
         let reply = match request {
             Request::Ping => Ok(ResponseBody::Pong { uptime_ms: self.agent.started.elapsed().as_millis() as u64 }),
             Request::Spawn(req) => return self.spawn(id, req).await,
@@ -139,16 +145,17 @@ impl Connection {
                         }
                         Err(e) => Err(e),
                     },
-                    Request::WriteFile(req) => {
-                        files::write(&req, attachment.as_deref().unwrap_or_default()).map(|bytes| ResponseBody::Written { bytes })
-                    }
+                    Request::WriteFile(req) => files::write(&req, attachment.as_deref().unwrap_or_default())
+                        .map(|bytes| ResponseBody::Written { bytes }),
                     Request::Stat { path } => files::stat(&path).map(ResponseBody::Stat),
-                    Request::ListDir { path, limit } => {
-                        files::list(&path, limit).map(|(entries, truncated)| ResponseBody::DirList { entries, truncated })
-                    }
+                    Request::ListDir { path, limit } => files::list(&path, limit)
+                        .map(|(entries, truncated)| ResponseBody::DirList { entries, truncated }),
                     Request::Mount(req) => system::mount_fs(&req).map(|_| ResponseBody::Done),
                     Request::Unmount { path } => system::unmount(&path).map(|_| ResponseBody::Done),
-                    other => Err(ErrorBody::new(ErrorCode::Unsupported, format!("{} is not a blocking request", other.method()))),
+                    other => Err(ErrorBody::new(
+                        ErrorCode::Unsupported,
+                        format!("{} is not a blocking request", other.method()),
+                    )),
                 };
                 let response = match reply {
                     Ok(body) => Response::Ok(body),

@@ -55,7 +55,8 @@ pub async fn serve(agent: Arc<Agent>, addr: &ListenAddr) -> anyhow::Result<()> {
     match addr {
         ListenAddr::Unix(path) => {
             let _ = std::fs::remove_file(path);
-            let listener = tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {path:?}"))?;
+            let listener =
+                tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {path:?}"))?;
             tracing::info!(?path, "listening");
             loop {
                 let (stream, _) = listener.accept().await.context("accept on unix socket")?;
@@ -64,7 +65,8 @@ pub async fn serve(agent: Arc<Agent>, addr: &ListenAddr) -> anyhow::Result<()> {
         }
         ListenAddr::Vsock(port) => {
             let addr = tokio_vsock::VsockAddr::new(tokio_vsock::VMADDR_CID_ANY, *port);
-            let listener = tokio_vsock::VsockListener::bind(addr).with_context(|| format!("cannot listen on vsock port {port}"))?;
+            let listener = tokio_vsock::VsockListener::bind(addr)
+                .with_context(|| format!("cannot listen on vsock port {port}"))?;
             tracing::info!(port, "listening on vsock");
             loop {
                 let (stream, _) = listener.accept().await.context("accept on vsock")?;

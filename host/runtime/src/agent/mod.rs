@@ -22,8 +22,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use umbra_proto::{
-    json_frame, json_frame_with_attachment, parse_body, Channel, DirEntry, ErrorBody, Event, FileStat, Frame, FrameCodec,
-    FrameKind, Hello, MountRequest, Request, Response, ResponseBody, SpawnRequest, Stats, WriteFileRequest,
+    json_frame, json_frame_with_attachment, parse_body, Channel, DirEntry, ErrorBody, Event, FileStat, Frame,
+    FrameCodec, FrameKind, Hello, MountRequest, Request, Response, ResponseBody, SpawnRequest, Stats, WriteFileRequest,
     PROTOCOL_VERSION,
 };
 
@@ -145,7 +145,11 @@ impl AgentClient {
     }
 
     /// Sends a request and waits for its response.
-    async fn call_with(&self, request: &Request, attachment: Option<&[u8]>) -> Result<(ResponseBody, Option<Bytes>), ClientError> {
+    async fn call_with(
+        &self,
+        request: &Request,
+        attachment: Option<&[u8]>,
+    ) -> Result<(ResponseBody, Option<Bytes>), ClientError> {
         let id = self.next_id();
         let (tx, rx) = oneshot::channel();
         {
@@ -265,7 +269,10 @@ fn unexpected(method: &str, body: &ResponseBody) -> ClientError {
     ClientError::Protocol(format!("{method} answered with {body:?}"))
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(mut sink: FramedWrite<W, FrameCodec>, mut rx: mpsc::UnboundedReceiver<Frame>) {
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut sink: FramedWrite<W, FrameCodec>,
+    mut rx: mpsc::UnboundedReceiver<Frame>,
+) {
     while let Some(frame) = rx.recv().await {
         if sink.feed(frame).await.is_err() {
             return;

@@ -16,7 +16,9 @@ const STDIN_QUEUE: usize = 16;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProcessEvent {
     /// The agent started the process. Always the first event unless the spawn failed.
-    Spawned { pid: u32 },
+    Spawned {
+        pid: u32,
+    },
     /// The agent could not start it; no further events follow.
     SpawnFailed(ErrorBody),
     Stdout(Bytes),

@@ -1,0 +1,129 @@
+//! Flow control under load, in its own test binary so the client RSS measured is this test's.
+//!
+//! 1 GiB goes through one process's stdout while a second process runs and heartbeats keep
+//! answering; the agent's and the client's resident memory stay bounded throughout.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use umbra_proto::SpawnRequest;
+use umbra_runtime::agent::ProcessEvent;
+use umbra_tests::{rss_kib, HostAgent};
+
+const GIB: u64 = 1 << 30;
+const RSS_LIMIT_KIB: u64 = 64 * 1024;
+const HEARTBEAT_LIMIT: Duration = Duration::from_millis(100);
+
+fn sh(script: &str) -> SpawnRequest {
+    SpawnRequest { argv: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_gib_of_stdout_while_another_process_runs_and_heartbeats_stay_prompt() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    let done = Arc::new(AtomicBool::new(false));
+
+    // Memory sampler: agent and this process (the client), every 20 ms.
+    let peak_agent = Arc::new(AtomicU64::new(0));
+    let peak_client = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (done, pa, pc, agent_pid) = (done.clone(), peak_agent.clone(), peak_client.clone(), agent.pid());
+        tokio::spawn(async move {
+            while !done.load(Ordering::Acquire) {
+                pa.fetch_max(rss_kib(agent_pid), Ordering::Relaxed);
+                pc.fetch_max(rss_kib(std::process::id()), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    // Heartbeats every 25 ms; record the slowest.
+    let heartbeats = {
+        let (done, client) = (done.clone(), client.clone());
+        tokio::spawn(async move {
+            let (mut n, mut worst) = (0u32, Duration::ZERO);
+            while !done.load(Ordering::Acquire) {
+                let t = Instant::now();
+                client.ping().await.expect("ping during flood");
+                worst = worst.max(t.elapsed());
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            (n, worst)
+        })
+    };
+    // A second process that must keep making progress during the flood.
+    let ticker = client.spawn(sh("i=0; while [ $i -lt 40 ]; do echo tick $i; sleep 0.02; i=$((i+1)); done")).unwrap();
+    let ticker = tokio::spawn(ticker.output());
+
+    let started = Instant::now();
+    let mut flood = client
+        .spawn(SpawnRequest {
+            argv: vec!["head".into(), "-c".into(), GIB.to_string(), "/dev/zero".into()],
+            ..Default::default()
+        })
+        .unwrap();
+    let mut received = 0u64;
+    let status = loop {
+        match flood.next_event().await.expect("flood events") {
+            ProcessEvent::Stdout(b) => {
+                assert!(b.iter().all(|&x| x == 0));
+                received += b.len() as u64;
+            }
+            ProcessEvent::Exit(s) => break s,
+            ProcessEvent::Spawned { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    let elapsed = started.elapsed();
+    let ticks = ticker.await.unwrap().unwrap();
+    done.store(true, Ordering::Release);
+    let (beats, worst) = heartbeats.await.unwrap();
+    sampler.await.unwrap();
+
+    assert_eq!(status.code, Some(0));
+    assert_eq!(received, GIB, "every byte arrives, none duplicated");
+    assert_eq!(String::from_utf8(ticks.stdout).unwrap().lines().count(), 40);
+    let (pa, pc) = (peak_agent.load(Ordering::Relaxed), peak_client.load(Ordering::Relaxed));
+    eprintln!(
+        "1 GiB in {elapsed:?} ({:.0} MiB/s); {beats} heartbeats, worst {worst:?}; peak RSS agent {pa} KiB, client {pc} KiB",
+        1024.0 / elapsed.as_secs_f64()
+    );
+    assert!(beats >= 5, "heartbeats ran during the flood ({beats})");
+    assert!(worst < HEARTBEAT_LIMIT, "slowest heartbeat {worst:?}");
+    assert!(pa > 0 && pa < RSS_LIMIT_KIB, "agent peak RSS {pa} KiB");
+    assert!(pc > 0 && pc < RSS_LIMIT_KIB, "client peak RSS {pc} KiB");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_stops_stalls_only_its_own_process() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    // Never read: the agent may send only the initial credit, then the writer blocks in its pipe.
+    let mut stalled = client
+        .spawn(SpawnRequest {
+            argv: vec!["head".into(), "-c".into(), "100000000".into(), "/dev/zero".into()],
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(matches!(stalled.next_event().await, Some(ProcessEvent::Spawned { .. })));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = client.spawn(sh("echo still-served")).unwrap().output().await.unwrap();
+    assert_eq!(out.stdout, b"still-served\n");
+    let agent_rss = rss_kib(agent.pid());
+    assert!(agent_rss < RSS_LIMIT_KIB, "agent RSS {agent_rss} KiB with a stalled 100 MB producer");
+    // Now drain it: everything arrives.
+    let mut got = 0u64;
+    while let Some(ev) = stalled.next_event().await {
+        match ev {
+            ProcessEvent::Stdout(b) => got += b.len() as u64,
+            ProcessEvent::Exit(s) => {
+                assert_eq!(s.code, Some(0));
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(got, 100_000_000);
+}
