@@ -89,6 +89,7 @@ const MOUNTS: &[Mount] = &[
 
 /// Prepares the guest. Errors name the step that failed.
 pub fn init(hostname: &str) -> anyhow::Result<()> {
+    overlay_root().map_err(|e| anyhow::anyhow!("cannot set up the writable overlay over the read-only root: {e}"))?;
     for m in MOUNTS {
         let _ = std::fs::create_dir_all(m.target);
         match mount(Some(m.source), m.target, Some(m.fstype), m.flags, m.data) {
@@ -108,6 +109,35 @@ pub fn init(hostname: &str) -> anyhow::Result<()> {
     }
     nix::unistd::sethostname(hostname).map_err(|e| anyhow::anyhow!("cannot set hostname: {e}"))?;
     loopback_up().map_err(|e| anyhow::anyhow!("cannot bring up loopback: {e}"))?;
+    Ok(())
+}
+
+/// Where an image's read-only root gets its writable layer; the image ships it empty.
+const OVERLAY_DIR: &str = "/umbra";
+
+/// A read-only root (the `standard` image, an erofs disk booted with `ro`) gets an overlayfs
+/// whose upper layer is a tmpfs, and becomes the new root: every session starts from the same
+/// immutable image and its writes live in memory. An initramfs root is already writable.
+fn overlay_root() -> nix::Result<()> {
+    use nix::sys::statvfs::{statvfs, FsFlags};
+    if !statvfs("/")?.flags().contains(FsFlags::ST_RDONLY) {
+        return Ok(());
+    }
+    let dir = std::path::Path::new(OVERLAY_DIR);
+    mount(Some("tmpfs"), dir, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755"))?;
+    for sub in ["lower", "upper", "work", "root"] {
+        std::fs::create_dir(dir.join(sub))
+            .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    }
+    // A bind of "/" gives overlayfs a lower layer that does not contain its own upper.
+    mount(Some("/"), &dir.join("lower"), None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+    let opts = format!("lowerdir={0}/lower,upperdir={0}/upper,workdir={0}/work", OVERLAY_DIR);
+    mount(Some("overlay"), &dir.join("root"), Some("overlay"), MsFlags::empty(), Some(opts.as_str()))?;
+    // pivot_root(".", ".") stacks the old root on the new one; detaching it leaves the overlay.
+    nix::unistd::chdir(&dir.join("root"))?;
+    nix::unistd::pivot_root(".", ".")?;
+    nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH)?;
+    nix::unistd::chdir("/")?;
     Ok(())
 }
 
@@ -148,9 +178,12 @@ pub fn fatal(message: &str) -> ! {
     power_off()
 }
 
+/// Ends the VM. A microVM has no ACPI, so RB_POWER_OFF would only halt the CPU and leave the
+/// VM running; a reboot request is what ends it (QEMU with `-no-reboot` and `reboot=t` exits,
+/// the Umbra VMM treats the i8042 reset as a clean exit).
 pub fn power_off() -> ! {
     nix::unistd::sync();
-    let _ = reboot(RebootMode::RB_POWER_OFF);
+    let _ = reboot(RebootMode::RB_AUTOBOOT);
     // Only reachable if reboot(2) failed; exiting would panic the kernel, so wait forever.
     loop {
         std::thread::sleep(std::time::Duration::from_secs(3600));

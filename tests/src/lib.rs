@@ -108,3 +108,24 @@ pub fn zombie_children(parent: u32) -> Vec<u32> {
     }
     zombies
 }
+
+/// `~/.cache/umbra` (or `$UMBRA_CACHE_DIR`).
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("UMBRA_CACHE_DIR") {
+        return d.into();
+    }
+    PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/umbra")
+}
+
+/// A built bundle of `flavor`: `$UMBRA_TEST_BUNDLE_<FLAVOR>`, else where `vmctl bundle build`
+/// puts it. Missing is a failure with the command that fixes it, never a silent skip.
+pub fn test_bundle(flavor: &str) -> PathBuf {
+    let var = format!("UMBRA_TEST_BUNDLE_{}", flavor.to_uppercase());
+    let dir = std::env::var_os(&var).map(PathBuf::from).unwrap_or_else(|| cache_dir().join("bundles").join(flavor));
+    assert!(
+        dir.join("manifest.json").exists(),
+        "no {flavor} bundle at {} (set {var} or run: cargo run -p vmctl -- bundle build --flavor {flavor})",
+        dir.display()
+    );
+    dir
+}

@@ -1,0 +1,234 @@
+//! Verified extraction: one streaming pass per artifact that hashes the compressed bytes,
+//! decompresses, hashes the output and writes a temp file beside the destination; then fsync,
+//! verify sizes and digests, and rename. Output beyond the declared size stops the pass (no
+//! zip bomb fills the disk); any mismatch removes the temp file and leaves what was installed.
+
+use std::fs::{self, File};
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::digest::Hashing;
+use crate::manifest::{Artifact, ArtifactRole, Manifest, MANIFEST_FILE};
+use crate::{io_err, BundleError};
+
+/// Marker written last into an extracted bundle directory: its presence means every artifact
+/// was verified. It holds the manifest, so a different bundle under the same name is noticed.
+const COMPLETE_MARKER: &str = ".complete";
+
+/// Extracts one artifact from its compressed stream into `dest_dir/<name>`.
+pub fn extract_artifact(compressed: impl Read, artifact: &Artifact, dest_dir: &Path) -> Result<PathBuf, BundleError> {
+    let dst = dest_dir.join(&artifact.name);
+    let tmp = dest_dir.join(format!(".{}.partial", artifact.name));
+    let result = extract_to(compressed, artifact, &tmp);
+    match result {
+        Ok(()) => {
+            fs::rename(&tmp, &dst).map_err(io_err("cannot rename into", &dst))?;
+            Ok(dst)
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+fn extract_to(compressed: impl Read, a: &Artifact, tmp: &Path) -> Result<(), BundleError> {
+    let mismatch_size = |kind, expected, actual| BundleError::SizeMismatch {
+        artifact: a.name.clone(),
+        file: a.file.clone(),
+        kind,
+        expected,
+        actual,
+    };
+    // One byte more than declared is enough to prove a mismatch.
+    let mut input = Hashing::new(compressed.take(a.compressed_size + 1));
+    let mut out = Hashing::new(File::create(tmp).map_err(io_err("cannot create", tmp))?);
+    {
+        let mut dec = zstd::stream::read::Decoder::new(&mut input).map_err(io_err("zstd init for", tmp))?;
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            let n = dec.read(&mut buf).map_err(|source| BundleError::Decompress {
+                artifact: a.name.clone(),
+                file: a.file.clone(),
+                source,
+            })?;
+            if n == 0 {
+                break;
+            }
+            out.write_all(&buf[..n]).map_err(io_err("cannot write", tmp))?;
+            if out.len() > a.size {
+                return Err(mismatch_size("uncompressed", a.size, out.len()));
+            }
+        }
+    }
+    // Trailing bytes after the zstd frame count toward the compressed size and digest.
+    std::io::copy(&mut input, &mut std::io::sink()).map_err(io_err("cannot read", tmp))?;
+    let (csize, csha, _) = input.finish();
+    let (size, sha, file) = out.finish();
+    file.sync_all().map_err(io_err("cannot fsync", tmp))?;
+    let digest = |kind, expected: &str, actual: String| BundleError::DigestMismatch {
+        artifact: a.name.clone(),
+        file: a.file.clone(),
+        kind,
+        expected: expected.to_string(),
+        actual,
+    };
+    if csize != a.compressed_size {
+        return Err(mismatch_size("compressed", a.compressed_size, csize));
+    }
+    if csha != a.compressed_sha256 {
+        return Err(digest("compressed", &a.compressed_sha256, csha));
+    }
+    if size != a.size {
+        return Err(mismatch_size("uncompressed", a.size, size));
+    }
+    if sha != a.sha256 {
+        return Err(digest("uncompressed", &a.sha256, sha));
+    }
+    Ok(())
+}
+
+/// An exclusive advisory lock, released when the file is closed.
+fn lock_exclusive(path: &Path) -> Result<File, BundleError> {
+    use std::os::fd::AsRawFd;
+    let f = File::create(path).map_err(io_err("cannot create lock", path))?;
+    // SAFETY: flock on an fd we own; no memory is passed.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io_err("cannot lock", path)(std::io::Error::last_os_error()));
+    }
+    Ok(f)
+}
+
+/// An extracted bundle whose artifacts were all verified.
+#[derive(Debug, Clone)]
+pub struct ExtractedBundle {
+    pub manifest: Manifest,
+    pub dir: PathBuf,
+}
+
+/// One extracted artifact's path.
+pub type Extracted = PathBuf;
+
+impl ExtractedBundle {
+    /// Extracts the bundle in directory `bundle_dir` into `cache_root/<bundle_version>/`, or
+    /// reuses a complete earlier extraction of the same manifest.
+    pub fn from_dir(bundle_dir: &Path, cache_root: &Path, host_version: &str) -> Result<Self, BundleError> {
+        let mpath = bundle_dir.join(MANIFEST_FILE);
+        let json = fs::read(&mpath).map_err(io_err("cannot read", &mpath))?;
+        let manifest = Manifest::parse(&json, host_version)?;
+        let dir = cache_root.join(&manifest.bundle_version);
+        let marker = dir.join(COMPLETE_MARKER);
+        let is_complete = || fs::read(&marker).ok().as_deref() == Some(manifest.to_json().as_bytes());
+        if is_complete() {
+            return Ok(Self { manifest, dir });
+        }
+        // Concurrent extractions of one version: one does the work, the others then reuse it.
+        fs::create_dir_all(cache_root).map_err(io_err("cannot create", cache_root))?;
+        let _lock = lock_exclusive(&cache_root.join(format!(".{}.lock", manifest.bundle_version)))?;
+        if is_complete() {
+            return Ok(Self { manifest, dir });
+        }
+        fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
+        let _ = fs::remove_file(&marker);
+        for a in &manifest.artifacts {
+            let src = bundle_dir.join(&a.file);
+            let f = File::open(&src).map_err(io_err("cannot open", &src))?;
+            extract_artifact(BufReader::new(f), a, &dir)?;
+        }
+        fs::write(&marker, manifest.to_json()).map_err(io_err("cannot write", &marker))?;
+        Ok(Self { manifest, dir })
+    }
+
+    pub fn path(&self, role: ArtifactRole) -> Option<PathBuf> {
+        self.manifest.artifact(role).map(|a| self.dir.join(&a.name))
+    }
+
+    pub fn kernel(&self) -> PathBuf {
+        self.path(ArtifactRole::Kernel).expect("validated manifests have a kernel")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pack::{pack, PackInput, PackOptions};
+
+    fn build(dir: &Path) -> Manifest {
+        let k = dir.join("vmlinux");
+        let i = dir.join("init.cpio");
+        fs::write(&k, vec![7u8; 300_000]).unwrap();
+        fs::write(&i, b"initramfs bytes".repeat(1000)).unwrap();
+        let inputs = [
+            PackInput { name: "kernel".into(), role: ArtifactRole::Kernel, format: "elf-vmlinux".into(), path: k },
+            PackInput {
+                name: "initramfs".into(),
+                role: ArtifactRole::Initrd,
+                format: "cpio-newc-zstd".into(),
+                path: i,
+            },
+        ];
+        let opts = PackOptions {
+            flavor: "minimal",
+            cmdline: "quiet",
+            min_host_version: "0.1.0",
+            version: None,
+            zstd_level: 3,
+        };
+        pack(&inputs, &opts, &dir.join("bundle")).unwrap()
+    }
+
+    #[test]
+    fn pack_is_reproducible_and_extracts_verified() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let (ma, mb) = (build(a.path()), build(b.path()));
+        assert_eq!(ma, mb, "same inputs, same manifest (digests and version)");
+        assert!(ma.bundle_version.starts_with("minimal-"));
+        let cache = a.path().join("cache");
+        let x = ExtractedBundle::from_dir(&a.path().join("bundle"), &cache, "0.1.0").unwrap();
+        assert_eq!(fs::read(x.kernel()).unwrap(), vec![7u8; 300_000]);
+        // Later and concurrent calls reuse the verified extraction instead of racing on it.
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (bundle, cache) = (a.path().join("bundle"), cache.clone());
+                std::thread::spawn(move || ExtractedBundle::from_dir(&bundle, &cache, "0.1.0").map(|b| b.dir))
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap().unwrap(), x.dir);
+        }
+    }
+
+    #[test]
+    fn corruption_is_named_and_leaves_no_partial_file() {
+        let d = tempfile::tempdir().unwrap();
+        let m = build(d.path());
+        let kernel = m.artifact(ArtifactRole::Kernel).unwrap();
+        let mut bytes = fs::read(d.path().join("bundle").join(&kernel.file)).unwrap();
+        let dest = d.path().join("out");
+        fs::create_dir_all(&dest).unwrap();
+
+        // A flipped byte in the middle: zstd or the digest notices, and it says which artifact.
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        let e = extract_artifact(&bytes[..], kernel, &dest).unwrap_err();
+        assert!(e.to_string().contains("artifact kernel (kernel.zst)"), "{e}");
+        bytes[mid] ^= 0xff;
+        // Truncated.
+        let e = extract_artifact(&bytes[..bytes.len() - 10], kernel, &dest).unwrap_err();
+        assert!(e.to_string().contains("kernel"), "{e}");
+        // Trailing bytes: zstd reads them as a bad next frame, or the size check catches them.
+        let mut longer = bytes.clone();
+        longer.extend_from_slice(b"junk");
+        let e = extract_artifact(&longer[..], kernel, &dest).unwrap_err();
+        assert!(e.to_string().contains("artifact kernel (kernel.zst)"), "{e}");
+        // A manifest that under-declares the size stops the pass early.
+        let mut small = kernel.clone();
+        small.size = 1000;
+        let e = extract_artifact(&bytes[..], &small, &dest).unwrap_err();
+        assert!(matches!(e, BundleError::SizeMismatch { kind: "uncompressed", expected: 1000, .. }), "{e}");
+        assert_eq!(fs::read_dir(&dest).unwrap().count(), 0, "no partial files left behind");
+        // And the intact stream still extracts.
+        extract_artifact(&bytes[..], kernel, &dest).unwrap();
+    }
+}

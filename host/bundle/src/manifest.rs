@@ -1,0 +1,215 @@
+//! `manifest.json`: the schema and its validation. Validation happens before any artifact byte
+//! is read, so a hostile manifest cannot steer file names outside the bundle directory.
+
+use serde::{Deserialize, Serialize};
+
+pub const MANIFEST_FILE: &str = "manifest.json";
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub schema_version: u32,
+    /// Unique name of this build, e.g. `minimal-3f2a9c01b7d4`; also its install directory name.
+    pub bundle_version: String,
+    /// `minimal` or `standard`.
+    pub flavor: String,
+    /// Guest architecture, `x86_64`.
+    pub arch: String,
+    /// Oldest Umbra host (semver) that can run this bundle.
+    pub min_host_version: String,
+    pub boot: Boot,
+    pub artifacts: Vec<Artifact>,
+}
+
+/// How to boot the artifacts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Boot {
+    /// Kernel arguments the image needs (root device, init). Backends add console and device
+    /// arguments of their own.
+    pub cmdline: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArtifactRole {
+    /// An ELF `vmlinux` with a PVH entry note.
+    Kernel,
+    /// An initramfs the kernel unpacks as its root.
+    Initrd,
+    /// A read-only root filesystem image attached as the first virtio-blk disk.
+    Rootfs,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifact {
+    pub name: String,
+    pub role: ArtifactRole,
+    /// Format of the uncompressed bytes: `elf-vmlinux`, `cpio-newc-zstd`, `erofs`, `ext4`.
+    pub format: String,
+    /// Uncompressed size and sha256 (lowercase hex).
+    pub size: u64,
+    pub sha256: String,
+    /// The zstd-compressed file in the bundle, its size and sha256.
+    pub file: String,
+    pub compressed_size: u64,
+    pub compressed_sha256: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest is not valid JSON for schema {SCHEMA_VERSION}: {0}")]
+    Parse(String),
+    #[error("manifest schema {found} is not supported (this host reads schema {SCHEMA_VERSION}); update Umbra")]
+    Schema { found: u32 },
+    #[error("bundle {version} needs Umbra {needed} or newer; this host is {host}")]
+    HostTooOld { version: String, needed: String, host: String },
+    #[error("manifest field {field}: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ManifestError {
+    ManifestError::Invalid { field: field.into(), reason: reason.into() }
+}
+
+/// A name usable as one path component: no separators, no dot-dot, nothing hidden or empty.
+fn safe_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && !s.starts_with('.')
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b))
+}
+
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// (major, minor, patch) of a plain `X.Y.Z` version.
+fn semver(s: &str) -> Option<(u64, u64, u64)> {
+    let mut it = s.split('.').map(|p| p.parse::<u64>().ok());
+    let v = (it.next()??, it.next()??, it.next()??);
+    it.next().is_none().then_some(v)
+}
+
+impl Manifest {
+    /// Parses and validates; `host_version` is this host's semver.
+    pub fn parse(json: &[u8], host_version: &str) -> Result<Self, ManifestError> {
+        #[derive(Deserialize)]
+        struct SchemaOnly {
+            schema_version: u32,
+        }
+        let schema: SchemaOnly = serde_json::from_slice(json).map_err(|e| ManifestError::Parse(e.to_string()))?;
+        if schema.schema_version != SCHEMA_VERSION {
+            return Err(ManifestError::Schema { found: schema.schema_version });
+        }
+        let m: Manifest = serde_json::from_slice(json).map_err(|e| ManifestError::Parse(e.to_string()))?;
+        m.validate(host_version)?;
+        Ok(m)
+    }
+
+    pub fn validate(&self, host_version: &str) -> Result<(), ManifestError> {
+        if !safe_name(&self.bundle_version) {
+            return Err(invalid("bundle_version", format!("{:?} is not a safe directory name", self.bundle_version)));
+        }
+        if self.arch != "x86_64" {
+            return Err(invalid("arch", format!("{:?} is not supported (x86_64 only)", self.arch)));
+        }
+        let needed = semver(&self.min_host_version)
+            .ok_or_else(|| invalid("min_host_version", format!("{:?} is not X.Y.Z", self.min_host_version)))?;
+        let host = semver(host_version).ok_or_else(|| invalid("host version", host_version.to_string()))?;
+        if needed > host {
+            return Err(ManifestError::HostTooOld {
+                version: self.bundle_version.clone(),
+                needed: self.min_host_version.clone(),
+                host: host_version.to_string(),
+            });
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, a) in self.artifacts.iter().enumerate() {
+            let f = |field: &str| format!("artifacts[{i}].{field}");
+            if !safe_name(&a.name) || !names.insert(a.name.as_str()) {
+                return Err(invalid(f("name"), format!("{:?} is unsafe or repeated", a.name)));
+            }
+            if !safe_name(&a.file) || a.file == MANIFEST_FILE {
+                return Err(invalid(f("file"), format!("{:?} is not a safe file name", a.file)));
+            }
+            if !is_sha256_hex(&a.sha256) || !is_sha256_hex(&a.compressed_sha256) {
+                return Err(invalid(f("sha256"), "digests must be 64 lowercase hex characters"));
+            }
+        }
+        let count = |role| self.artifacts.iter().filter(|a| a.role == role).count();
+        if count(ArtifactRole::Kernel) != 1 {
+            return Err(invalid("artifacts", "exactly one kernel is required"));
+        }
+        if count(ArtifactRole::Initrd) > 1 || count(ArtifactRole::Rootfs) > 1 {
+            return Err(invalid("artifacts", "at most one initrd and one rootfs"));
+        }
+        if count(ArtifactRole::Initrd) + count(ArtifactRole::Rootfs) == 0 {
+            return Err(invalid("artifacts", "an initrd or a rootfs is required"));
+        }
+        Ok(())
+    }
+
+    pub fn artifact(&self, role: ArtifactRole) -> Option<&Artifact> {
+        self.artifacts.iter().find(|a| a.role == role)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("manifest serializes") + "\n"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> Manifest {
+        let art = |name: &str, role| Artifact {
+            name: name.into(),
+            role,
+            format: "x".into(),
+            size: 1,
+            sha256: "a".repeat(64),
+            file: format!("{name}.zst"),
+            compressed_size: 1,
+            compressed_sha256: "b".repeat(64),
+        };
+        Manifest {
+            schema_version: 1,
+            bundle_version: "minimal-0123".into(),
+            flavor: "minimal".into(),
+            arch: "x86_64".into(),
+            min_host_version: "0.1.0".into(),
+            boot: Boot { cmdline: String::new() },
+            artifacts: vec![art("kernel", ArtifactRole::Kernel), art("initramfs", ArtifactRole::Initrd)],
+        }
+    }
+
+    #[test]
+    fn round_trips_and_validates() {
+        let m = good();
+        assert_eq!(Manifest::parse(m.to_json().as_bytes(), "0.1.0").unwrap(), m);
+    }
+
+    #[test]
+    fn hostile_or_incompatible_manifests_are_refused() {
+        let mut m = good();
+        m.artifacts[0].file = "../../etc/passwd".into();
+        assert!(matches!(m.validate("0.1.0"), Err(ManifestError::Invalid { .. })));
+        let mut m = good();
+        m.bundle_version = "..".into();
+        assert!(m.validate("0.1.0").is_err());
+        let mut m = good();
+        m.min_host_version = "9.0.0".into();
+        let e = m.validate("0.1.0").unwrap_err();
+        assert!(e.to_string().contains("needs Umbra 9.0.0 or newer; this host is 0.1.0"), "{e}");
+        let mut m = good();
+        m.artifacts.remove(0);
+        assert!(m.validate("0.1.0").unwrap_err().to_string().contains("exactly one kernel"));
+        let mut m = good();
+        m.artifacts[1].sha256 = "XYZ".into();
+        assert!(m.validate("0.1.0").is_err());
+        let e = Manifest::parse(br#"{"schema_version": 2}"#, "0.1.0").unwrap_err();
+        assert_eq!(e, ManifestError::Schema { found: 2 });
+        assert!(matches!(Manifest::parse(b"{", "0.1.0"), Err(ManifestError::Parse(_))));
+    }
+}

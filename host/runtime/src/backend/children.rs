@@ -1,0 +1,85 @@
+//! Helper processes of a VM (QEMU, vhost daemons) that can never outlive it.
+//!
+//! Three layers, because each covers a way the others fail: the child asks the kernel to
+//! SIGKILL it when its parent dies (PR_SET_PDEATHSIG — covers our SIGKILL), it runs in its own
+//! process group (so a kill reaches anything it forked), and dropping the handle kills and
+//! reaps it (covers normal teardown and errors).
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+pub struct Supervised {
+    pub name: &'static str,
+    child: Child,
+    exited: Option<ExitStatus>,
+}
+
+impl Supervised {
+    pub fn spawn(name: &'static str, mut cmd: Command) -> io::Result<Self> {
+        // SAFETY: between fork and exec we call only async-signal-safe functions (prctl,
+        // getppid, setpgid, _exit) and touch no heap state.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The parent may have died before prctl took effect; then we were reparented.
+                if libc::getppid() == 1 {
+                    libc::_exit(1);
+                }
+                if libc::setpgid(0, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(Self { name, child: cmd.spawn()?, exited: None })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The exit status if the process has ended (reaping it).
+    pub fn try_exited(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited
+    }
+
+    /// Waits up to `timeout` for the process to end by itself.
+    pub async fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let mut delay = Duration::from_millis(1);
+        loop {
+            if let Some(s) = self.try_exited() {
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILLs the process group and reaps the leader.
+    pub fn kill(&mut self) {
+        if self.try_exited().is_some() {
+            return;
+        }
+        // SAFETY: plain syscall; the pid is our unreaped child, so it cannot have been reused.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.kill();
+        self.exited = self.child.wait().ok();
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,216 @@
+//! VM backends: launch a guest from a bundle, wait until its agent answers, tear it down.
+//!
+//! Every backend gives the same [`Vm`]: an agent connection over the backend's hybrid vsock
+//! socket, a console log, and supervised helper processes that die with the VM — or with us.
+//! Readiness is the agent handshake, not "the process started".
+
+mod children;
+pub mod console;
+pub mod host;
+mod qemu;
+mod rundir;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use umbra_bundle::{ArtifactRole, BundleError, ExtractedBundle};
+
+pub use children::Supervised;
+pub use host::KvmKind;
+pub use rundir::RunDir;
+
+use crate::agent::AgentClient;
+
+pub const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Every guest kernel gets these; `reboot=t` ends the VM on a guest reboot without waiting on
+/// an i8042 that microVMs lack, `panic=-1` reboots (and so ends the VM) on a panic.
+pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=t quiet panic=-1";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Qemu,
+}
+
+/// What to boot, extracted from a verified bundle.
+#[derive(Debug, Clone)]
+pub struct BootImage {
+    pub version: String,
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    pub rootfs: Option<PathBuf>,
+    /// The image's own kernel arguments (root device, init).
+    pub cmdline: String,
+}
+
+impl BootImage {
+    /// Verifies and extracts the bundle in `bundle_dir` (cached under `cache_root`).
+    pub fn from_bundle_dir(bundle_dir: &Path, cache_root: &Path) -> Result<Self, BundleError> {
+        let b = ExtractedBundle::from_dir(bundle_dir, cache_root, env!("CARGO_PKG_VERSION"))?;
+        Ok(Self {
+            version: b.manifest.bundle_version.clone(),
+            kernel: b.kernel(),
+            initrd: b.path(ArtifactRole::Initrd),
+            rootfs: b.path(ArtifactRole::Rootfs),
+            cmdline: b.manifest.boot.cmdline.clone(),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    pub image: BootImage,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub boot_timeout: Duration,
+}
+
+impl VmSpec {
+    pub fn new(image: BootImage) -> Self {
+        Self { image, cpus: 1, memory_mib: 512, boot_timeout: DEFAULT_BOOT_TIMEOUT }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("{what} not found: {fix}")]
+    Missing { what: &'static str, fix: &'static str },
+    #[error("cannot {what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("{helper} exited during start-up ({status}); its log:\n{log}")]
+    HelperFailed { helper: &'static str, status: String, log: String },
+    #[error("the guest did not answer within {timeout:?} (agent not reachable: {last_error}); last console lines:\n{console}")]
+    BootTimeout { timeout: Duration, last_error: String, console: String },
+    #[error("the VM ended ({reason}); last console lines:\n{console}")]
+    GuestDied { reason: String, console: String },
+}
+
+/// A running VM. Dropping it kills every helper process and removes its run directory.
+pub struct Vm {
+    pub id: String,
+    pub backend: BackendKind,
+    agent: AgentClient,
+    /// VMM last: dropped (killed) before the daemons it uses.
+    children: Vec<Supervised>,
+    console_log: PathBuf,
+    /// Time from launch until the agent answered the handshake.
+    pub boot_time: Duration,
+    run_dir: RunDir,
+}
+
+impl Vm {
+    /// Boots `spec` on `backend` and waits for the agent.
+    pub async fn launch(backend: BackendKind, spec: &VmSpec) -> Result<Self, VmError> {
+        match backend {
+            BackendKind::Qemu => qemu::launch(spec).await,
+        }
+    }
+
+    pub fn agent(&self) -> &AgentClient {
+        &self.agent
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        self.run_dir.path()
+    }
+
+    pub fn console_tail(&self, lines: usize) -> String {
+        console::tail(&self.console_log, lines)
+    }
+
+    /// Pids of the helper processes (VMM and daemons).
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(Supervised::pid).collect()
+    }
+
+    /// If the VM has ended (any helper exited), why — with the console's last lines.
+    pub fn check_alive(&mut self) -> Result<(), VmError> {
+        let dead = self.children.iter_mut().find_map(|c| c.try_exited().map(|s| (c.name, s)));
+        match dead {
+            None => Ok(()),
+            Some((name, status)) => Err(self.died(name, &status.to_string())),
+        }
+    }
+
+    fn died(&self, name: &str, status: &str) -> VmError {
+        let console = self.console_tail(console::ERROR_CONTEXT_LINES);
+        let reason = match console::diagnose(&console) {
+            Some(why) => why.to_string(),
+            None => format!("{name} exited: {status}"),
+        };
+        VmError::GuestDied { reason, console }
+    }
+
+    /// Waits until the VM ends by itself, up to `timeout`; returns why it ended.
+    pub async fn wait(&mut self, timeout: Duration) -> Option<VmError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Err(e) = self.check_alive() {
+                return Some(e);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Asks the guest to shut down, waits for the VMM to exit, then kills what is left.
+    pub async fn shutdown(mut self) {
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.agent.shutdown()).await;
+        if let Some(vmm) = self.children.last_mut() {
+            vmm.wait_timeout(Duration::from_secs(10)).await;
+        }
+        self.kill();
+    }
+
+    /// Kills the VMM and every helper now.
+    pub fn kill(&mut self) {
+        for c in self.children.iter_mut().rev() {
+            c.kill();
+        }
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls the agent through the hybrid vsock socket with exponential backoff from 2 ms, while
+/// watching that the helpers stay alive.
+async fn wait_for_agent(
+    vsock_uds: &Path,
+    children: &mut [Supervised],
+    console_log: &Path,
+    timeout: Duration,
+) -> Result<AgentClient, VmError> {
+    let started = Instant::now();
+    let mut delay = Duration::from_millis(2);
+    let mut last_error = String::from("no attempt yet");
+    loop {
+        if let Some((name, status)) = children.iter_mut().find_map(|c| c.try_exited().map(|s| (c.name, s))) {
+            let console = console::tail(console_log, console::ERROR_CONTEXT_LINES);
+            let reason =
+                console::diagnose(&console).map(str::to_string).unwrap_or_else(|| format!("{name} exited: {status}"));
+            return Err(VmError::GuestDied { reason: format!("during boot: {reason}"), console });
+        }
+        if vsock_uds.exists() {
+            let attempt = AgentClient::connect_hybrid_vsock(vsock_uds, umbra_proto::AGENT_VSOCK_PORT);
+            match tokio::time::timeout(Duration::from_secs(2), attempt).await {
+                Ok(Ok(client)) => return Ok(client),
+                Ok(Err(e)) => last_error = e.to_string(),
+                Err(_) => last_error = "handshake timed out".into(),
+            }
+        }
+        if started.elapsed() >= timeout {
+            return Err(VmError::BootTimeout {
+                timeout,
+                last_error,
+                console: console::tail(console_log, console::ERROR_CONTEXT_LINES),
+            });
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,128 @@
+//! The QEMU backend: `qemu-system-x86_64 -M microvm` with memfd-shared guest memory (so
+//! vhost-user daemons can map it), the PVH `vmlinux`, and `vhost-user-vsock-device` served by
+//! a `vhost-device-vsock` we start and supervise. KVM acceleration when the host has hardware
+//! KVM, TCG otherwise. This is also the headless test harness.
+
+use std::fs::File;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::host::{find_binary, KvmKind};
+use super::rundir::{new_vm_id, RunDir};
+use super::{wait_for_agent, BackendKind, Supervised, Vm, VmError, VmSpec, BASE_CMDLINE};
+
+/// Each VM has its own vsock daemon, so every guest can use the same CID.
+const GUEST_CID: u32 = 3;
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmError {
+    let what = what.into();
+    move |source| VmError::Io { what, source }
+}
+
+fn log_file(path: &Path) -> Result<File, VmError> {
+    File::create(path).map_err(io(format!("create {}", path.display())))
+}
+
+/// The QEMU command line for `spec`.
+pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool) -> Command {
+    let mem = spec.memory_mib;
+    let mut cmd = Command::new(qemu);
+    cmd.args(["-M", "microvm,acpi=off,memory-backend=mem"])
+        .arg("-object")
+        .arg(format!("memory-backend-memfd,id=mem,size={mem}M,share=on"))
+        .args(["-m", &format!("{mem}M"), "-smp", &spec.cpus.to_string()])
+        .args(["-accel", if accel_kvm { "kvm" } else { "tcg" }])
+        .args(["-no-reboot", "-nographic", "-nodefaults", "-no-user-config"])
+        .arg("-serial")
+        .arg(format!("file:{}", run.join("console.log").display()))
+        .arg("-kernel")
+        .arg(&spec.image.kernel);
+    if accel_kvm {
+        cmd.args(["-cpu", "host"]);
+    }
+    if let Some(initrd) = &spec.image.initrd {
+        cmd.arg("-initrd").arg(initrd);
+    }
+    if let Some(rootfs) = &spec.image.rootfs {
+        cmd.arg("-drive")
+            .arg(format!("id=rootfs,file={},format=raw,if=none,readonly=on", rootfs.display()))
+            .args(["-device", "virtio-blk-device,drive=rootfs"]);
+    }
+    cmd.arg("-chardev")
+        .arg(format!("socket,id=vsock,path={}", run.join("vhost-vsock.sock").display()))
+        .args(["-device", "vhost-user-vsock-device,chardev=vsock"]);
+    let cmdline = format!("{BASE_CMDLINE} {}", spec.image.cmdline);
+    cmd.arg("-append").arg(cmdline.trim());
+    cmd
+}
+
+pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
+    let started = Instant::now();
+    let qemu = find_binary("qemu-system-x86_64", "UMBRA_QEMU").ok_or(VmError::Missing {
+        what: "qemu-system-x86_64",
+        fix: "run scripts/install-deps (apt-get install qemu-system-x86)",
+    })?;
+    let vhost = find_binary("vhost-device-vsock", "UMBRA_VHOST_VSOCK").ok_or(VmError::Missing {
+        what: "vhost-device-vsock",
+        fix: "run scripts/install-deps (cargo install --locked vhost-device-vsock@0.3.0)",
+    })?;
+    let id = new_vm_id();
+    let run = RunDir::create(&id).map_err(io("create the VM run directory"))?;
+    let vhost_sock = run.join("vhost-vsock.sock");
+    let vsock_uds = run.join("vsock.sock");
+    let console_log = run.join("console.log");
+    let vhost_log = run.join("vhost-vsock.log");
+
+    let mut daemon_cmd = Command::new(&vhost);
+    daemon_cmd
+        .arg("--guest-cid")
+        .arg(GUEST_CID.to_string())
+        .arg("--socket")
+        .arg(&vhost_sock)
+        .arg("--uds-path")
+        .arg(&vsock_uds)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file(&vhost_log)?);
+    let mut daemon =
+        Supervised::spawn("vhost-device-vsock", daemon_cmd).map_err(io(format!("start {}", vhost.display())))?;
+    // QEMU needs the vhost-user socket to exist when it starts.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !vhost_sock.exists() {
+        if let Some(status) = daemon.try_exited() {
+            return Err(VmError::HelperFailed {
+                helper: "vhost-device-vsock",
+                status: status.to_string(),
+                log: std::fs::read_to_string(&vhost_log).unwrap_or_default(),
+            });
+        }
+        if Instant::now() > deadline {
+            return Err(VmError::HelperFailed {
+                helper: "vhost-device-vsock",
+                status: "did not create its socket within 5 s".into(),
+                log: std::fs::read_to_string(&vhost_log).unwrap_or_default(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+
+    let accel_kvm = KvmKind::detect() == KvmKind::Hardware;
+    let mut qemu_cmd = qemu_command(&qemu, spec, &run, accel_kvm);
+    qemu_cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log_file(&run.join("qemu.log"))?);
+    let vmm = Supervised::spawn("qemu-system-x86_64", qemu_cmd).map_err(io(format!("start {}", qemu.display())))?;
+    let mut children = vec![daemon, vmm];
+
+    let agent = match wait_for_agent(&vsock_uds, &mut children, &console_log, spec.boot_timeout).await {
+        Ok(a) => a,
+        Err(VmError::GuestDied { reason, console }) => {
+            // QEMU's own complaint (bad image, missing device) is the more useful text.
+            let qemu_log = std::fs::read_to_string(run.join("qemu.log")).unwrap_or_default();
+            let console =
+                if qemu_log.trim().is_empty() { console } else { format!("{console}\nqemu: {}", qemu_log.trim()) };
+            return Err(VmError::GuestDied { reason, console });
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(Vm { id, backend: BackendKind::Qemu, agent, children, console_log, boot_time: started.elapsed(), run_dir: run })
+}
