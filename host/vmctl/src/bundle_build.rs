@@ -45,6 +45,7 @@ fn source_dir(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let dir = arg
         .or_else(|| std::env::var_os("UMBRA_SOURCE_DIR").map(PathBuf::from))
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+    let dir = dir.canonicalize().unwrap_or(dir);
     if !dir.join("rootfs/minimal/build").exists() {
         bail!("{} is not an Umbra source checkout (no rootfs/minimal/build); pass --source", dir.display());
     }
@@ -86,8 +87,7 @@ pub fn run(args: BuildArgs) -> anyhow::Result<()> {
         Some(a) => a,
         None => script_output(&src.join("scripts/build-agent"), &[])?,
     };
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/tmp".into());
-    let cache = std::env::var_os("UMBRA_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| home.join(".cache/umbra"));
+    let cache = crate::paths::cache_dir();
     let flavor_name = match args.flavor {
         Flavor::Minimal => "minimal",
         Flavor::Standard => "standard",

@@ -1,6 +1,9 @@
 //! vmctl: the operator's command line.
 
 mod bundle_build;
+mod paths;
+mod run;
+mod tty;
 
 use clap::{Parser, Subcommand};
 
@@ -13,6 +16,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Boot a sandbox, run one command in it, and exit with its status.
+    Run(run::RunArgs),
     /// Guest bundles.
     Bundle {
         #[command(subcommand)]
@@ -28,11 +33,24 @@ enum BundleCommand {
 
 fn main() {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Bundle { command: BundleCommand::Build(args) } => bundle_build::run(args),
+    let code = match cli.command {
+        Command::Bundle { command: BundleCommand::Build(args) } => match bundle_build::run(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("vmctl: error: {e:#}");
+                1
+            }
+        },
+        // One thread: the VM's helper processes die with the thread that spawned them
+        // (PR_SET_PDEATHSIG), so that thread must live as long as vmctl does.
+        Command::Run(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map(|rt| rt.block_on(run::run(args)))
+            .unwrap_or_else(|e| {
+                eprintln!("vmctl: error: cannot start the async runtime: {e}");
+                run::EXIT_UMBRA_ERROR
+            }),
     };
-    if let Err(e) = result {
-        eprintln!("vmctl: error: {e:#}");
-        std::process::exit(1);
-    }
+    std::process::exit(code);
 }

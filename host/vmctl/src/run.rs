@@ -1,0 +1,275 @@
+//! `vmctl run`: boot a sandbox, run one command in it, stream its output, exit with its status,
+//! and tear the VM down — also on Ctrl-C, and on any error.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use tokio::io::AsyncReadExt;
+use tokio::signal::unix::{signal, SignalKind};
+use umbra_proto::{SpawnRequest, TtySize};
+use umbra_runtime::agent::{Process, ProcessEvent};
+use umbra_runtime::backend::{BackendKind, BootImage, KvmKind, Vm, VmSpec};
+
+use crate::paths;
+use crate::tty::RawTerminal;
+
+/// vmctl's own failures (boot, connection) exit with this, as `docker run` does.
+pub const EXIT_UMBRA_ERROR: i32 = 125;
+const EXIT_CANNOT_RUN: i32 = 126;
+const EXIT_NOT_FOUND: i32 = 127;
+/// How long a command may take to stop after SIGINT/SIGTERM before it is SIGKILLed.
+const KILL_GRACE: Duration = Duration::from_secs(3);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendChoice {
+    Auto,
+    Qemu,
+    Kvm,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: BackendChoice,
+    /// Bundle: a directory holding manifest.json, or a flavor built by `vmctl bundle build`.
+    #[arg(long, default_value = "minimal")]
+    bundle: String,
+    #[arg(long, default_value_t = 1)]
+    cpus: u32,
+    #[arg(long, default_value_t = 512)]
+    memory: u32,
+    /// Environment for the command (repeatable).
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// Working directory in the guest.
+    #[arg(long)]
+    workdir: Option<String>,
+    /// Kill the command after this many seconds (exit status 124).
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// Seconds to wait for the guest agent.
+    #[arg(long, default_value_t = 30)]
+    boot_timeout: u64,
+    /// Run on a pseudo-terminal (raw host terminal, window size forwarded).
+    #[arg(long)]
+    tty: bool,
+    /// Print one JSON event per line instead of the command's output.
+    #[arg(long)]
+    json: bool,
+    /// The command and its arguments.
+    #[arg(required = true, last = true)]
+    command: Vec<String>,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?} is not K=V"))?;
+    if k.is_empty() {
+        return Err(format!("{s:?} has an empty name"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+/// Which backend `auto` picks on this host, and why.
+pub fn choose_backend(choice: BackendChoice) -> anyhow::Result<(BackendKind, String)> {
+    let kvm = KvmKind::detect();
+    match choice {
+        BackendChoice::Qemu => Ok((BackendKind::Qemu, "requested".into())),
+        BackendChoice::Kvm => {
+            bail!("the kvm backend (the Umbra VMM) is not built yet; use --backend qemu (this host's KVM: {kvm:?})")
+        }
+        BackendChoice::Auto => Ok((
+            BackendKind::Qemu,
+            match kvm {
+                KvmKind::Hardware => {
+                    "hardware KVM found; qemu with -accel kvm (the Umbra VMM backend is not built yet)".into()
+                }
+                KvmKind::Pvm => "/dev/kvm is kvm_pvm, which cannot boot a Linux guest; qemu with TCG emulation".into(),
+                KvmKind::Absent => "no usable /dev/kvm; qemu with TCG emulation".into(),
+            },
+        )),
+    }
+}
+
+fn bundle_dir(spec: &str) -> anyhow::Result<PathBuf> {
+    let as_path = PathBuf::from(spec);
+    let dir = if as_path.join("manifest.json").exists() { as_path } else { paths::bundles_dir().join(spec) };
+    if !dir.join("manifest.json").exists() {
+        bail!(
+            "no bundle {spec:?} (looked in {} and {}); build one with `vmctl bundle build --flavor minimal`",
+            spec,
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+struct Output {
+    json: bool,
+}
+
+impl Output {
+    fn event(&self, value: serde_json::Value) {
+        if self.json {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{value}");
+            let _ = out.flush();
+        }
+    }
+}
+
+pub async fn run(args: RunArgs) -> i32 {
+    let out = Output { json: args.json };
+    match run_inner(args, &out).await {
+        Ok(code) => code,
+        Err(e) => {
+            out.event(serde_json::json!({"event": "error", "message": format!("{e:#}")}));
+            eprintln!("vmctl: error: {e:#}");
+            EXIT_UMBRA_ERROR
+        }
+    }
+}
+
+async fn run_inner(args: RunArgs, out: &Output) -> anyhow::Result<i32> {
+    let (backend, why) = choose_backend(args.backend)?;
+    let image = BootImage::from_bundle_dir(&bundle_dir(&args.bundle)?, &paths::extracted_dir())
+        .context("the bundle failed verification")?;
+    let mut spec = VmSpec::new(image);
+    spec.cpus = args.cpus;
+    spec.memory_mib = args.memory;
+    spec.boot_timeout = Duration::from_secs(args.boot_timeout);
+
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let launch = Vm::launch(backend, &spec);
+    let mut vm = tokio::select! {
+        vm = launch => vm.context("the sandbox did not start")?,
+        _ = sigint.recv() => bail!("interrupted during boot"),
+        _ = sigterm.recv() => bail!("terminated during boot"),
+    };
+    out.event(serde_json::json!({"event": "ready", "backend": format!("{backend:?}").to_lowercase(),
+        "why": why, "boot_ms": vm.boot_time.as_millis() as u64, "bundle": spec.image.version}));
+
+    let raw = if args.tty { RawTerminal::enable().ok() } else { None };
+    let request = SpawnRequest {
+        argv: args.command.clone(),
+        cwd: args.workdir.clone(),
+        env: args.env.iter().cloned().collect::<BTreeMap<_, _>>(),
+        uid: None,
+        gid: None,
+        tty: args.tty.then(|| crate::tty::size().unwrap_or(TtySize { rows: 24, cols: 80 })),
+    };
+    let process = vm.agent().spawn(request)?;
+    let result = drive(&mut vm, process, &args, out, &mut sigint, &mut sigterm).await;
+    drop(raw);
+    vm.shutdown().await;
+    result
+}
+
+/// Streams one process until it exits; returns vmctl's exit status.
+async fn drive(
+    vm: &mut Vm,
+    mut process: Process,
+    args: &RunArgs,
+    out: &Output,
+    sigint: &mut tokio::signal::unix::Signal,
+    sigterm: &mut tokio::signal::unix::Signal,
+) -> anyhow::Result<i32> {
+    let stdin = process.stdin();
+    let stdin_task = tokio::spawn(async move {
+        let mut host_stdin = tokio::io::stdin();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match host_stdin.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    let _ = stdin.close().await;
+                    return;
+                }
+                Ok(n) => {
+                    if stdin.write(bytes::Bytes::copy_from_slice(&buf[..n])).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    let mut winch = signal(SignalKind::window_change())?;
+    let deadline = args.timeout.map(|s| Instant::now() + Duration::from_secs(s));
+    let mut timed_out = false;
+    let mut interrupted: Option<i32> = None;
+    // After asking the command to stop, SIGKILL it if it has not ended by then.
+    let mut escalate_at: Option<Instant> = None;
+    let code = loop {
+        let until =
+            |t: Option<Instant>| t.map(|d| d.saturating_duration_since(Instant::now())).unwrap_or(Duration::MAX);
+        let event = tokio::select! {
+            ev = process.next_event() => ev,
+            _ = sigint.recv() => {
+                interrupted = Some(libc::SIGINT);
+                let _ = process.kill(libc::SIGINT).await;
+                escalate_at.get_or_insert(Instant::now() + KILL_GRACE);
+                continue
+            }
+            _ = sigterm.recv() => {
+                interrupted = Some(libc::SIGTERM);
+                let _ = process.kill(libc::SIGTERM).await;
+                escalate_at.get_or_insert(Instant::now() + KILL_GRACE);
+                continue
+            }
+            _ = winch.recv(), if args.tty => {
+                if let Some(sz) = crate::tty::size() { let _ = process.resize(sz.rows, sz.cols).await; }
+                continue
+            }
+            _ = tokio::time::sleep(until(deadline)), if deadline.is_some() && !timed_out => {
+                timed_out = true;
+                let _ = process.kill(libc::SIGTERM).await;
+                escalate_at.get_or_insert(Instant::now() + KILL_GRACE);
+                continue
+            }
+            _ = tokio::time::sleep(until(escalate_at)), if escalate_at.is_some() => {
+                let _ = process.kill(libc::SIGKILL).await;
+                escalate_at = None;
+                continue
+            }
+        };
+        match event {
+            Some(ProcessEvent::Spawned { pid }) => out.event(serde_json::json!({"event": "spawned", "pid": pid})),
+            Some(ProcessEvent::Stdout(b)) => write_stream(out, "stdout", &b, &mut std::io::stdout()),
+            Some(ProcessEvent::Stderr(b)) => write_stream(out, "stderr", &b, &mut std::io::stderr()),
+            Some(ProcessEvent::Exit(status)) => {
+                out.event(serde_json::json!({"event": "exit", "code": status.code, "signal": status.signal,
+                    "duration_ms": status.duration_ms}));
+                break if timed_out { 124 } else { status.shell_code() };
+            }
+            Some(ProcessEvent::SpawnFailed(e)) => {
+                out.event(serde_json::json!({"event": "spawn_failed", "message": e.message}));
+                eprintln!("vmctl: cannot run {:?}: {}", args.command[0], e.message);
+                break if e.message.contains("No such file") { EXIT_NOT_FOUND } else { EXIT_CANNOT_RUN };
+            }
+            Some(ProcessEvent::Error(msg)) => {
+                // The connection dropped: find out from the VM why.
+                let why = vm.wait(Duration::from_secs(3)).await;
+                stdin_task.abort();
+                match why {
+                    Some(e) => bail!("{e}"),
+                    None => bail!("{msg}"),
+                }
+            }
+            None => bail!("the agent connection ended without an exit event"),
+        }
+    };
+    stdin_task.abort();
+    Ok(interrupted.map(|s| 128 + s).filter(|_| code != 0).unwrap_or(code))
+}
+
+fn write_stream(out: &Output, name: &str, data: &[u8], sink: &mut dyn Write) {
+    if out.json {
+        out.event(serde_json::json!({"event": name, "data": String::from_utf8_lossy(data)}));
+    } else {
+        let _ = sink.write_all(data);
+        let _ = sink.flush();
+    }
+}
