@@ -1,6 +1,7 @@
 //! vmctl: the operator's command line.
 
 mod bundle_build;
+mod doctor;
 mod paths;
 mod run;
 mod tty;
@@ -18,6 +19,8 @@ struct Cli {
 enum Command {
     /// Boot a sandbox, run one command in it, and exit with its status.
     Run(run::RunArgs),
+    /// Explain which backend this host can use and what is missing.
+    Doctor(doctor::DoctorArgs),
     /// Guest bundles.
     Bundle {
         #[command(subcommand)]
@@ -41,6 +44,7 @@ fn main() {
                 1
             }
         },
+        Command::Doctor(args) => doctor::run(args),
         // One thread: the VM's helper processes die with the thread that spawned them
         // (PR_SET_PDEATHSIG), so that thread must live as long as vmctl does.
         Command::Run(args) => tokio::runtime::Builder::new_current_thread()
