@@ -1,5 +1,6 @@
 //! vmctl: the operator's command line.
 
+mod bench;
 mod bundle_build;
 mod doctor;
 mod paths;
@@ -21,11 +22,22 @@ enum Command {
     Run(run::RunArgs),
     /// Explain which backend this host can use and what is missing.
     Doctor(doctor::DoctorArgs),
+    /// Benchmarks with an anchor measured in the same run.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
     /// Guest bundles.
     Bundle {
         #[command(subcommand)]
         command: BundleCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Launch -> agent ready per backend, beside QEMU's own launch -> /init.
+    Boot(bench::BootBenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -45,16 +57,28 @@ fn main() {
             }
         },
         Command::Doctor(args) => doctor::run(args),
-        // One thread: the VM's helper processes die with the thread that spawned them
-        // (PR_SET_PDEATHSIG), so that thread must live as long as vmctl does.
-        Command::Run(args) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map(|rt| rt.block_on(run::run(args)))
-            .unwrap_or_else(|e| {
-                eprintln!("vmctl: error: cannot start the async runtime: {e}");
-                run::EXIT_UMBRA_ERROR
-            }),
+        Command::Bench { command: BenchCommand::Boot(args) } => async_main(async move {
+            match bench::boot(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("vmctl: error: {e:#}");
+                    1
+                }
+            }
+        }),
+        Command::Run(args) => async_main(run::run(args)),
     };
     std::process::exit(code);
+}
+
+/// One thread: the VM's helper processes die with the thread that spawned them
+/// (PR_SET_PDEATHSIG), so that thread must live as long as vmctl does.
+fn async_main(f: impl std::future::Future<Output = i32>) -> i32 {
+    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt.block_on(f),
+        Err(e) => {
+            eprintln!("vmctl: error: cannot start the async runtime: {e}");
+            run::EXIT_UMBRA_ERROR
+        }
+    }
 }

@@ -94,7 +94,7 @@ pub fn choose_backend(choice: BackendChoice) -> anyhow::Result<(BackendKind, Str
     }
 }
 
-fn bundle_dir(spec: &str) -> anyhow::Result<PathBuf> {
+pub fn bundle_dir(spec: &str) -> anyhow::Result<PathBuf> {
     let as_path = PathBuf::from(spec);
     let dir = if as_path.join("manifest.json").exists() { as_path } else { paths::bundles_dir().join(spec) };
     if !dir.join("manifest.json").exists() {

@@ -1,0 +1,83 @@
+//! `vmctl bench boot`: launch → agent ready for each available backend, beside the anchor —
+//! the time QEMU itself takes from launch to `/init` with the same kernel and initramfs
+//! (measured as launch → exit with `rdinit=/bin/reboot -- -f`: the first userspace instruction
+//! reboots, and `-no-reboot` makes QEMU exit). Medians of N runs, in the same invocation.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use umbra_runtime::backend::host::find_binary;
+use umbra_runtime::backend::{BackendKind, BootImage, KvmKind, Vm, VmSpec, BASE_CMDLINE};
+
+use crate::paths;
+
+#[derive(Args, Debug)]
+pub struct BootBenchArgs {
+    #[arg(long, default_value_t = 10)]
+    runs: usize,
+    #[arg(long, default_value = "minimal")]
+    bundle: String,
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn anchor_once(qemu: &Path, image: &BootImage, kvm: bool) -> anyhow::Result<Duration> {
+    let Some(initrd) = &image.initrd else { bail!("the anchor needs an initramfs bundle (minimal)") };
+    let t = Instant::now();
+    let status = Command::new(qemu)
+        .args(["-M", "microvm,acpi=off", "-m", "512M", "-smp", "1", "-no-reboot", "-nographic", "-nodefaults"])
+        .args(["-no-user-config", "-serial", "null", "-accel", if kvm { "kvm" } else { "tcg" }])
+        .arg("-kernel")
+        .arg(&image.kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        .arg("-append")
+        .arg(format!("{BASE_CMDLINE} rdinit=/bin/reboot -- -f"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status()
+        .context("run qemu for the anchor")?;
+    if !status.success() {
+        bail!("anchor qemu exited with {status}");
+    }
+    Ok(t.elapsed())
+}
+
+pub async fn boot(args: BootBenchArgs) -> anyhow::Result<()> {
+    let dir = crate::run::bundle_dir(&args.bundle)?;
+    let image = BootImage::from_bundle_dir(&dir, &paths::extracted_dir())?;
+    let qemu = find_binary("qemu-system-x86_64", "UMBRA_QEMU").context("qemu-system-x86_64 not found")?;
+    let kvm = KvmKind::detect() == KvmKind::Hardware;
+    let runs = args.runs.max(1);
+    println!("bundle {} · {} runs each · accel {}", image.version, runs, if kvm { "kvm" } else { "tcg" });
+
+    let anchor = median((0..runs).map(|_| anchor_once(&qemu, &image, kvm)).collect::<anyhow::Result<Vec<_>>>()?);
+    println!("{:<34} median {:>7.1} ms", "anchor: qemu launch -> /init", ms(anchor));
+
+    for backend in [BackendKind::Qemu] {
+        let mut times = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let vm = Vm::launch(backend, &VmSpec::new(image.clone())).await?;
+            times.push(vm.boot_time);
+            vm.shutdown().await;
+        }
+        let m = median(times);
+        println!(
+            "{:<34} median {:>7.1} ms   ratio {:.2}x the anchor",
+            format!("{backend:?}: launch -> agent ready").to_lowercase(),
+            ms(m),
+            m.as_secs_f64() / anchor.as_secs_f64()
+        );
+    }
+    Ok(())
+}
