@@ -79,3 +79,68 @@ fn sigkill_of_vmctl_leaves_no_qemu_or_vhost_daemon_behind() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Reads stdout until `line` has been printed (the command is running in the guest).
+fn wait_for_line(child: &mut std::process::Child, line: &[u8]) {
+    let stdout = child.stdout.as_mut().unwrap();
+    let mut buf = vec![0u8; line.len()];
+    std::io::Read::read_exact(stdout, &mut buf).unwrap();
+    assert_eq!(buf, line);
+}
+
+#[test]
+fn ctrl_c_ends_the_command_and_the_vm() {
+    let runtime_dir = umbra_tests::TempDir::new("xdg-int");
+    let marker = runtime_dir.0.display().to_string();
+    let mut child = vmctl()
+        .args(["sh", "-c", "echo started; sleep 60"])
+        .env("XDG_RUNTIME_DIR", &runtime_dir.0)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_line(&mut child, b"started\n");
+    let t = Instant::now();
+    // SAFETY: plain kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "128 + SIGINT");
+    assert!(t.elapsed() < Duration::from_secs(15), "ended promptly: {:?}", t.elapsed());
+    assert!(descendants_named(&["qemu-system-x86_64", "vhost-device-vsock"], &marker).is_empty());
+    assert_eq!(std::fs::read_dir(runtime_dir.0.join("umbra/vms")).unwrap().count(), 0, "run directory removed");
+}
+
+#[test]
+fn timeout_json_and_tty() {
+    let out = Command::new(workspace_bin("vmctl"))
+        .args(["run", "--timeout", "1", "--bundle"])
+        .arg(test_bundle("minimal"))
+        .args(["--", "sleep", "30"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(124));
+
+    let out = Command::new(workspace_bin("vmctl"))
+        .args(["run", "--json", "--bundle"])
+        .arg(test_bundle("minimal"))
+        .args(["--", "sh", "-c", "echo hi; exit 7"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    let events: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+    let kinds: Vec<&str> =
+        events.iter().map(|l| l.split("\"event\":\"").nth(1).unwrap().split('"').next().unwrap()).collect();
+    assert_eq!(kinds, ["ready", "spawned", "stdout", "exit"], "{events:?}");
+    assert!(events[2].contains("\"data\":\"hi\\n\""), "{}", events[2]);
+    assert!(events[3].contains("\"code\":7"), "{}", events[3]);
+
+    // Without a host terminal the guest still gets a pseudo-terminal of a default size.
+    let out = Command::new(workspace_bin("vmctl"))
+        .args(["run", "--tty", "--bundle"])
+        .arg(test_bundle("minimal"))
+        .args(["--", "sh", "-c", "test -t 0 && test -t 1 && echo on-a-tty; stty size"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("on-a-tty") && text.contains("24 80"), "{text:?}");
+}
