@@ -50,3 +50,38 @@ async fn guest_shutdown_ends_the_vm() {
     let ended = vm.wait(Duration::from_secs(20)).await.expect("the VM ends after a guest shutdown");
     assert!(ended.to_string().contains("qemu-system-x86_64 exited: exit status: 0"), "{ended}");
 }
+
+fn sha256_of(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("sha256sum").arg(path).output().expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_bundle_runs_debian_tools_and_writes_only_to_the_overlay() {
+    let image = BootImage::from_bundle_dir(&test_bundle("standard"), &cache_dir().join("extracted")).unwrap();
+    let rootfs = image.rootfs.clone().expect("standard has a rootfs disk");
+    let before = sha256_of(&rootfs);
+    let mut spec = VmSpec::new(image);
+    spec.boot_timeout = Duration::from_secs(90); // TCG: Debian userspace is slower to reach
+    let vm = Vm::launch(BackendKind::Qemu, &spec).await.expect("standard boots");
+    eprintln!("standard: launch -> agent ready in {:?}", vm.boot_time);
+
+    let out = vm.agent().spawn(sh("git --version && python3 -c 'print(1)'")).unwrap().output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code, Some(0), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.starts_with("git version 2.39") && text.ends_with("1\n"), "{text:?}");
+
+    // Writes anywhere (even over image files) land in the tmpfs upper layer of the overlay.
+    let out = vm
+        .agent()
+        .spawn(sh("echo written > /root/new.txt && echo changed > /etc/hostname && rm /etc/hosts && \
+                   cat /root/new.txt /etc/hostname && test ! -e /etc/hosts && \
+                   grep ' / ' /proc/mounts | cut -d' ' -f1,3"))
+        .unwrap()
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "written\nchanged\noverlay overlay\n", "{out:?}");
+    vm.shutdown().await;
+    assert_eq!(sha256_of(&rootfs), before, "the image is unchanged after the session");
+}
