@@ -49,9 +49,10 @@ fn descendants_named(names: &[&str], marker: &str) -> Vec<u32> {
     found
 }
 
-#[test]
-fn sigkill_of_vmctl_leaves_no_qemu_or_vhost_daemon_behind() {
-    let runtime_dir = umbra_tests::TempDir::new("xdg-run");
+/// Starts `vmctl run` with its own runtime dir (whose path marks its helpers' command lines)
+/// and returns once the command is running in the guest.
+fn start_long_running(tag: &str) -> (umbra_tests::TempDir, String, std::process::Child) {
+    let runtime_dir = umbra_tests::TempDir::new(tag);
     let marker = runtime_dir.0.display().to_string();
     let mut child = vmctl()
         .args(["sh", "-c", "echo started; sleep 60"])
@@ -59,11 +60,15 @@ fn sigkill_of_vmctl_leaves_no_qemu_or_vhost_daemon_behind() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    // Wait until the command runs in the guest.
-    let mut stdout = child.stdout.take().unwrap();
     let mut buf = [0u8; 8];
-    std::io::Read::read_exact(&mut stdout, &mut buf).unwrap();
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut buf).unwrap();
     assert_eq!(&buf, b"started\n");
+    (runtime_dir, marker, child)
+}
+
+#[test]
+fn sigkill_of_vmctl_leaves_no_qemu_or_vhost_daemon_behind() {
+    let (_runtime_dir, marker, mut child) = start_long_running("xdg-kill");
     let helpers = descendants_named(&["qemu-system-x86_64", "vhost-device-vsock"], &marker);
     assert_eq!(helpers.len(), 2, "qemu and vhost-device-vsock are running");
 
@@ -80,25 +85,9 @@ fn sigkill_of_vmctl_leaves_no_qemu_or_vhost_daemon_behind() {
     }
 }
 
-/// Reads stdout until `line` has been printed (the command is running in the guest).
-fn wait_for_line(child: &mut std::process::Child, line: &[u8]) {
-    let stdout = child.stdout.as_mut().unwrap();
-    let mut buf = vec![0u8; line.len()];
-    std::io::Read::read_exact(stdout, &mut buf).unwrap();
-    assert_eq!(buf, line);
-}
-
 #[test]
 fn ctrl_c_ends_the_command_and_the_vm() {
-    let runtime_dir = umbra_tests::TempDir::new("xdg-int");
-    let marker = runtime_dir.0.display().to_string();
-    let mut child = vmctl()
-        .args(["sh", "-c", "echo started; sleep 60"])
-        .env("XDG_RUNTIME_DIR", &runtime_dir.0)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_line(&mut child, b"started\n");
+    let (runtime_dir, marker, mut child) = start_long_running("xdg-int");
     let t = Instant::now();
     // SAFETY: plain kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
