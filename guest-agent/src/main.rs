@@ -11,6 +11,7 @@ mod process;
 mod reaper;
 mod server;
 mod system;
+mod text;
 
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
@@ -63,6 +64,7 @@ fn main() {
 fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
     if pid1 {
         pid1::init(&args.hostname)?;
+        system::raise_fd_limit();
     } else {
         // Orphans of our children are reparented to us, as they would be to PID 1 in a guest.
         // SAFETY: prctl with an integer argument has no memory effects.
@@ -87,6 +89,9 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
                     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), nix::sys::signal::SIGKILL);
                     pid1::power_off();
                 }
+                // A host-side agent exits, but its processes must not outlive it (in a guest
+                // the power-off takes care of that).
+                agent.reaper.kill_all(nix::sys::signal::SIGKILL);
                 Ok(())
             }
         }

@@ -312,11 +312,12 @@ pub struct ExitStatus {
 }
 
 impl ExitStatus {
-    /// Shell convention: the code, or 128 + signal.
+    /// Shell convention: the code, or 128 + signal. Saturates: the signal number comes from
+    /// the peer, and a bogus one must not overflow.
     pub fn shell_code(&self) -> i32 {
         match (self.code, self.signal) {
             (Some(c), _) => c,
-            (None, Some(s)) => 128 + s,
+            (None, Some(s)) => s.saturating_add(128),
             (None, None) => 255,
         }
     }
@@ -371,6 +372,14 @@ mod tests {
             serde_json::to_string(&exit).unwrap(),
             r#"{"event":"exit","code":null,"signal":15,"duration_ms":3}"#
         );
+    }
+
+    #[test]
+    fn shell_code_of_a_bogus_signal_saturates() {
+        let status = |signal| ExitStatus { code: None, signal: Some(signal), duration_ms: 0 };
+        assert_eq!(status(15).shell_code(), 143);
+        assert_eq!(status(i32::MAX).shell_code(), i32::MAX);
+        assert_eq!(status(i32::MIN).shell_code(), i32::MIN + 128);
     }
 
     #[test]

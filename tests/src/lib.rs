@@ -1,6 +1,7 @@
 //! Test support: runs the real `umbra-agent` binary on a Unix socket and connects the runtime's
 //! client to it, so behaviour tests exercise both sides of the protocol with real processes.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -49,17 +50,39 @@ pub struct HostAgent {
 
 impl HostAgent {
     pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// Starts the agent with its open-file limit (soft and hard) lowered to `limit`.
+    pub async fn start_with_fd_limit(limit: u64) -> Self {
+        Self::start_with(move |cmd| {
+            let lim = libc::rlimit { rlim_cur: limit as libc::rlim_t, rlim_max: limit as libc::rlim_t };
+            // SAFETY: the closure runs between fork and exec and only calls setrlimit, which is
+            // async-signal-safe, on a value it owns.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        })
+        .await
+    }
+
+    async fn start_with(configure: impl FnOnce(&mut Command)) -> Self {
         let dir = TempDir::new("agent");
         let socket = dir.0.join("agent.sock");
-        let child = Command::new(workspace_bin("umbra-agent"))
-            .arg("--listen")
-            .arg(format!("unix:{}", socket.display()))
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start umbra-agent");
+        let mut cmd = Command::new(workspace_bin("umbra-agent"));
+        cmd.arg("--listen").arg(format!("unix:{}", socket.display())).stdin(Stdio::null());
+        configure(&mut cmd);
+        let child = cmd.spawn().expect("start umbra-agent");
+        // Wait for a connection to succeed, not just for the socket file: bind creates the file
+        // before listen, and a connect in between is refused.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            assert!(Instant::now() < deadline, "agent did not create {}", socket.display());
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "agent did not listen on {}", socket.display());
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Self { child, socket, _dir: dir }
@@ -89,6 +112,13 @@ pub fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// The state letter of a process ('R', 'S', 'Z', ...) from /proc/<pid>/stat; None once it is gone.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ..." — comm may contain spaces and parens, so split after the last ')'.
+    stat.rsplit_once(')')?.1.split_whitespace().next()?.chars().next()
 }
 
 /// Pids of the zombie children of `parent`, read from /proc.

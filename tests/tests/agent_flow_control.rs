@@ -127,3 +127,30 @@ async fn a_reader_that_stops_stalls_only_its_own_process() {
     }
     assert_eq!(got, 100_000_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_process_with_unread_output_lets_it_finish() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    let mut p = client
+        .spawn(SpawnRequest {
+            argv: vec!["head".into(), "-c".into(), "3000000".into(), "/dev/zero".into()],
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(matches!(p.next_event().await, Some(ProcessEvent::Spawned { .. })));
+    // The whole initial credit arrives and sits unread in `p`; the agent's pump has none left.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(p);
+    // Only once its credit comes back can the pump drain the pipe, see the end and report the
+    // exit, which is what frees the process's entry.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let live = client.stats().await.unwrap().agent_processes;
+        if live == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{live} process(es) still held by the agent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -196,3 +196,88 @@ async fn incompatible_version_and_missing_hello_are_refused() {
     assert!(next_error(&mut f).await.expect("error frame").message.contains("credit"));
     still_serving(&agent).await;
 }
+
+#[tokio::test]
+async fn stdin_data_above_the_chunk_limit_is_a_protocol_error() {
+    let agent = HostAgent::start().await;
+    let mut f = raw(&agent).await;
+    let cat = Request::Spawn(SpawnRequest { argv: vec!["cat".into()], ..Default::default() });
+    f.send(json_frame(FrameKind::Request, 3, &cat)).await.unwrap();
+    f.next().await.unwrap().unwrap();
+    // Within the 256 KiB credit, but one frame may carry at most 64 KiB.
+    f.send(Frame::data(3, umbra_proto::Channel::Stdin, vec![b'x'; umbra_proto::MAX_DATA_CHUNK + 1])).await.unwrap();
+    let err = next_error(&mut f).await.expect("error frame");
+    assert!(err.message.contains("exceeds the 65536-byte limit"), "{}", err.message);
+    // Then the connection closes (after cat's exit, which its teardown caused).
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(5), f.next()).await.expect("closed") {
+        assert_eq!(frame.unwrap().kind, FrameKind::Event);
+    }
+    still_serving(&agent).await;
+}
+
+#[tokio::test]
+async fn huge_inputs_echoed_in_errors_still_get_an_answer() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await.with_call_timeout(Duration::from_secs(20));
+    // Tabs: 2 bytes each in the request's JSON, 3 once quoted in a message and re-encoded, so an
+    // error echoing the whole path would not fit in a frame.
+    let path = format!("/{}", "\t".repeat(1_000_000));
+    let e = client.stat(&path).await.unwrap_err();
+    let e = e.agent_error().unwrap_or_else(|| panic!("an answer from the agent, got {e}"));
+    assert!(e.message.len() < 4096 && e.message.contains("1000001 bytes"), "{}", e.message);
+
+    // An unknown method of 1 MiB: serde's error names it.
+    let mut f = raw(&agent).await;
+    let body = format!("{{\"method\":\"{}\"}}", "\\t".repeat(1_048_500));
+    f.send(Frame::new(FrameKind::Request, 9, body)).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(10), f.next()).await.expect("an answer").unwrap().unwrap();
+    assert_eq!((reply.kind, reply.id), (FrameKind::Response, 9));
+    let (resp, _): (umbra_proto::Response, _) = parse_body(&reply.body).unwrap();
+    assert!(matches!(resp, umbra_proto::Response::Error(ErrorBody { code: ErrorCode::BadRequest, .. })), "{resp:?}");
+    // Messages are clipped to 4 KiB (tabs then take 2 bytes each in JSON).
+    assert!(reply.body.len() < 16 * 1024, "{} bytes", reply.body.len());
+    still_serving(&agent).await;
+}
+
+#[tokio::test]
+async fn running_out_of_file_descriptors_does_not_stop_the_agent() {
+    let mut agent = HostAgent::start_with_fd_limit(48).await;
+    // More connections than the agent has fds: accept fails with EMFILE for the rest.
+    let mut conns = Vec::new();
+    for _ in 0..80 {
+        conns.push(UnixStream::connect(&agent.socket).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(agent.child.try_wait().unwrap().is_none(), "the agent survives failed accepts");
+    drop(conns);
+    tokio::time::timeout(Duration::from_secs(10), still_serving(&agent)).await.expect("served again once fds free up");
+}
+
+#[tokio::test]
+async fn a_host_that_pipelines_file_reads_without_reading_keeps_the_agent_bounded() {
+    let agent = HostAgent::start().await;
+    let dir = umbra_tests::TempDir::new("pipelined");
+    let path = dir.0.join("mib");
+    std::fs::write(&path, vec![7u8; umbra_proto::MAX_FILE_CHUNK]).unwrap();
+    let mut f = raw(&agent).await;
+    const REQUESTS: u32 = 400;
+    for id in 1..=REQUESTS {
+        let req = Request::ReadFile { path: path.display().to_string(), offset: 0, len: 1 << 20 };
+        f.feed(json_frame(FrameKind::Request, id, &req)).await.unwrap();
+    }
+    f.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let rss = umbra_tests::rss_kib(agent.pid());
+    // Unbounded, every request would hold its MiB until the host reads (400 MiB here).
+    assert!(rss < 200 * 1024, "agent RSS {rss} KiB with {REQUESTS} reads of 1 MiB pipelined");
+    let mut answered = 0;
+    while answered < REQUESTS {
+        let reply = tokio::time::timeout(Duration::from_secs(10), f.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(reply.kind, FrameKind::Response);
+        assert_eq!(
+            reply.body.len(),
+            umbra_proto::MAX_FILE_CHUNK + r#"{"ok":{"type":"file_data","len":1048576,"eof":true}}"#.len() + 1
+        );
+        answered += 1;
+    }
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use umbra_proto::{ErrorCode, SpawnRequest, TtySize, WriteFileRequest, WriteMode};
 use umbra_runtime::agent::{ClientError, ProcessEvent};
-use umbra_tests::{zombie_children, HostAgent, TempDir};
+use umbra_tests::{process_state, zombie_children, HostAgent, TempDir};
 
 fn sh(script: &str) -> SpawnRequest {
     SpawnRequest { argv: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() }
@@ -103,6 +103,14 @@ async fn env_and_cwd_are_honoured() {
     let e = client.spawn(SpawnRequest { argv: vec!["no-such-program-umbra".into()], ..Default::default() }).unwrap();
     let e = e.output().await.unwrap_err();
     assert!(e.to_string().contains("no-such-program-umbra"), "{e}");
+
+    // Paths must be absolute: a relative cwd (or unmount path) is a bad request.
+    let mut req = sh("true");
+    req.cwd = Some("tmp".into());
+    let e = client.spawn(req).unwrap().output().await.unwrap_err();
+    assert_eq!(e.agent_error().expect("agent error").code, ErrorCode::BadRequest, "{e}");
+    let e = client.unmount("mnt").await.unwrap_err();
+    assert_eq!(e.agent_error().expect("agent error").code, ErrorCode::BadRequest, "{e}");
 }
 
 #[tokio::test]
@@ -176,6 +184,13 @@ async fn files_and_stats() {
     assert_eq!(e.agent_error().unwrap().code, ErrorCode::NotFound);
     let e = client.read_file(&path, 0, u32::MAX).await.unwrap_err();
     assert_eq!(e.agent_error().unwrap().code, ErrorCode::TooLarge);
+    // A FIFO is refused at once instead of blocking the request on its other end.
+    let fifo = dir.0.join("fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let fifo = fifo.display().to_string();
+    let read = tokio::time::timeout(Duration::from_secs(5), client.read_file(&fifo, 0, 10));
+    let e = read.await.expect("answered, not blocked").unwrap_err();
+    assert_eq!(e.agent_error().unwrap().code, ErrorCode::BadRequest, "{e}");
     let stats = client.stats().await.unwrap();
     assert!(stats.mem_total_kib > 0 && stats.processes > 0);
     assert!(client.ping().await.unwrap() < Duration::from_secs(60));
@@ -196,4 +211,59 @@ async fn a_dropped_connection_ends_open_processes_with_an_error_naming_the_cause
     assert!(p.next_event().await.is_none());
     let e = client.ping().await.unwrap_err();
     assert!(matches!(e, ClientError::ConnectionLost(_)), "{e}");
+}
+
+#[tokio::test]
+async fn listing_a_huge_directory_is_truncated_to_fit_one_response() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await.with_call_timeout(Duration::from_secs(20));
+    let dir = TempDir::new("bigdir");
+    // 12 000 names of 200 bytes: about 2.8 MB of listing, more than one frame holds.
+    for i in 0..12_000 {
+        std::fs::File::create(dir.0.join(format!("{i:0>200}"))).unwrap();
+    }
+    let (entries, truncated) = client.list_dir(&dir.0.display().to_string(), Some(100_000)).await.unwrap();
+    assert!(truncated);
+    assert!(entries.len() > 5_000 && entries.len() < 12_000, "{} entries", entries.len());
+}
+
+#[tokio::test]
+async fn kill_after_the_exit_ends_the_drain_of_background_output() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    // The shell exits at once; its background loop keeps stdout busy, so the drain never idles.
+    let mut p = client.spawn(sh("(while :; do echo x; sleep 0.01; done) & exit 0")).unwrap();
+    assert!(matches!(p.next_event().await, Some(ProcessEvent::Spawned { .. })));
+    assert!(matches!(p.next_event().await, Some(ProcessEvent::Stdout(_))));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    p.kill(9).await.unwrap();
+    let status = loop {
+        match tokio::time::timeout(Duration::from_secs(5), p.next_event()).await.expect("exit after kill") {
+            Some(ProcessEvent::Stdout(_)) => {}
+            Some(ProcessEvent::Exit(s)) => break s,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(status.code, Some(0), "the shell itself exited normally");
+}
+
+#[tokio::test]
+async fn shutdown_of_a_host_side_agent_kills_its_processes() {
+    let mut agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    let mut p = client.spawn(sh("exec sleep 30")).unwrap();
+    let Some(ProcessEvent::Spawned { pid }) = p.next_event().await else { panic!("spawned") };
+    client.shutdown().await.unwrap();
+    let exited = tokio::task::spawn_blocking(move || agent.child.wait().map(|_| agent));
+    let _agent = tokio::time::timeout(Duration::from_secs(5), exited).await.expect("agent exits").unwrap().unwrap();
+    // Killed, then reaped by whoever inherited it (or a zombie until then): not running.
+    let mut state = process_state(pid);
+    for _ in 0..50 {
+        if matches!(state, None | Some('Z')) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        state = process_state(pid);
+    }
+    assert!(matches!(state, None | Some('Z')), "pid {pid} outlived the agent in state {state:?}");
 }

@@ -8,11 +8,13 @@
 mod credit;
 pub mod spawn;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 use tokio::sync::{mpsc, watch};
 use umbra_proto::{json_frame, Channel, Event, ExitStatus, Frame, FrameKind, MAX_DATA_CHUNK};
 
@@ -42,6 +44,8 @@ pub struct ProcessHandle {
     pub stdout_credit: Arc<Credit>,
     pub stderr_credit: Arc<Credit>,
     pub pty: Option<Arc<FdIo>>,
+    /// Set by the reaper when the child is collected; the entry lives on while output drains.
+    pub reaped: Arc<AtomicBool>,
 }
 
 impl ProcessHandle {
@@ -53,7 +57,19 @@ impl ProcessHandle {
         }
     }
 
-    /// Releases output pumps blocked on credit (the host is gone).
+    /// Signals the process's whole group. Once the child is reaped its pid — and so its group
+    /// id — may be reused by an unrelated process, so nothing is signalled: instead the pumps
+    /// stop draining what background children still write, and the exit follows.
+    pub fn kill(&self, signal: Signal) {
+        if self.reaped.load(Ordering::Acquire) {
+            self.close_credits();
+        } else {
+            // ESRCH means the tree is already gone while the exit is still being reported.
+            let _ = killpg(Pid::from_raw(self.pid as i32), signal);
+        }
+    }
+
+    /// Releases output pumps blocked on credit (the host is gone), and makes them stop.
     pub fn close_credits(&self) {
         self.stdout_credit.close();
         self.stderr_credit.close();
@@ -124,7 +140,15 @@ pub fn supervise(
         on_exit();
     });
 
-    Ok(ProcessHandle { pid: child.pid, stdin: stdin_tx, stdin_window, stdout_credit, stderr_credit, pty })
+    Ok(ProcessHandle {
+        pid: child.pid,
+        stdin: stdin_tx,
+        stdin_window,
+        stdout_credit,
+        stderr_credit,
+        pty,
+        reaped: child.reaped,
+    })
 }
 
 enum StdinTarget {

@@ -7,6 +7,8 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::pty::{openpty, Winsize};
@@ -33,6 +35,8 @@ pub struct SpawnedChild {
     pub pid: u32,
     pub stdio: ChildStdio,
     pub exit: tokio::sync::oneshot::Receiver<ChildExit>,
+    /// Set once the reaper has collected the child: its pid may be reused from then on.
+    pub reaped: Arc<AtomicBool>,
 }
 
 /// The environment a child sees: a small fixed base, then the request's entries. The agent's own
@@ -54,6 +58,7 @@ pub fn winsize(size: TtySize) -> Winsize {
 }
 
 /// Forks and execs the request. Errors carry the OS reason (missing binary, bad cwd, EPERM).
+/// Blocks until the child has exec'd: call it from a blocking thread.
 pub fn spawn(reaper: &Reaper, req: &SpawnRequest) -> io::Result<SpawnedChild> {
     let Some(program) = req.argv.first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "argv is empty"));
@@ -64,6 +69,11 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest) -> io::Result<SpawnedChild> {
     let mut cmd = Command::new(program);
     cmd.args(&req.argv[1..]).env_clear().envs(child_env(req));
     if let Some(cwd) = &req.cwd {
+        // Look the directory up before forking, outside the reaper lock: on a slow or hung
+        // filesystem it is this thread that waits, not every other spawn and the reaping with it.
+        if !std::fs::metadata(cwd)?.is_dir() {
+            return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+        }
         cmd.current_dir(cwd);
     }
     if let Some(gid) = req.gid {
@@ -75,7 +85,7 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest) -> io::Result<SpawnedChild> {
     let tty = req.tty;
     // Reaping is paused while we fork, so the pty fds opened here cannot leak into another
     // child forked concurrently (all agent forks go through the reaper lock).
-    let (stdio, pid, exit) = reaper.spawn(|| {
+    let (stdio, pid, registration) = reaper.spawn(|| {
         if let Some(size) = tty {
             let pty = openpty(Some(&winsize(size)), None).map_err(io::Error::from)?;
             fcntl(&pty.master, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
@@ -122,7 +132,7 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest) -> io::Result<SpawnedChild> {
             Ok((ChildStdio::Pipes { stdin, stdout, stderr }, pid))
         }
     })?;
-    Ok(SpawnedChild { pid, stdio, exit })
+    Ok(SpawnedChild { pid, stdio, exit: registration.exit, reaped: registration.reaped })
 }
 
 /// Sets a PTY's window size; the kernel delivers SIGWINCH to the foreground group.

@@ -2,27 +2,36 @@
 //!
 //! The reader never blocks on a single process: stdin goes to per-process queues bounded by the
 //! stdin credit the host was granted, output credit goes to the pumps, and slow requests (files,
-//! mounts) run as their own tasks. Frames that cannot be decoded close the connection after an
-//! Error frame; well-framed but invalid ones get an error and the connection goes on.
+//! mounts) run as their own tasks, at most [`MAX_BLOCKING`] at a time. Frames that cannot be
+//! decoded close the connection after an Error frame; well-framed but invalid ones get an error
+//! and the connection goes on.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
+use nix::sys::signal::Signal;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use umbra_proto::{
-    json_frame, parse_body, Channel, ErrorBody, ErrorCode, Frame, FrameCodec, FrameKind, Hello, Request,
-    PROTOCOL_VERSION,
+    json_frame, parse_body, Channel, ErrorBody, ErrorCode, Frame, FrameCodec, FrameKind, Hello, Request, Response,
+    MAX_BODY_LEN, MAX_DATA_CHUNK, PROTOCOL_VERSION,
 };
 
 use super::Agent;
 use crate::process::{FrameSink, ProcessHandle, StdinMsg};
+use crate::text::clip;
 
 /// Frames queued for the writer. Output is credit-limited, so this bounds memory, not throughput.
 const OUTBOX: usize = 64;
+/// Blocking requests (files, mounts, stats) served at once per connection. Each may hold a
+/// 1 MiB file chunk; past this the reader waits, which pushes back on a host that pipelines.
+const MAX_BLOCKING: usize = 8;
+/// How long the parting Error frame of a failed connection may wait for room in the outbox.
+const PARTING_ERROR_WAIT: Duration = Duration::from_millis(500);
 
 pub type ProcessTable = Arc<Mutex<HashMap<u32, ProcessHandle>>>;
 
@@ -32,6 +41,8 @@ pub struct Connection {
     pub processes: ProcessTable,
     /// Ids of requests still being served by a task.
     pub in_flight: Arc<Mutex<HashSet<u32>>>,
+    /// Permits for blocking requests, see [`MAX_BLOCKING`].
+    pub blocking: Arc<Semaphore>,
 }
 
 /// Why the connection must end.
@@ -59,6 +70,7 @@ pub async fn serve_connection<S: AsyncRead + AsyncWrite + Send + 'static>(
         sink,
         processes: Arc::new(Mutex::new(HashMap::new())),
         in_flight: Arc::new(Mutex::new(HashSet::new())),
+        blocking: Arc::new(Semaphore::new(MAX_BLOCKING)),
     };
     let result = match handshake(&conn, &mut frames).await {
         Ok(true) => conn.read_loop(&mut frames).await,
@@ -66,8 +78,9 @@ pub async fn serve_connection<S: AsyncRead + AsyncWrite + Send + 'static>(
         Err(e) => Err(e),
     };
     if let Err(e) = &result {
-        // Best effort: tell the host why before closing.
-        let _ = conn.sink.try_send(protocol_error(0, e.to_string()));
+        // Best effort: tell the host why before closing. The outbox may be full (output the host
+        // has not read yet), so wait for room a little rather than drop the explanation.
+        let _ = tokio::time::timeout(PARTING_ERROR_WAIT, conn.sink.send(protocol_error(0, e.to_string()))).await;
     }
     conn.teardown();
     drop(conn);
@@ -149,7 +162,8 @@ impl Connection {
         match parse_body::<Request>(&frame.body) {
             Ok((request, attachment)) => self.dispatch(id, request, attachment).await,
             Err(e) => {
-                let err = ErrorBody::new(ErrorCode::BadRequest, format!("request {id}: {e}"));
+                // serde's message may quote the input (an unknown method name) at any length.
+                let err = ErrorBody::new(ErrorCode::BadRequest, clip(format!("request {id}: {e}")));
                 self.send(json_frame(FrameKind::Response, id, &umbra_proto::Response::Error(err))).await
             }
         }
@@ -158,6 +172,13 @@ impl Connection {
     fn on_stdin(&self, frame: Frame) -> Result<(), ConnectionError> {
         if frame.channel != Channel::Stdin {
             return Err(ConnectionError::Protocol(format!("the host may not send {:?} data", frame.channel)));
+        }
+        if frame.body.len() > MAX_DATA_CHUNK {
+            return Err(ConnectionError::Protocol(format!(
+                "process {}: a Data frame of {} bytes exceeds the {MAX_DATA_CHUNK}-byte limit",
+                frame.id,
+                frame.body.len()
+            )));
         }
         let processes = self.processes.lock().unwrap();
         // Stdin for a process that already exited is dropped: the host may race the exit.
@@ -191,7 +212,7 @@ impl Connection {
     fn teardown(&self) {
         let processes = self.processes.lock().unwrap();
         for p in processes.values() {
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pid as i32), nix::sys::signal::SIGKILL);
+            p.kill(Signal::SIGKILL);
             p.close_credits();
         }
     }
@@ -202,17 +223,58 @@ async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(
     mut rx: mpsc::Receiver<Frame>,
 ) {
     while let Some(frame) = rx.recv().await {
-        if out.feed(frame).await.is_err() {
+        if out.feed(fit(frame)).await.is_err() {
             return;
         }
         // Batch whatever is already queued into one flush.
         while let Ok(frame) = rx.try_recv() {
-            if out.feed(frame).await.is_err() {
+            if out.feed(fit(frame)).await.is_err() {
                 return;
             }
         }
         if out.flush().await.is_err() {
             return;
         }
+    }
+}
+
+/// A frame too large to encode (a response that outgrew the limit despite the caps on listings
+/// and messages) becomes a `too_large` error about that id: the host still gets an answer, and
+/// the writer goes on instead of failing the whole connection.
+fn fit(frame: Frame) -> Frame {
+    if frame.body.len() <= MAX_BODY_LEN {
+        return frame;
+    }
+    let err = ErrorBody::new(
+        ErrorCode::TooLarge,
+        format!(
+            "the {:?} to {} would take {} bytes, more than the {MAX_BODY_LEN}-byte frame limit",
+            frame.kind,
+            frame.id,
+            frame.body.len()
+        ),
+    );
+    tracing::warn!("{err}");
+    match frame.kind {
+        FrameKind::Response => json_frame(FrameKind::Response, frame.id, &Response::Error(err)),
+        _ => json_frame(FrameKind::Error, frame.id, &err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oversized_frames_become_too_large_errors_for_their_id() {
+        let big = Frame::new(FrameKind::Response, 7, vec![b' '; MAX_BODY_LEN + 1]);
+        let f = fit(big);
+        assert_eq!((f.kind, f.id), (FrameKind::Response, 7));
+        let (resp, _): (Response, _) = parse_body(&f.body).unwrap();
+        assert!(matches!(resp, Response::Error(ErrorBody { code: ErrorCode::TooLarge, .. })), "{resp:?}");
+        let f = fit(Frame::new(FrameKind::Event, 9, vec![b' '; MAX_BODY_LEN + 1]));
+        assert_eq!((f.kind, f.id), (FrameKind::Error, 9));
+        let small = Frame::new(FrameKind::Response, 1, &b"{}"[..]);
+        assert_eq!(fit(small.clone()), small);
     }
 }

@@ -2,19 +2,22 @@
 //! Quick requests are answered inline (ping stays prompt under load because nothing here waits
 //! on a process); filesystem work runs on the blocking pool as its own task.
 
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use umbra_proto::{
-    json_frame, json_frame_with_attachment, ErrorBody, ErrorCode, FrameKind, Request, Response, ResponseBody,
-    SpawnRequest,
+    json_frame, json_frame_with_attachment, ErrorBody, ErrorCode, Event, ExitStatus, FrameKind, Request, Response,
+    ResponseBody, SpawnRequest,
 };
 
 use super::connection::{Connection, ConnectionError};
 use crate::process::{self, spawn, StdinMsg};
+use crate::text::shown;
 use crate::{files, system};
 
 type Reply = Result<ResponseBody, ErrorBody>;
@@ -43,17 +46,16 @@ impl Connection {
                 Ok(ResponseBody::Done)
             }),
             Request::Kill { process, signal } => match parse_signal(signal) {
+                // Each child leads its own process group; all of it is signalled.
                 Ok(sig) => self.with_process(process, |p| {
-                    // Each child leads its own process group; signal all of it. ESRCH means the
-                    // tree is already gone while the exit is still being reported: not an error.
-                    let _ = killpg(Pid::from_raw(p.pid as i32), sig);
+                    p.kill(sig);
                     Ok(ResponseBody::Done)
                 }),
                 Err(e) => Err(e),
             },
             Request::KillAll { signal } => parse_signal(signal).map(|sig| {
                 for p in self.processes.lock().unwrap().values() {
-                    let _ = killpg(Pid::from_raw(p.pid as i32), sig);
+                    p.kill(sig);
                 }
                 ResponseBody::Done
             }),
@@ -68,7 +70,7 @@ impl Connection {
                 self.agent.shutdown.notify_one();
                 return Ok(());
             }
-            blocking => return self.run_blocking(id, blocking, attachment),
+            blocking => return self.run_blocking(id, blocking, attachment).await,
         };
         self.respond(id, reply).await
     }
@@ -88,47 +90,79 @@ impl Connection {
         self.send(json_frame(FrameKind::Response, id, &response)).await
     }
 
-    /// Spawns inline: the response (the spawn confirmation) is queued before the output pumps
-    /// start, so no output of the process can overtake it.
+    /// Spawns, then confirms: the response (the spawn confirmation) is queued before the output
+    /// pumps start, so no output of the process can overtake it. fork+exec blocks until the child
+    /// has exec'd (long on a slow filesystem), so it runs on the blocking pool; the reader awaits
+    /// it, which keeps this connection's frames in order (stdin, credit or kill for this id come
+    /// after the process is in the table) and stalls nothing else.
     async fn spawn(&self, id: u32, req: SpawnRequest) -> Result<(), ConnectionError> {
-        let child = match spawn::spawn(&self.agent.reaper, &req) {
-            Ok(child) => child,
+        let argv0 = shown(req.argv.first().map(String::as_str).unwrap_or(""));
+        let cwd = req.cwd.as_deref().map(|c| format!(" in {}", shown(c))).unwrap_or_default();
+        if let Some(c) = req.cwd.as_deref().filter(|c| !Path::new(c).is_absolute()) {
+            let err =
+                ErrorBody::new(ErrorCode::BadRequest, format!("cannot run {argv0}: cwd {} is not absolute", shown(c)));
+            return self.respond(id, Err(err)).await;
+        }
+        let reaper = self.agent.reaper.clone();
+        let started = Instant::now();
+        let child = match tokio::task::spawn_blocking(move || spawn::spawn(&reaper, &req)).await {
+            Ok(Ok(child)) => child,
+            Ok(Err(e)) => {
+                let err = ErrorBody::new(ErrorCode::SpawnFailed, format!("cannot run {argv0}{cwd}: {e}"));
+                return self.respond(id, Err(err)).await;
+            }
             Err(e) => {
-                let argv0 = req.argv.first().map(String::as_str).unwrap_or("");
-                let cwd = req.cwd.as_deref().map(|c| format!(" in {c:?}")).unwrap_or_default();
-                let err = ErrorBody::new(ErrorCode::SpawnFailed, format!("cannot run {argv0:?}{cwd}: {e}"));
+                let err = ErrorBody::new(ErrorCode::SpawnFailed, format!("cannot run {argv0}{cwd}: spawn task: {e}"));
                 return self.respond(id, Err(err)).await;
             }
         };
-        self.respond(id, Ok(ResponseBody::Spawned { pid: child.pid })).await?;
+        let pid = child.pid;
+        let kill_group = || {
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        };
+        if let Err(e) = self.respond(id, Ok(ResponseBody::Spawned { pid })).await {
+            // Nobody will ever hear of this process: do not leave it running unsupervised.
+            kill_group();
+            return Err(e);
+        }
 
         let agent = self.agent.clone();
         let table = Arc::downgrade(&self.processes);
-        // Holding the table lock across supervise+insert means the exit hook (which removes the
-        // entry) cannot run before the entry exists, however fast the child is.
-        let mut processes = self.processes.lock().unwrap();
         let on_exit = move || {
             agent.live_processes.fetch_sub(1, Ordering::AcqRel);
             if let Some(table) = table.upgrade() {
                 table.lock().unwrap().remove(&id);
             }
         };
-        let pid = child.pid;
-        match process::supervise(id, child, self.sink.clone(), on_exit) {
-            Ok(handle) => {
+        let supervised = {
+            // Holding the table lock across supervise+insert means the exit hook (which removes
+            // the entry) cannot run before the entry exists, however fast the child is.
+            let mut processes = self.processes.lock().unwrap();
+            process::supervise(id, child, self.sink.clone(), on_exit).map(|handle| {
                 self.agent.live_processes.fetch_add(1, Ordering::AcqRel);
                 processes.insert(id, handle);
-            }
-            Err(e) => {
-                // Cannot watch its stdio (fd exhaustion): do not leave it running unobserved.
-                let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-                tracing::error!("process {id}: cannot supervise: {e}");
-            }
+            })
+        };
+        if let Err(e) = supervised {
+            // Cannot watch its stdio (fd exhaustion): do not leave it running unobserved, and
+            // end the process for the host too — it was confirmed, so it expects an exit.
+            kill_group();
+            tracing::error!("process {id}: cannot supervise: {e}");
+            let message = format!("cannot watch the stdio of process {id} (pid {pid}): {e}; killed it");
+            self.send(json_frame(FrameKind::Event, id, &Event::Error { message })).await?;
+            let status = ExitStatus {
+                code: None,
+                signal: Some(Signal::SIGKILL as i32),
+                duration_ms: started.elapsed().as_millis() as u64,
+            };
+            self.send(json_frame(FrameKind::Event, id, &Event::Exit(status))).await?;
         }
         Ok(())
     }
 
-    fn run_blocking(&self, id: u32, request: Request, attachment: Option<Bytes>) -> Result<(), ConnectionError> {
+    async fn run_blocking(&self, id: u32, request: Request, attachment: Option<Bytes>) -> Result<(), ConnectionError> {
+        // Waiting here (in the reader) is the backpressure on a host that pipelines requests.
+        let permit = self.blocking.clone().acquire_owned().await.expect("the semaphore is never closed");
         self.in_flight.lock().unwrap().insert(id);
         let sink = self.sink.clone();
         let in_flight = self.in_flight.clone();
@@ -163,11 +197,15 @@ impl Connection {
                 };
                 json_frame(FrameKind::Response, id, &response)
             })
-            .await;
-            if let Ok(frame) = frame {
-                let _ = sink.send(frame).await;
-            }
+            .await
+            .unwrap_or_else(|e| {
+                // The handler panicked: the host still gets an answer rather than silence.
+                let err = ErrorBody::new(ErrorCode::Io, format!("request {id} failed: {e}"));
+                json_frame(FrameKind::Response, id, &Response::Error(err))
+            });
+            let _ = sink.send(frame).await;
             in_flight.lock().unwrap().remove(&id);
+            drop(permit);
         });
         Ok(())
     }

@@ -6,7 +6,7 @@ mod handlers;
 
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -58,9 +58,15 @@ pub async fn serve(agent: Arc<Agent>, addr: &ListenAddr) -> anyhow::Result<()> {
             let listener =
                 tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {path:?}"))?;
             tracing::info!(?path, "listening");
+            let mut backoff = Backoff::default();
             loop {
-                let (stream, _) = listener.accept().await.context("accept on unix socket")?;
-                spawn_connection(&agent, stream);
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        backoff.reset();
+                        spawn_connection(&agent, stream);
+                    }
+                    Err(e) => backoff.wait(e).await,
+                }
             }
         }
         ListenAddr::Vsock(port) => {
@@ -68,11 +74,50 @@ pub async fn serve(agent: Arc<Agent>, addr: &ListenAddr) -> anyhow::Result<()> {
             let listener = tokio_vsock::VsockListener::bind(addr)
                 .with_context(|| format!("cannot listen on vsock port {port}"))?;
             tracing::info!(port, "listening on vsock");
+            let mut backoff = Backoff::default();
             loop {
-                let (stream, _) = listener.accept().await.context("accept on vsock")?;
-                spawn_connection(&agent, stream);
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        backoff.reset();
+                        spawn_connection(&agent, stream);
+                    }
+                    Err(e) => backoff.wait(e).await,
+                }
             }
         }
+    }
+}
+
+/// A failed accept (EMFILE when out of fds, ECONNABORTED when a peer gave up) concerns that one
+/// attempt. Propagating it would end the agent — PID 1, so the VM with it. Instead wait (fd
+/// exhaustion would otherwise spin: the pending connection stays queued) and keep accepting.
+#[derive(Default)]
+struct Backoff {
+    delay: Option<Duration>,
+}
+
+impl Backoff {
+    const MIN: Duration = Duration::from_millis(10);
+    const MAX: Duration = Duration::from_millis(100);
+
+    async fn wait(&mut self, e: std::io::Error) {
+        let delay = match self.delay {
+            // Once per streak at warn: the console is slow, and the cause is the same.
+            None => {
+                tracing::warn!("accept failed: {e}; retrying");
+                Self::MIN
+            }
+            Some(d) => {
+                tracing::debug!("accept failed again: {e}");
+                (d * 2).min(Self::MAX)
+            }
+        };
+        self.delay = Some(delay);
+        tokio::time::sleep(delay).await;
+    }
+
+    fn reset(&mut self) {
+        self.delay = None;
     }
 }
 

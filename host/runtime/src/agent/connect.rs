@@ -3,6 +3,8 @@
 //! Umbra VMM both serve: write `CONNECT <port>\n`, read `OK <host port>\n`, then the stream
 //! is the guest connection.
 
+use std::time::Duration;
+
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -10,6 +12,9 @@ use super::ClientError;
 
 /// The hybrid vsock reply line is short; a longer one is not a vsock proxy talking.
 const MAX_REPLY_LINE: usize = 64;
+/// The backend answers CONNECT at once (OK, or a close when nothing listens); a backend that
+/// stays silent must not hang the caller.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn unix(path: &std::path::Path) -> Result<UnixStream, ClientError> {
     UnixStream::connect(path)
@@ -26,8 +31,22 @@ pub async fn hybrid_vsock(path: &std::path::Path, port: u32) -> Result<UnixStrea
 }
 
 /// Performs the CONNECT exchange, reading byte by byte so no guest byte after the reply line
-/// is consumed.
+/// is consumed. Fails if the exchange takes longer than 5 s.
 pub async fn hybrid_handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, port: u32) -> Result<u32, String> {
+    hybrid_handshake_within(stream, port, REPLY_TIMEOUT).await
+}
+
+async fn hybrid_handshake_within<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    port: u32,
+    timeout: Duration,
+) -> Result<u32, String> {
+    tokio::time::timeout(timeout, exchange(stream, port))
+        .await
+        .unwrap_or_else(|_| Err(format!("no reply to CONNECT {port} within {timeout:?}")))
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, port: u32) -> Result<u32, String> {
     stream.write_all(format!("CONNECT {port}\n").as_bytes()).await.map_err(|e| format!("write CONNECT: {e}"))?;
     let mut line = Vec::with_capacity(16);
     loop {
@@ -83,6 +102,13 @@ mod tests {
         assert_eq!(req, b"CONNECT 1024\n");
         assert_eq!(r, Ok(1073741824));
         assert_eq!(rest, b"UM");
+    }
+
+    #[tokio::test]
+    async fn a_silent_backend_times_out() {
+        let (mut client, _server) = tokio::io::duplex(256);
+        let e = hybrid_handshake_within(&mut client, 1024, Duration::from_millis(50)).await.unwrap_err();
+        assert!(e.contains("no reply"), "{e}");
     }
 
     #[tokio::test]

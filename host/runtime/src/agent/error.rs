@@ -19,6 +19,8 @@ pub enum ClientError {
     Protocol(String),
     #[error("timed out after {0:?} waiting for the agent")]
     Timeout(std::time::Duration),
+    #[error("request too large: {0}")]
+    TooLarge(String),
 }
 
 impl ClientError {

@@ -2,13 +2,17 @@
 //!
 //! One reader task routes incoming frames: responses to the waiting request, process output and
 //! exits to that process's event channel, stdin credit to its writer. The reader never blocks —
-//! event channels are unbounded but bounded in practice by the output credit, which is granted
-//! back only as the caller consumes output. When the connection drops, every pending request
-//! fails and every open process receives a final error event that names the cause.
+//! event channels are unbounded but bounded by the output credit, which is granted back only as
+//! the caller consumes output, and which the reader enforces: the guest is not trusted, and
+//! output beyond its credit (or stdin credit beyond what was sent) ends the connection. When the
+//! connection drops, every pending request fails and every open process receives a final error
+//! event that names the cause. Every request has a deadline ([`DEFAULT_CALL_TIMEOUT`]).
 
 mod connect;
 mod error;
 mod process;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -18,13 +22,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use umbra_proto::{
     json_frame, json_frame_with_attachment, parse_body, Channel, DirEntry, ErrorBody, Event, FileStat, Frame,
     FrameCodec, FrameKind, Hello, MountRequest, Request, Response, ResponseBody, SpawnRequest, Stats, WriteFileRequest,
-    PROTOCOL_VERSION,
+    INITIAL_OUTPUT_CREDIT, MAX_BODY_LEN, MAX_DATA_CHUNK, MAX_FILE_CHUNK, PROTOCOL_VERSION,
 };
 
 pub use connect::hybrid_handshake;
@@ -32,6 +36,11 @@ pub use error::ClientError;
 pub use process::{Process, ProcessEvent, ProcessOutput, ProcessStdin};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request waits for its response unless set with [`AgentClient::with_call_timeout`].
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// `error` events accepted per process. The agent sends one when it cannot supervise a process;
+/// a stream of them is a guest flooding the host's memory.
+const MAX_ERROR_EVENTS: u32 = 16;
 
 type Reply = Result<(Response, Option<Bytes>), ClientError>;
 
@@ -39,6 +48,7 @@ type Reply = Result<(Response, Option<Bytes>), ClientError>;
 #[derive(Clone)]
 pub struct AgentClient {
     inner: Arc<Inner>,
+    call_timeout: Duration,
 }
 
 struct Inner {
@@ -59,8 +69,25 @@ struct State {
 struct ProcessSlot {
     events: mpsc::UnboundedSender<ProcessEvent>,
     stdin_credit: Arc<Semaphore>,
+    /// Stdin bytes sent and not yet credited back; the agent may return no more than this.
+    stdin_unacked: u64,
+    /// Output the agent may still send per stream: the initial credit, plus what the caller
+    /// consumed (and was granted back), minus what arrived.
+    stdout_window: u64,
+    stderr_window: u64,
+    error_events: u32,
     /// Taken when the spawn response arrives.
     confirm: Option<oneshot::Sender<Result<u32, ClientError>>>,
+}
+
+impl ProcessSlot {
+    fn output_window(&mut self, channel: Channel) -> Option<&mut u64> {
+        match channel {
+            Channel::Stdout => Some(&mut self.stdout_window),
+            Channel::Stderr => Some(&mut self.stderr_window),
+            _ => None,
+        }
+    }
 }
 
 impl AgentClient {
@@ -116,9 +143,17 @@ impl AgentClient {
 
         let (out, out_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner { out, next_id: AtomicU32::new(1), state: Mutex::new(State::default()), agent });
-        tokio::spawn(write_loop(sink, out_rx));
-        tokio::spawn(read_loop(Arc::downgrade(&inner), frames));
-        Ok(Self { inner })
+        // Dropped when the read loop ends, however it ends: the writer then closes the socket.
+        let (read_done, read_ended) = oneshot::channel::<()>();
+        tokio::spawn(write_loop(Arc::downgrade(&inner), sink, out_rx, read_ended));
+        tokio::spawn(read_loop(Arc::downgrade(&inner), frames, read_done));
+        Ok(Self { inner, call_timeout: DEFAULT_CALL_TIMEOUT })
+    }
+
+    /// This client (and the processes it spawns) with another per-request deadline.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
     }
 
     /// What the agent said about itself in the handshake.
@@ -144,13 +179,40 @@ impl AgentClient {
         ClientError::ConnectionLost(state.lost.clone().unwrap_or_else(|| "connection closed".into()))
     }
 
-    /// Sends a request and waits for its response.
+    /// Grants the agent `bytes` more output on `channel` of process `id`: what the caller has
+    /// consumed. The window grows before the grant is sent, so the agent can never use a grant
+    /// the reader does not know about yet.
+    fn grant_output(&self, id: u32, channel: Channel, bytes: usize) {
+        let mut state = self.inner.state.lock().unwrap();
+        // Gone means exited: no more output comes.
+        let Some(window) = state.processes.get_mut(&id).and_then(|s| s.output_window(channel)) else { return };
+        *window += bytes as u64;
+        let _ = self.inner.out.send(Frame::credit(id, channel, bytes as u32));
+    }
+
+    /// Sends one chunk (≤ MAX_DATA_CHUNK) of stdin, within credit the caller already holds.
+    fn send_stdin(&self, id: u32, chunk: Bytes) -> Result<(), ClientError> {
+        let mut state = self.inner.state.lock().unwrap();
+        // Gone means exited: the agent would drop the bytes.
+        let Some(slot) = state.processes.get_mut(&id) else { return Ok(()) };
+        slot.stdin_unacked += chunk.len() as u64;
+        drop(state);
+        self.send(Frame::data(id, Channel::Stdin, chunk))
+    }
+
+    /// Sends a request and waits for its response, at most the call timeout.
     async fn call_with(
         &self,
         request: &Request,
         attachment: Option<&[u8]>,
     ) -> Result<(ResponseBody, Option<Bytes>), ClientError> {
         let id = self.next_id();
+        let frame = match attachment {
+            Some(data) => json_frame_with_attachment(FrameKind::Request, id, request, data),
+            None => json_frame(FrameKind::Request, id, request),
+        };
+        // An unencodable frame would only fail in the writer, far from the caller.
+        check_frame_size(&frame, request.method())?;
         let (tx, rx) = oneshot::channel();
         {
             let mut state = self.inner.state.lock().unwrap();
@@ -159,12 +221,19 @@ impl AgentClient {
             }
             state.pending.insert(id, tx);
         }
-        let frame = match attachment {
-            Some(data) => json_frame_with_attachment(FrameKind::Request, id, request, data),
-            None => json_frame(FrameKind::Request, id, request),
+        if let Err(e) = self.send(frame) {
+            self.inner.state.lock().unwrap().pending.remove(&id);
+            return Err(e);
+        }
+        let reply = match tokio::time::timeout(self.call_timeout, rx).await {
+            Ok(reply) => reply,
+            Err(_) => {
+                // A late response finds no pending entry and is dropped.
+                self.inner.state.lock().unwrap().pending.remove(&id);
+                return Err(ClientError::Timeout(self.call_timeout));
+            }
         };
-        self.send(frame)?;
-        let (response, attachment) = rx.await.map_err(|_| self.lost_error())??;
+        let (response, attachment) = reply.map_err(|_| self.lost_error())??;
         match response {
             Response::Ok(body) => Ok((body, attachment)),
             Response::Error(e) => Err(ClientError::Agent(e)),
@@ -194,6 +263,8 @@ impl AgentClient {
     /// stdin written before that is held here and sent once the agent confirms the spawn.
     pub fn spawn(&self, request: SpawnRequest) -> Result<Process, ClientError> {
         let id = self.next_id();
+        let frame = json_frame(FrameKind::Request, id, &Request::Spawn(request));
+        check_frame_size(&frame, "spawn")?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (confirm_tx, confirm_rx) = oneshot::channel();
         let stdin_credit = Arc::new(Semaphore::new(umbra_proto::INITIAL_STDIN_CREDIT as usize));
@@ -202,12 +273,18 @@ impl AgentClient {
             if let Some(cause) = &state.lost {
                 return Err(ClientError::ConnectionLost(cause.clone()));
             }
-            state.processes.insert(
-                id,
-                ProcessSlot { events: events_tx, stdin_credit: stdin_credit.clone(), confirm: Some(confirm_tx) },
-            );
+            let slot = ProcessSlot {
+                events: events_tx,
+                stdin_credit: stdin_credit.clone(),
+                stdin_unacked: 0,
+                stdout_window: INITIAL_OUTPUT_CREDIT as u64,
+                stderr_window: INITIAL_OUTPUT_CREDIT as u64,
+                error_events: 0,
+                confirm: Some(confirm_tx),
+            };
+            state.processes.insert(id, slot);
         }
-        self.send(json_frame(FrameKind::Request, id, &Request::Spawn(request)))?;
+        self.send(frame)?;
         Ok(Process::new(self.clone(), id, events_rx, confirm_rx, stdin_credit))
     }
 
@@ -224,6 +301,12 @@ impl AgentClient {
     }
 
     pub async fn write_file(&self, request: WriteFileRequest, data: &[u8]) -> Result<u64, ClientError> {
+        if data.len() > MAX_FILE_CHUNK {
+            return Err(ClientError::TooLarge(format!(
+                "write_file of {} bytes exceeds the {MAX_FILE_CHUNK}-byte limit per request; write in chunks",
+                data.len()
+            )));
+        }
         match self.call_with(&Request::WriteFile(request), Some(data)).await? {
             (ResponseBody::Written { bytes }, _) => Ok(bytes),
             (other, _) => Err(unexpected("write_file", &other)),
@@ -258,37 +341,60 @@ impl AgentClient {
     }
 }
 
-fn frame_len(event: &ProcessEvent) -> u32 {
-    match event {
-        ProcessEvent::Stdout(b) | ProcessEvent::Stderr(b) => b.len() as u32,
-        _ => 0,
+fn check_frame_size(frame: &Frame, method: &str) -> Result<(), ClientError> {
+    if frame.body.len() > MAX_BODY_LEN {
+        return Err(ClientError::TooLarge(format!(
+            "{method} request of {} bytes exceeds the {MAX_BODY_LEN}-byte frame limit",
+            frame.body.len()
+        )));
     }
+    Ok(())
 }
 
 fn unexpected(method: &str, body: &ResponseBody) -> ClientError {
     ClientError::Protocol(format!("{method} answered with {body:?}"))
 }
 
+/// Sends queued frames until the client is dropped, a write fails, or the read loop ends; then
+/// shuts the socket's write side down. Dropping the write half would not do: the read half
+/// shares the socket, and the agent must see the close to kill this connection's processes.
 async fn write_loop<W: AsyncWrite + Unpin>(
+    inner: std::sync::Weak<Inner>,
     mut sink: FramedWrite<W, FrameCodec>,
     mut rx: mpsc::UnboundedReceiver<Frame>,
+    read_ended: oneshot::Receiver<()>,
 ) {
-    while let Some(frame) = rx.recv().await {
-        if sink.feed(frame).await.is_err() {
-            return;
-        }
-        while let Ok(frame) = rx.try_recv() {
-            if sink.feed(frame).await.is_err() {
-                return;
-            }
-        }
-        if sink.flush().await.is_err() {
-            return;
-        }
+    let failed = tokio::select! {
+        r = write_frames(&mut sink, &mut rx) => r.err(),
+        // The read loop has already failed everything pending.
+        _ = read_ended => None,
+    };
+    let _ = sink.get_mut().shutdown().await;
+    if let (Some(e), Some(inner)) = (failed, inner.upgrade()) {
+        connection_lost(&inner, format!("cannot write to the agent: {e}"));
     }
 }
 
-async fn read_loop<R: AsyncRead + Unpin>(inner: std::sync::Weak<Inner>, mut frames: FramedRead<R, FrameCodec>) {
+async fn write_frames<W: AsyncWrite + Unpin>(
+    sink: &mut FramedWrite<W, FrameCodec>,
+    rx: &mut mpsc::UnboundedReceiver<Frame>,
+) -> Result<(), umbra_proto::codec::EncodeError> {
+    while let Some(frame) = rx.recv().await {
+        sink.feed(frame).await?;
+        while let Ok(frame) = rx.try_recv() {
+            sink.feed(frame).await?;
+        }
+        sink.flush().await?;
+    }
+    Ok(())
+}
+
+/// Runs until the connection ends; dropping `_done` on the way out tells the writer to close.
+async fn read_loop<R: AsyncRead + Unpin>(
+    inner: std::sync::Weak<Inner>,
+    mut frames: FramedRead<R, FrameCodec>,
+    _done: oneshot::Sender<()>,
+) {
     // The agent's last connection-level Error frame, to explain a close that follows it.
     let mut last_error: Option<String> = None;
     let cause = loop {
@@ -307,9 +413,16 @@ async fn read_loop<R: AsyncRead + Unpin>(inner: std::sync::Weak<Inner>, mut fram
             break e;
         }
     };
-    let Some(inner) = inner.upgrade() else { return };
+    if let Some(inner) = inner.upgrade() {
+        connection_lost(&inner, cause);
+    }
+}
+
+/// Fails every pending request and ends every open process with an error naming the cause.
+/// The first cause sticks: later calls fail with it.
+fn connection_lost(inner: &Inner, cause: String) {
     let mut state = inner.state.lock().unwrap();
-    state.lost = Some(cause.clone());
+    let cause = state.lost.get_or_insert(cause).clone();
     for (_, tx) in state.pending.drain() {
         let _ = tx.send(Err(ClientError::ConnectionLost(cause.clone())));
     }
@@ -361,30 +474,63 @@ fn route(inner: &Inner, frame: Frame, last_error: &mut Option<String>) -> Result
                     }
                 }
                 Event::Error { message } => {
-                    if let Some(slot) = state.processes.get(&frame.id) {
+                    if let Some(slot) = state.processes.get_mut(&frame.id) {
+                        slot.error_events += 1;
+                        if slot.error_events > MAX_ERROR_EVENTS {
+                            return Err(format!(
+                                "agent sent more than {MAX_ERROR_EVENTS} error events for process {}",
+                                frame.id
+                            ));
+                        }
                         let _ = slot.events.send(ProcessEvent::Error(message));
                     }
                 }
             }
         }
         FrameKind::Data => {
-            if let Some(slot) = state.processes.get(&frame.id) {
-                let event = match frame.channel {
-                    Channel::Stdout => ProcessEvent::Stdout(frame.body),
-                    Channel::Stderr => ProcessEvent::Stderr(frame.body),
-                    other => return Err(format!("agent sent data on {other:?}")),
+            let (id, channel, len) = (frame.id, frame.channel, frame.body.len());
+            if len > MAX_DATA_CHUNK {
+                return Err(format!("agent sent a {len}-byte Data frame, above the {MAX_DATA_CHUNK}-byte limit"));
+            }
+            if let Some(slot) = state.processes.get_mut(&id) {
+                let Some(window) = slot.output_window(channel) else {
+                    return Err(format!("agent sent data on {channel:?}"));
                 };
-                let len = frame_len(&event);
+                // Output beyond the credit is what would let a guest grow this process's memory.
+                if len as u64 > *window {
+                    return Err(format!(
+                        "agent sent {len} bytes of {channel:?} for process {id} with only {window} bytes of credit"
+                    ));
+                }
+                *window -= len as u64;
+                let event = match channel {
+                    Channel::Stdout => ProcessEvent::Stdout(frame.body),
+                    _ => ProcessEvent::Stderr(frame.body),
+                };
                 // Nobody is reading (the Process was dropped): discard, but keep the agent's
                 // pump moving so the process can finish and report its exit.
                 if slot.events.send(event).is_err() {
-                    let _ = inner.out.send(Frame::credit(frame.id, frame.channel, len));
+                    if let Some(window) = slot.output_window(channel) {
+                        *window += len as u64;
+                    }
+                    let _ = inner.out.send(Frame::credit(id, channel, len as u32));
                 }
             }
         }
         FrameKind::Credit => {
             let bytes = frame.credit_bytes().ok_or("malformed credit frame")?;
-            if let Some(slot) = state.processes.get(&frame.id) {
+            if frame.channel != Channel::Stdin {
+                return Err(format!("agent sent credit for {:?}; it only grants stdin", frame.channel));
+            }
+            if let Some(slot) = state.processes.get_mut(&frame.id) {
+                // More than was sent would inflate the window (and overflow the semaphore).
+                if bytes as u64 > slot.stdin_unacked {
+                    return Err(format!(
+                        "agent returned {bytes} bytes of stdin credit for process {} with only {} outstanding",
+                        frame.id, slot.stdin_unacked
+                    ));
+                }
+                slot.stdin_unacked -= bytes as u64;
                 slot.stdin_credit.add_permits(bytes as usize);
             }
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Semaphore};
-use umbra_proto::{Channel, ErrorBody, ExitStatus, Frame, Request, TtySize, MAX_DATA_CHUNK};
+use umbra_proto::{Channel, ErrorBody, ExitStatus, Request, TtySize, MAX_DATA_CHUNK};
 
 use super::{AgentClient, ClientError};
 
@@ -94,7 +94,7 @@ impl Process {
     }
 
     fn grant(&self, channel: Channel, bytes: usize) {
-        let _ = self.client.send(Frame::credit(self.id, channel, bytes as u32));
+        self.client.grant_output(self.id, channel, bytes);
     }
 
     /// Sends `signal` to the process's group in the guest.
@@ -126,6 +126,18 @@ impl Process {
 impl Drop for Process {
     /// A process nobody can observe any more is killed, like `kill_on_drop`.
     fn drop(&mut self) {
+        // Output queued but never read still counts against the agent's credit: hand it back,
+        // or a pump short of credit waits forever and the exit never comes. Closing first makes
+        // the reader grant anything that arrives from now on itself.
+        self.events.close();
+        while let Ok(event) = self.events.try_recv() {
+            match event {
+                ProcessEvent::Stdout(b) => self.grant(Channel::Stdout, b.len()),
+                ProcessEvent::Stderr(b) => self.grant(Channel::Stderr, b.len()),
+                ProcessEvent::Exit(_) | ProcessEvent::SpawnFailed(_) | ProcessEvent::Error(_) => self.finished = true,
+                ProcessEvent::Spawned { .. } => {}
+            }
+        }
         if !self.finished {
             let id = self.client.next_id();
             let kill = Request::Kill { process: self.id, signal: SIGKILL };
@@ -173,7 +185,7 @@ async fn stdin_task(
                     let chunk = bytes.split_to(bytes.len().min(MAX_DATA_CHUNK));
                     let Ok(permit) = credit.acquire_many(chunk.len() as u32).await else { return };
                     permit.forget();
-                    if client.send(Frame::data(id, Channel::Stdin, chunk)).is_err() {
+                    if client.send_stdin(id, chunk).is_err() {
                         return;
                     }
                 }
