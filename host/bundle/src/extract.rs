@@ -13,13 +13,23 @@ use crate::{io_err, BundleError};
 
 /// Marker written last into an extracted bundle directory: its presence means every artifact
 /// was verified. It holds the manifest, so a different bundle under the same name is noticed.
-const COMPLETE_MARKER: &str = ".complete";
+pub(crate) const COMPLETE_MARKER: &str = ".complete";
 
 /// Extracts one artifact from its compressed stream into `dest_dir/<name>`.
 pub fn extract_artifact(compressed: impl Read, artifact: &Artifact, dest_dir: &Path) -> Result<PathBuf, BundleError> {
+    extract_into(compressed, artifact, &artifact.file, dest_dir)
+}
+
+/// [`extract_artifact`] with errors naming `source` (the bundle file, or the URL it streams from).
+pub(crate) fn extract_into(
+    compressed: impl Read,
+    artifact: &Artifact,
+    source: &str,
+    dest_dir: &Path,
+) -> Result<PathBuf, BundleError> {
     let dst = dest_dir.join(&artifact.name);
     let tmp = dest_dir.join(format!(".{}.partial", artifact.name));
-    let result = extract_to(compressed, artifact, &tmp);
+    let result = extract_to(compressed, artifact, source, &tmp);
     match result {
         Ok(()) => {
             fs::rename(&tmp, &dst).map_err(io_err("cannot rename into", &dst))?;
@@ -32,43 +42,64 @@ pub fn extract_artifact(compressed: impl Read, artifact: &Artifact, dest_dir: &P
     }
 }
 
-fn extract_to(compressed: impl Read, a: &Artifact, tmp: &Path) -> Result<(), BundleError> {
+fn extract_to(compressed: impl Read, a: &Artifact, source: &str, tmp: &Path) -> Result<(), BundleError> {
     let mismatch_size = |kind, expected, actual| BundleError::SizeMismatch {
         artifact: a.name.clone(),
-        file: a.file.clone(),
+        file: source.to_string(),
         kind,
         expected,
         actual,
     };
+    // A full disk is the one write error users can act on, so it gets its own message.
+    let write_err = |e: std::io::Error| match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => BundleError::DiskFull {
+            artifact: a.name.clone(),
+            file: source.to_string(),
+            path: tmp.display().to_string(),
+        },
+        _ => io_err("cannot write", tmp)(e),
+    };
     // One byte more than declared is enough to prove a mismatch.
     let mut input = Hashing::new(compressed.take(a.compressed_size + 1));
-    let mut out = Hashing::new(File::create(tmp).map_err(io_err("cannot create", tmp))?);
+    let mut out = Hashing::new(File::create(tmp).map_err(write_err)?);
+    let mut corrupt = None;
     {
         let mut dec = zstd::stream::read::Decoder::new(&mut input).map_err(io_err("zstd init for", tmp))?;
         let mut buf = vec![0u8; 256 * 1024];
         loop {
-            let n = dec.read(&mut buf).map_err(|source| BundleError::Decompress {
-                artifact: a.name.clone(),
-                file: a.file.clone(),
-                source,
-            })?;
+            let n = match dec.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    corrupt = Some(e);
+                    break;
+                }
+            };
             if n == 0 {
                 break;
             }
-            out.write_all(&buf[..n]).map_err(io_err("cannot write", tmp))?;
+            out.write_all(&buf[..n]).map_err(write_err)?;
             if out.len() > a.size {
                 return Err(mismatch_size("uncompressed", a.size, out.len()));
             }
         }
     }
-    // Trailing bytes after the zstd frame count toward the compressed size and digest.
-    std::io::copy(&mut input, &mut std::io::sink()).map_err(io_err("cannot read", tmp))?;
+    // Trailing bytes after the zstd frame count toward the compressed size and digest. After a
+    // decompression error the rest is read too (at most the declared size): a wrong compressed
+    // digest is the cause worth naming, with both values, and it needs every byte.
+    let drained = std::io::copy(&mut input, &mut std::io::sink());
     let (csize, csha, _) = input.finish();
     let (size, sha, file) = out.finish();
-    file.sync_all().map_err(io_err("cannot fsync", tmp))?;
+    if let Err(e) = drained {
+        return Err(BundleError::Decompress {
+            artifact: a.name.clone(),
+            file: source.to_string(),
+            source: corrupt.unwrap_or(e),
+        });
+    }
     let digest = |kind, expected: &str, actual: String| BundleError::DigestMismatch {
         artifact: a.name.clone(),
-        file: a.file.clone(),
+        file: source.to_string(),
         kind,
         expected: expected.to_string(),
         actual,
@@ -79,6 +110,10 @@ fn extract_to(compressed: impl Read, a: &Artifact, tmp: &Path) -> Result<(), Bun
     if csha != a.compressed_sha256 {
         return Err(digest("compressed", &a.compressed_sha256, csha));
     }
+    if let Some(e) = corrupt {
+        return Err(BundleError::Decompress { artifact: a.name.clone(), file: source.to_string(), source: e });
+    }
+    file.sync_all().map_err(write_err)?;
     if size != a.size {
         return Err(mismatch_size("uncompressed", a.size, size));
     }
@@ -86,17 +121,6 @@ fn extract_to(compressed: impl Read, a: &Artifact, tmp: &Path) -> Result<(), Bun
         return Err(digest("uncompressed", &a.sha256, sha));
     }
     Ok(())
-}
-
-/// An exclusive advisory lock, released when the file is closed.
-fn lock_exclusive(path: &Path) -> Result<File, BundleError> {
-    use std::os::fd::AsRawFd;
-    let f = File::create(path).map_err(io_err("cannot create lock", path))?;
-    // SAFETY: flock on an fd we own; no memory is passed.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(io_err("cannot lock", path)(std::io::Error::last_os_error()));
-    }
-    Ok(f)
 }
 
 /// An extracted bundle whose artifacts were all verified.
@@ -124,7 +148,7 @@ impl ExtractedBundle {
         }
         // Concurrent extractions of one version: one does the work, the others then reuse it.
         fs::create_dir_all(cache_root).map_err(io_err("cannot create", cache_root))?;
-        let _lock = lock_exclusive(&cache_root.join(format!(".{}.lock", manifest.bundle_version)))?;
+        let _lock = crate::lock::exclusive(&cache_root.join(format!(".{}.lock", manifest.bundle_version)))?;
         if is_complete() {
             return Ok(Self { manifest, dir });
         }

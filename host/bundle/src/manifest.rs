@@ -72,7 +72,7 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ManifestError
 }
 
 /// A name usable as one path component: no separators, no dot-dot, nothing hidden or empty.
-fn safe_name(s: &str) -> bool {
+pub(crate) fn safe_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && !s.starts_with('.')

@@ -1,7 +1,10 @@
 //! vmctl: the operator's command line.
 
 mod bench;
+mod bundle_bench;
 mod bundle_build;
+mod bundle_pull;
+mod bundle_store;
 mod doctor;
 mod paths;
 mod run;
@@ -38,18 +41,45 @@ enum Command {
 enum BenchCommand {
     /// Launch -> agent ready per backend, beside QEMU's own launch -> /init.
     Boot(bench::BootBenchArgs),
+    /// Bundle install throughput from a local server, beside `curl | zstd -dc | sha256sum`.
+    Bundle(bundle_bench::BundleBenchArgs),
 }
 
 #[derive(Subcommand)]
 enum BundleCommand {
     /// Build a bundle (kernel + image) from this source tree.
     Build(bundle_build::BuildArgs),
+    /// Download, verify and install a bundle by URL, and make it current.
+    Pull(bundle_pull::PullArgs),
+    /// Installed bundles (* marks current) and the warm slot.
+    Ls(bundle_store::LsArgs),
+    /// Re-hash an installed bundle's artifacts and name any that changed.
+    Verify(bundle_store::VerifyArgs),
+    /// Remove an installed version.
+    Rm(bundle_store::RmArgs),
+    /// Keep the N newest versions and current; remove the rest and leftovers.
+    Gc(bundle_store::GcArgs),
+    /// Install a local bundle directory (or a built flavor) into the store.
+    Import(bundle_pull::ImportArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Bundle { command: BundleCommand::Build(args) } => match bundle_build::run(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("vmctl: error: {e:#}");
+                1
+            }
+        },
+        Command::Bundle { command: BundleCommand::Pull(args) } => bundle_pull::pull(args),
+        Command::Bundle { command: BundleCommand::Import(args) } => bundle_pull::import(args),
+        Command::Bundle { command: BundleCommand::Ls(args) } => bundle_store::ls(args),
+        Command::Bundle { command: BundleCommand::Verify(args) } => bundle_store::verify(args),
+        Command::Bundle { command: BundleCommand::Rm(args) } => bundle_store::rm(args),
+        Command::Bundle { command: BundleCommand::Gc(args) } => bundle_store::gc(args),
+        Command::Bench { command: BenchCommand::Bundle(args) } => match bundle_bench::bundle(args) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("vmctl: error: {e:#}");

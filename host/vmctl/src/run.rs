@@ -12,7 +12,7 @@ use tokio::io::AsyncReadExt;
 use tokio::signal::unix::{signal, SignalKind};
 use umbra_proto::{SpawnRequest, TtySize};
 use umbra_runtime::agent::{Process, ProcessEvent};
-use umbra_runtime::backend::{BackendKind, BootImage, KvmKind, Vm, VmSpec};
+use umbra_runtime::backend::{BackendKind, KvmKind, Vm, VmSpec};
 
 use crate::paths;
 use crate::tty::RawTerminal;
@@ -35,7 +35,8 @@ pub enum BackendChoice {
 pub struct RunArgs {
     #[arg(long, value_enum, default_value = "auto")]
     backend: BackendChoice,
-    /// Bundle: a directory holding manifest.json, or a flavor built by `vmctl bundle build`.
+    /// Bundle: a directory holding manifest.json, a flavor built by `vmctl bundle build`, or an
+    /// installed version (`current` promotes a warm download first).
     #[arg(long, default_value = "minimal")]
     bundle: String,
     #[arg(long, default_value_t = 1)]
@@ -135,8 +136,7 @@ pub async fn run(args: RunArgs) -> i32 {
 
 async fn run_inner(args: RunArgs, out: &Output) -> anyhow::Result<i32> {
     let (backend, why) = choose_backend(args.backend)?;
-    let image = BootImage::from_bundle_dir(&bundle_dir(&args.bundle)?, &paths::extracted_dir())
-        .context("the bundle failed verification")?;
+    let image = crate::bundle_store::boot_image(&args.bundle)?;
     let mut spec = VmSpec::new(image);
     spec.cpus = args.cpus;
     spec.memory_mib = args.memory;

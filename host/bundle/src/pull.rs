@@ -1,0 +1,322 @@
+//! Pulling a bundle by URL into the store: manifest, lock, download-and-verify each artifact
+//! into `.staging/<version>/`, then one rename into place and one into `current`.
+//!
+//! The order is what keeps failures harmless. The manifest is checked (schema, host version,
+//! names) before anything is written; the version lock makes a second pull of the same version
+//! wait and then find it installed; artifacts are verified before the staging directory is
+//! renamed; `current` moves last. So a failure at any step leaves the previous bundle current
+//! and untouched. The staging directory is removed on failure, except that after a network
+//! failure the received compressed bytes (`.part`) stay for the next pull to resume from.
+
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::extract::{extract_into, ExtractedBundle, COMPLETE_MARKER};
+use crate::fetch::{Fetcher, Location};
+use crate::manifest::{Artifact, Manifest, MANIFEST_FILE};
+use crate::progress::{Meter, Phase, Progress};
+use crate::resume::Resuming;
+use crate::retry::RetryPolicy;
+use crate::store::{available_bytes, hash_file, sync_dir, Store};
+use crate::{io_err, BundleError};
+
+/// A manifest is a few KB; anything near this is not one.
+const MANIFEST_LIMIT: u64 = 1 << 20;
+
+#[derive(Debug, Clone)]
+pub struct PullOptions {
+    /// Download into the warm slot instead of installing: the next start promotes it.
+    pub warm: bool,
+    pub retry: RetryPolicy,
+    /// How long one connect, header wait or read may be silent before it counts as a network
+    /// error (and is retried).
+    pub idle_timeout: Duration,
+}
+
+impl Default for PullOptions {
+    fn default() -> Self {
+        Self { warm: false, retry: RetryPolicy::default(), idle_timeout: Duration::from_secs(30) }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PulledHow {
+    /// Downloaded, verified, installed and made current.
+    Downloaded,
+    /// Already installed (perhaps by a concurrent pull); made current.
+    AlreadyInstalled,
+    /// Found complete in the warm slot; renamed into place and made current.
+    PromotedWarm,
+    /// Downloaded into (or already in) the warm slot; `current` unchanged.
+    Warmed,
+}
+
+#[derive(Debug, Clone)]
+pub struct Pulled {
+    pub bundle: ExtractedBundle,
+    pub how: PulledHow,
+    /// Compressed bytes transferred by this pull.
+    pub downloaded: u64,
+}
+
+/// Whether a failure may go away on a later pull, so the received bytes are worth keeping.
+fn resumable(e: &BundleError) -> bool {
+    match e {
+        BundleError::Network { .. } => true,
+        BundleError::Http { status, .. } => *status >= 500,
+        _ => false,
+    }
+}
+
+/// Whether a failure condemns the bytes received (as opposed to the transfer or the disk).
+fn content_failure(e: &BundleError) -> bool {
+    matches!(e, BundleError::SizeMismatch { .. } | BundleError::DigestMismatch { .. } | BundleError::Decompress { .. })
+}
+
+impl Store {
+    /// Downloads, verifies and installs the bundle at `url` (`http(s)://` or `file://`, of
+    /// `manifest.json` or its directory), and makes it current (or, with `warm`, leaves it in
+    /// the warm slot). `progress` is called on this thread. It blocks (reqwest's blocking
+    /// client): async callers run it under `spawn_blocking`.
+    pub fn pull(
+        &self,
+        url: &str,
+        opts: &PullOptions,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<Pulled, BundleError> {
+        let manifest_loc = Location::manifest(url)?;
+        let fetcher = Fetcher::new(opts.retry.clone(), opts.idle_timeout);
+        let mut meter = Meter::new(progress, "");
+        meter.emit(Phase::Manifest, Some(manifest_loc.display()));
+        let json = fetcher.fetch_small(&manifest_loc, "manifest", MANIFEST_LIMIT)?;
+        let manifest = Manifest::parse(&json, self.host_version())?;
+        let version = manifest.bundle_version.clone();
+        self.check_version(&version)?;
+        meter.set_version(&version);
+        meter.set_total(manifest.artifacts.iter().map(|a| a.compressed_size).sum());
+        self.ensure_layout()?;
+
+        let lock_path = self.lock_path(&version);
+        let _lock = match crate::lock::try_exclusive(&lock_path)? {
+            Some(l) => l,
+            None => {
+                meter.emit(Phase::Waiting, Some(format!("another pull of {version} is running")));
+                crate::lock::exclusive(&lock_path)?
+            }
+        };
+        let done = |store: &Store, how, meter: &mut Meter, downloaded| -> Result<Pulled, BundleError> {
+            let dir = if how == PulledHow::Warmed { store.warm_dir(&version) } else { store.version_dir(&version) };
+            meter.emit(Phase::Done, None);
+            Ok(Pulled { bundle: ExtractedBundle { manifest: manifest.clone(), dir }, how, downloaded })
+        };
+
+        let installed = self.version_dir(&version);
+        let warm = self.warm_dir(&version);
+        if self.is_complete(&installed, &manifest) {
+            if !opts.warm {
+                self.set_current(&version)?;
+            }
+            return done(self, PulledHow::AlreadyInstalled, &mut meter, 0);
+        }
+        if self.is_complete(&warm, &manifest) {
+            if opts.warm {
+                return done(self, PulledHow::Warmed, &mut meter, 0);
+            }
+            meter.emit(Phase::Promote, None);
+            self.install_dir(&warm, &installed)?;
+            self.set_current(&version)?;
+            return done(self, PulledHow::PromotedWarm, &mut meter, 0);
+        }
+
+        let staging = self.staging_dir(&version);
+        fs::create_dir_all(&staging).map_err(io_err("cannot create", &staging))?;
+        let result = self.download_all(&fetcher, &manifest_loc, &manifest, &staging, &mut meter);
+        let downloaded = meter.received();
+        if let Err(e) = result {
+            // Kept only when there is something to resume from.
+            let empty = fs::read_dir(&staging).map_or(true, |mut d| d.next().is_none());
+            if !resumable(&e) || empty {
+                let _ = self.discard(&staging);
+            }
+            return Err(e);
+        }
+
+        meter.emit(Phase::Install, None);
+        let finish = || -> Result<(), BundleError> {
+            let mpath = staging.join(MANIFEST_FILE);
+            write_synced(&mpath, manifest.to_json().as_bytes())?;
+            write_synced(&staging.join(COMPLETE_MARKER), manifest.to_json().as_bytes())?;
+            sync_dir(&staging)?;
+            if opts.warm {
+                self.install_dir(&staging, &warm)?;
+                self.drop_other_warm(&version);
+            } else {
+                self.install_dir(&staging, &installed)?;
+                self.set_current(&version)?;
+            }
+            Ok(())
+        };
+        if let Err(e) = finish() {
+            let _ = self.discard(&staging);
+            return Err(e);
+        }
+        let how = if opts.warm { PulledHow::Warmed } else { PulledHow::Downloaded };
+        done(self, how, &mut meter, downloaded)
+    }
+
+    /// Installs a bundle directory (as `vmctl bundle build` or `pack` writes it) from disk.
+    pub fn import(
+        &self,
+        bundle_dir: &Path,
+        opts: &PullOptions,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<Pulled, BundleError> {
+        let abs = bundle_dir.canonicalize().map_err(io_err("cannot open", bundle_dir))?;
+        let url = reqwest::Url::from_directory_path(&abs).map_err(|()| BundleError::Url {
+            url: abs.display().to_string(),
+            reason: "not an absolute directory path".into(),
+        })?;
+        self.pull(url.as_str(), opts, progress)
+    }
+
+    /// The warm slot holds one bundle: the newest.
+    fn drop_other_warm(&self, keep: &str) {
+        for entry in fs::read_dir(self.root().join(crate::store::WARM)).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name != keep && !name.starts_with('.') {
+                if let Ok(Some(_lock)) = crate::lock::try_exclusive(&self.lock_path(&name)) {
+                    let _ = self.discard(&entry.path());
+                }
+            }
+        }
+    }
+
+    fn download_all(
+        &self,
+        fetcher: &Fetcher,
+        manifest_loc: &Location,
+        manifest: &Manifest,
+        staging: &Path,
+        meter: &mut Meter,
+    ) -> Result<(), BundleError> {
+        // What an earlier, interrupted pull already verified stays; its temp outputs do not.
+        let mut todo = Vec::new();
+        for a in &manifest.artifacts {
+            let _ = fs::remove_file(staging.join(format!(".{}.partial", a.name)));
+            let dst = staging.join(&a.name);
+            if matches!(hash_file(&dst), Ok((n, sha)) if n == a.size && sha == a.sha256) {
+                meter.skip(a.compressed_size);
+            } else {
+                todo.push(a);
+            }
+        }
+        // The uncompressed artifacts, and the largest compressed download beside them, must fit.
+        let needed =
+            todo.iter().map(|a| a.size).sum::<u64>() + todo.iter().map(|a| a.compressed_size).max().unwrap_or(0);
+        let available = available_bytes(staging)?;
+        if needed > available {
+            return Err(BundleError::NoSpace {
+                path: self.root().display().to_string(),
+                version: manifest.bundle_version.clone(),
+                needed,
+                available,
+            });
+        }
+        for a in todo {
+            let loc = manifest_loc.sibling(&a.file);
+            self.download_one(fetcher, &loc, a, staging, meter)?;
+        }
+        Ok(())
+    }
+
+    fn download_one(
+        &self,
+        fetcher: &Fetcher,
+        loc: &Location,
+        a: &Artifact,
+        staging: &Path,
+        meter: &mut Meter,
+    ) -> Result<(), BundleError> {
+        let part_path = staging.join(format!(".{}.part", a.file));
+        meter.set_artifact(Some(&a.name));
+        let mut from_scratch = false;
+        loop {
+            let (prefix, part, prefix_len) = if loc.is_remote() {
+                if from_scratch {
+                    let _ = fs::remove_file(&part_path);
+                }
+                let mut len = fs::metadata(&part_path).map_or(0, |m| m.len());
+                if len > a.compressed_size {
+                    let _ = fs::remove_file(&part_path);
+                    len = 0;
+                }
+                let append = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&part_path)
+                    .map_err(io_err("cannot create", &part_path))?;
+                let prefix = if len > 0 {
+                    Some(File::open(&part_path).map_err(io_err("cannot open", &part_path))?)
+                } else {
+                    None
+                };
+                (prefix, Some((append, part_path.clone())), len)
+            } else {
+                (None, None, 0)
+            };
+            meter.skip(prefix_len);
+            if prefix_len > 0 {
+                meter.emit(Phase::Download, Some(format!("resuming {} from byte {prefix_len} on disk", a.name)));
+            }
+            let start = meter.done();
+            let mut src = Resuming::new(
+                fetcher,
+                loc.clone(),
+                format!("artifact {}", a.name),
+                a.compressed_size,
+                prefix,
+                part,
+                meter,
+            );
+            let result = extract_into(&mut src, a, &loc.display(), staging);
+            let failure = src.error.take();
+            drop(src);
+            match result {
+                Ok(path) => {
+                    // Installed artifacts are never written again; say so to everyone else too.
+                    let _ = fs::set_permissions(&path, fs::Permissions::from_mode(0o444));
+                    let _ = fs::remove_file(&part_path);
+                    return Ok(());
+                }
+                Err(e) => {
+                    let e = failure.unwrap_or(e);
+                    if content_failure(&e) && prefix_len > 0 && !from_scratch {
+                        // The bytes kept by an earlier process may be what is wrong: once more
+                        // from the start before blaming the server.
+                        let back = meter.done() - start + prefix_len;
+                        meter.skip_back(back);
+                        meter.emit(Phase::Retry, Some(format!("{e}; downloading {} again from the start", a.name)));
+                        from_scratch = true;
+                        continue;
+                    }
+                    let received = fs::metadata(&part_path).map_or(0, |m| m.len());
+                    if !resumable(&e) || received == 0 {
+                        let _ = fs::remove_file(&part_path);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), BundleError> {
+    let mut f = File::create(path).map_err(io_err("cannot create", path))?;
+    std::io::Write::write_all(&mut f, bytes).map_err(io_err("cannot write", path))?;
+    f.sync_all().map_err(io_err("cannot fsync", path))
+}

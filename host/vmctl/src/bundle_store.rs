@@ -1,0 +1,177 @@
+//! `vmctl bundle ls | verify | rm | gc`, and how `vmctl run --bundle SPEC` finds what to boot.
+//!
+//! Two places hold bundles: the packed directories `vmctl bundle build` writes (extracted into a
+//! cache on use, as before) and the store that `pull` and `import` install into. A SPEC that
+//! names a packed directory or a built flavor keeps meaning what it meant; otherwise it is
+//! looked up in the store, where `current` promotes a warm download first — the "next start"
+//! that a warm pull waits for.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::HumanBytes;
+use umbra_runtime::backend::BootImage;
+
+use crate::bundle_pull::{json_line, store};
+use crate::paths;
+
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// Installed version [default: current]
+    version: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RmArgs {
+    version: String,
+    /// Also remove the current version (and with it `current`).
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct GcArgs {
+    /// How many of the most recently installed versions to keep (current is always kept).
+    #[arg(long, default_value_t = 2)]
+    keep: usize,
+}
+
+fn fail(e: impl std::fmt::Display) -> i32 {
+    eprintln!("vmctl: error: {e:#}");
+    1
+}
+
+fn ago(secs: u64) -> String {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let d = now.saturating_sub(secs);
+    match d {
+        0..60 => format!("{d}s ago"),
+        60..3600 => format!("{}m ago", d / 60),
+        3600..86400 => format!("{}h ago", d / 3600),
+        _ => format!("{}d ago", d / 86400),
+    }
+}
+
+pub fn ls(args: LsArgs) -> i32 {
+    let store = store();
+    let list = store.list();
+    if args.json {
+        println!("{}", serde_json::to_string(&list).unwrap_or_default());
+        return 0;
+    }
+    if list.is_empty() {
+        eprintln!("vmctl: no bundles installed in {}", store.root().display());
+        return 0;
+    }
+    println!("  {:<32} {:<9} {:>10}  INSTALLED", "VERSION", "FLAVOR", "SIZE");
+    for i in &list {
+        let mark = if i.current { "*" } else { " " };
+        let version = if i.warm { format!("{} (warm)", i.version) } else { i.version.clone() };
+        println!("{mark} {version:<32} {:<9} {:>10}  {}", i.flavor, HumanBytes(i.bytes).to_string(), ago(i.installed));
+    }
+    0
+}
+
+pub fn verify(args: VerifyArgs) -> i32 {
+    let store = store();
+    let spec = args.version.as_deref().unwrap_or("current");
+    let version = match store.resolve(spec) {
+        Ok(v) => v,
+        Err(e) => return fail(e),
+    };
+    let checks = match store.verify(&version) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let changed = checks.iter().filter(|c| !c.ok()).count();
+    if args.json {
+        json_line(serde_json::json!({"version": version, "ok": changed == 0, "artifacts": checks}));
+    } else {
+        for c in &checks {
+            if c.ok() {
+                println!("ok       {:<12} {} bytes, sha256 {}", c.name, c.expected_size, c.expected_sha256);
+            } else if let Some(err) = &c.error {
+                println!("MISSING  {:<12} {}: {err}", c.name, c.path.display());
+            } else {
+                println!(
+                    "CHANGED  {:<12} {}: expected {} bytes sha256 {}, found {} bytes sha256 {}",
+                    c.name,
+                    c.path.display(),
+                    c.expected_size,
+                    c.expected_sha256,
+                    c.actual_size.unwrap_or(0),
+                    c.actual_sha256.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        if changed > 0 {
+            eprintln!("vmctl: bundle {version}: {changed} artifact(s) changed since install; pull it again");
+        } else {
+            eprintln!("vmctl: bundle {version}: all {} artifacts verified", checks.len());
+        }
+    }
+    i32::from(changed > 0)
+}
+
+pub fn rm(args: RmArgs) -> i32 {
+    match store().remove(&args.version, args.force) {
+        Ok(()) => {
+            eprintln!("vmctl: removed bundle {}", args.version);
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
+pub fn gc(args: GcArgs) -> i32 {
+    match store().gc(args.keep) {
+        Ok(removed) => {
+            for v in &removed {
+                eprintln!("vmctl: removed bundle {v}");
+            }
+            eprintln!("vmctl: gc kept the {} newest and current; removed {}", args.keep, removed.len());
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// What `vmctl run --bundle SPEC` boots: a packed bundle directory or built flavor (verified
+/// and extracted into the cache), else an installed version or `current` from the store.
+pub fn boot_image(spec: &str) -> anyhow::Result<BootImage> {
+    let packed_err = match crate::run::bundle_dir(spec) {
+        Ok(dir) => {
+            return BootImage::from_bundle_dir(&dir, &paths::extracted_dir()).context("the bundle failed verification")
+        }
+        Err(e) => e,
+    };
+    let store = store();
+    if spec == "current" {
+        if let Some(b) = store.promote_warm().context("cannot promote the warm bundle")? {
+            eprintln!("vmctl: promoted the warm bundle {}", b.manifest.bundle_version);
+        }
+    }
+    let Ok(b) = store.get(spec) else {
+        // Neither: the packed-bundle error says where it looked and how to build one.
+        anyhow::bail!(
+            "{packed_err:#}; nor is a bundle {spec:?} installed in {} (`vmctl bundle pull URL`)",
+            store.root().display()
+        );
+    };
+    Ok(BootImage {
+        version: b.manifest.bundle_version.clone(),
+        kernel: b.kernel(),
+        initrd: b.path(umbra_bundle::ArtifactRole::Initrd),
+        rootfs: b.path(umbra_bundle::ArtifactRole::Rootfs),
+        cmdline: b.manifest.boot.cmdline.clone(),
+    })
+}
