@@ -73,7 +73,26 @@ fn dirs_with(root: &Path, file: &str) -> Vec<String> {
 pub fn run(args: DoctorArgs) -> i32 {
     let (kvm, kvm_check) = kvm_check();
     let kernels = dirs_with(&paths::cache_dir().join("kernel"), "vmlinux");
-    let bundles = dirs_with(&paths::bundles_dir(), "manifest.json");
+    let built = dirs_with(&paths::bundles_dir(), "manifest.json");
+    let store = umbra_bundle::Store::new(umbra_bundle::Store::default_root());
+    let installed: Vec<String> = store
+        .list()
+        .into_iter()
+        .map(|b| {
+            format!(
+                "{}{}",
+                b.version,
+                if b.current {
+                    " (current)"
+                } else if b.warm {
+                    " (warm)"
+                } else {
+                    ""
+                }
+            )
+        })
+        .collect();
+    let bundles: Vec<String> = built.iter().map(|b| format!("{b} (built)")).chain(installed).collect();
     let checks = vec![
         kvm_check,
         binary(
@@ -108,7 +127,7 @@ pub fn run(args: DoctorArgs) -> i32 {
             name: "bundles",
             ok: !bundles.is_empty(),
             detail: if bundles.is_empty() { "none built".into() } else { bundles.join(", ") },
-            fix: bundles.is_empty().then(|| "vmctl bundle build --flavor minimal".into()),
+            fix: bundles.is_empty().then(|| "vmctl bundle build --flavor minimal, or vmctl bundle pull URL".into()),
         },
     ];
     let (backend, why) = match choose_backend(BackendChoice::Auto) {
