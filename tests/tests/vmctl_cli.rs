@@ -133,3 +133,22 @@ fn timeout_json_and_tty() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("on-a-tty") && text.contains("24 80"), "{text:?}");
 }
+
+#[test]
+fn exits_when_the_command_ends_even_if_stdin_stays_open() {
+    // Like a terminal nobody types into: stdin is open and never delivers EOF.
+    let mut child = vmctl().args(["echo", "hi"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let _keep_stdin_open = child.stdin.take();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("vmctl did not exit after the command ended");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
+}

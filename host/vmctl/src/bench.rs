@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use umbra_runtime::backend::host::find_binary;
-use umbra_runtime::backend::{BackendKind, BootImage, KvmKind, Vm, VmSpec, BASE_CMDLINE};
+use umbra_runtime::backend::{BackendKind, BootImage, KvmKind, Supervised, Vm, VmSpec, BASE_CMDLINE};
 
 use crate::paths;
 
@@ -22,6 +22,8 @@ pub struct BootBenchArgs {
     bundle: String,
 }
 
+const ANCHOR_TIMEOUT: Duration = Duration::from_secs(60);
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -31,11 +33,11 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn anchor_once(qemu: &Path, image: &BootImage, kvm: bool) -> anyhow::Result<Duration> {
+async fn anchor_once(qemu: &Path, image: &BootImage, kvm: bool) -> anyhow::Result<Duration> {
     let Some(initrd) = &image.initrd else { bail!("the anchor needs an initramfs bundle (minimal)") };
     let t = Instant::now();
-    let status = Command::new(qemu)
-        .args(["-M", "microvm,acpi=off", "-m", "512M", "-smp", "1", "-no-reboot", "-nographic", "-nodefaults"])
+    let mut cmd = Command::new(qemu);
+    cmd.args(["-M", "microvm,acpi=off", "-m", "512M", "-smp", "1", "-no-reboot", "-nographic", "-nodefaults"])
         .args(["-no-user-config", "-serial", "null", "-accel", if kvm { "kvm" } else { "tcg" }])
         .arg("-kernel")
         .arg(&image.kernel)
@@ -44,13 +46,14 @@ fn anchor_once(qemu: &Path, image: &BootImage, kvm: bool) -> anyhow::Result<Dura
         .arg("-append")
         .arg(format!("{BASE_CMDLINE} rdinit=/bin/reboot -- -f"))
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .status()
-        .context("run qemu for the anchor")?;
-    if !status.success() {
-        bail!("anchor qemu exited with {status}");
+        .stdout(Stdio::null());
+    // Supervised: killed with vmctl, and a guest that never reboots cannot hang the bench.
+    let mut qemu = Supervised::spawn("qemu-system-x86_64", cmd).context("run qemu for the anchor")?;
+    match qemu.wait_timeout(ANCHOR_TIMEOUT).await {
+        Some(status) if status.success() => Ok(t.elapsed()),
+        Some(status) => bail!("anchor qemu exited with {status}"),
+        None => bail!("anchor qemu did not exit within {ANCHOR_TIMEOUT:?} (does the initramfs have /bin/reboot?)"),
     }
-    Ok(t.elapsed())
 }
 
 pub async fn boot(args: BootBenchArgs) -> anyhow::Result<()> {
@@ -61,7 +64,11 @@ pub async fn boot(args: BootBenchArgs) -> anyhow::Result<()> {
     let runs = args.runs.max(1);
     println!("bundle {} · {} runs each · accel {}", image.version, runs, if kvm { "kvm" } else { "tcg" });
 
-    let anchor = median((0..runs).map(|_| anchor_once(&qemu, &image, kvm)).collect::<anyhow::Result<Vec<_>>>()?);
+    let mut anchors = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        anchors.push(anchor_once(&qemu, &image, kvm).await?);
+    }
+    let anchor = median(anchors);
     println!("{:<34} median {:>7.1} ms", "anchor: qemu launch -> /init", ms(anchor));
 
     for backend in [BackendKind::Qemu] {

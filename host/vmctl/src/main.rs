@@ -105,7 +105,12 @@ fn main() {
 /// (PR_SET_PDEATHSIG), so that thread must live as long as vmctl does.
 fn async_main(f: impl std::future::Future<Output = i32>) -> i32 {
     match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt.block_on(f),
+        Ok(rt) => {
+            let code = rt.block_on(f);
+            // Never wait for blocking-pool threads on the way out.
+            rt.shutdown_background();
+            code
+        }
         Err(e) => {
             eprintln!("vmctl: error: cannot start the async runtime: {e}");
             run::EXIT_UMBRA_ERROR

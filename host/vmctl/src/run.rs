@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use tokio::io::AsyncReadExt;
 use tokio::signal::unix::{signal, SignalKind};
 use umbra_proto::{SpawnRequest, TtySize};
 use umbra_runtime::agent::{Process, ProcessEvent};
@@ -179,29 +178,33 @@ async fn drive(
     sigterm: &mut tokio::signal::unix::Signal,
 ) -> anyhow::Result<i32> {
     let stdin = process.stdin();
+    let mut host_stdin = host_stdin_reader();
     let stdin_task = tokio::spawn(async move {
-        let mut host_stdin = tokio::io::stdin();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match host_stdin.read(&mut buf).await {
-                Ok(0) | Err(_) => {
-                    let _ = stdin.close().await;
-                    return;
-                }
-                Ok(n) => {
-                    if stdin.write(bytes::Bytes::copy_from_slice(&buf[..n])).await.is_err() {
+        while let Some(chunk) = host_stdin.recv().await {
+            match chunk {
+                Some(bytes) => {
+                    if stdin.write(bytes).await.is_err() {
                         return;
                     }
+                }
+                None => {
+                    let _ = stdin.close().await;
+                    return;
                 }
             }
         }
     });
     let mut winch = signal(SignalKind::window_change())?;
     let deadline = args.timeout.map(|s| Instant::now() + Duration::from_secs(s));
+    let mut sighup = signal(SignalKind::hangup())?;
     let mut timed_out = false;
     let mut interrupted: Option<i32> = None;
-    // After asking the command to stop, SIGKILL it if it has not ended by then.
+    // After asking the command to stop, SIGKILL it if it has not ended by then; if even that
+    // gets no exit event, the guest is unresponsive and vmctl gives up on it.
     let mut escalate_at: Option<Instant> = None;
+    let mut give_up_at: Option<Instant> = None;
+    // The agent connection normally reports a dead VM; this catches a VM that hangs instead.
+    let mut alive_check = tokio::time::interval(Duration::from_millis(500));
     let code = loop {
         let until =
             |t: Option<Instant>| t.map(|d| d.saturating_duration_since(Instant::now())).unwrap_or(Duration::MAX);
@@ -209,14 +212,27 @@ async fn drive(
             ev = process.next_event() => ev,
             _ = sigint.recv() => {
                 interrupted = Some(libc::SIGINT);
-                let _ = process.kill(libc::SIGINT).await;
+                send_signal(&process, libc::SIGINT).await;
                 escalate_at.get_or_insert(Instant::now() + KILL_GRACE);
                 continue
             }
             _ = sigterm.recv() => {
                 interrupted = Some(libc::SIGTERM);
-                let _ = process.kill(libc::SIGTERM).await;
+                send_signal(&process, libc::SIGTERM).await;
                 escalate_at.get_or_insert(Instant::now() + KILL_GRACE);
+                continue
+            }
+            _ = sighup.recv() => {
+                interrupted = Some(libc::SIGHUP);
+                send_signal(&process, libc::SIGHUP).await;
+                escalate_at.get_or_insert(Instant::now() + KILL_GRACE);
+                continue
+            }
+            _ = alive_check.tick() => {
+                if let Err(e) = vm.check_alive() {
+                    stdin_task.abort();
+                    bail!("{e}");
+                }
                 continue
             }
             _ = winch.recv(), if args.tty => {
@@ -225,14 +241,19 @@ async fn drive(
             }
             _ = tokio::time::sleep(until(deadline)), if deadline.is_some() && !timed_out => {
                 timed_out = true;
-                let _ = process.kill(libc::SIGTERM).await;
+                send_signal(&process, libc::SIGTERM).await;
                 escalate_at.get_or_insert(Instant::now() + KILL_GRACE);
                 continue
             }
             _ = tokio::time::sleep(until(escalate_at)), if escalate_at.is_some() => {
-                let _ = process.kill(libc::SIGKILL).await;
+                send_signal(&process, libc::SIGKILL).await;
                 escalate_at = None;
+                give_up_at = Some(Instant::now() + KILL_GRACE);
                 continue
+            }
+            _ = tokio::time::sleep(until(give_up_at)), if give_up_at.is_some() => {
+                stdin_task.abort();
+                bail!("the command did not end {KILL_GRACE:?} after SIGKILL: the guest is not responding");
             }
         };
         match event {
@@ -263,6 +284,36 @@ async fn drive(
     };
     stdin_task.abort();
     Ok(interrupted.map(|s| 128 + s).filter(|_| code != 0).unwrap_or(code))
+}
+
+/// Signals the command without letting an unresponsive agent stall the event loop.
+async fn send_signal(process: &Process, signal: i32) {
+    let _ = tokio::time::timeout(Duration::from_secs(2), process.kill(signal)).await;
+}
+
+/// Host stdin as chunks (`None` = end of input), read on a plain thread: a blocking read of a
+/// terminal cannot be cancelled, and on tokio's blocking pool it would keep the runtime — and
+/// so vmctl — alive after the command ended until the user pressed Enter.
+fn host_stdin_reader() -> tokio::sync::mpsc::Receiver<Option<bytes::Bytes>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match std::io::Read::read(&mut stdin, &mut buf) {
+                Ok(0) | Err(_) => {
+                    let _ = tx.blocking_send(None);
+                    return;
+                }
+                Ok(n) => {
+                    if tx.blocking_send(Some(bytes::Bytes::copy_from_slice(&buf[..n]))).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    rx
 }
 
 fn write_stream(out: &Output, name: &str, data: &[u8], sink: &mut dyn Write) {

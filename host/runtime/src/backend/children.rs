@@ -18,15 +18,17 @@ pub struct Supervised {
 
 impl Supervised {
     pub fn spawn(name: &'static str, mut cmd: Command) -> io::Result<Self> {
+        let parent = std::process::id() as libc::pid_t;
         // SAFETY: between fork and exec we call only async-signal-safe functions (prctl,
         // getppid, setpgid, _exit) and touch no heap state.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                     return Err(io::Error::last_os_error());
                 }
-                // The parent may have died before prctl took effect; then we were reparented.
-                if libc::getppid() == 1 {
+                // The parent may have died before prctl took effect; then we were reparented
+                // (to init or to a subreaper).
+                if libc::getppid() != parent {
                     libc::_exit(1);
                 }
                 if libc::setpgid(0, 0) != 0 {

@@ -7,10 +7,17 @@ pub const ERROR_CONTEXT_LINES: usize = 40;
 
 /// The last `n` lines of the console log (lossy UTF-8, control characters stripped).
 pub fn tail(path: &Path, n: usize) -> String {
-    let bytes = std::fs::read(path).unwrap_or_default();
-    // Only the end matters; don't decode a huge log.
-    let start = bytes.len().saturating_sub(64 * 1024);
-    let text = String::from_utf8_lossy(&bytes[start..]);
+    use std::io::{Read, Seek, SeekFrom};
+    // Only the end matters: a guest can flood its console, so never read the whole log.
+    const WINDOW: u64 = 64 * 1024;
+    let mut bytes = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if f.seek(SeekFrom::Start(len.saturating_sub(WINDOW))).is_ok() {
+            let _ = f.take(WINDOW).read_to_end(&mut bytes);
+        }
+    }
+    let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().collect();
     let from = lines.len().saturating_sub(n);
     lines[from..]

@@ -38,7 +38,8 @@ impl KvmKind {
 /// `cargo install` puts vhost-device-vsock and virtiofsd).
 pub fn find_binary(name: &str, env_override: &str) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os(env_override) {
-        return Some(PathBuf::from(p));
+        // An override that points nowhere is "not found", not a silent fallback to PATH.
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();

@@ -156,9 +156,12 @@ impl Vm {
 
     /// Asks the guest to shut down, waits for the VMM to exit, then kills what is left.
     pub async fn shutdown(mut self) {
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.agent.shutdown()).await;
-        if let Some(vmm) = self.children.last_mut() {
-            vmm.wait_timeout(Duration::from_secs(10)).await;
+        let asked = tokio::time::timeout(Duration::from_secs(2), self.agent.shutdown()).await;
+        // Only wait for a guest that accepted the request; a dead or deaf one is just killed.
+        if matches!(asked, Ok(Ok(()))) {
+            if let Some(vmm) = self.children.last_mut() {
+                vmm.wait_timeout(Duration::from_secs(10)).await;
+            }
         }
         self.kill();
     }
