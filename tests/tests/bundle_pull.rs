@@ -349,3 +349,39 @@ fn import_ls_verify_rm_gc() {
     assert_eq!(names, ["v1"]);
     assert_eq!(leftovers(env.store.root()), Vec::<std::path::PathBuf>::new());
 }
+
+#[test]
+fn a_pull_of_a_newer_bundle_drops_an_older_warm_one() {
+    let env = Env::new("bundle-stale-warm");
+    install_previous(&env);
+    env.bundle("v2", 100_000, 200_000);
+    env.bundle("v3", 100_000, 200_000);
+    let warm = umbra_bundle::PullOptions { warm: true, ..fast() };
+    env.store.pull(&env.url("v2"), &warm, &mut |_| {}).unwrap();
+    assert_eq!(env.pull("v3").unwrap().how, PulledHow::Downloaded);
+    // The next start must not switch `current` back to the v2 warmed before v3 was pulled.
+    assert!(env.store.list().iter().all(|i| !i.warm), "{:?}", env.store.list());
+    assert!(env.store.promote_warm().unwrap().is_none());
+    assert_eq!(env.store.current().as_deref(), Some("v3"));
+
+    // Likewise when the version pulled was installed already.
+    env.store.pull(&env.url("v2"), &warm, &mut |_| {}).unwrap();
+    assert_eq!(env.pull("v1").unwrap().how, PulledHow::AlreadyInstalled);
+    assert!(env.store.promote_warm().unwrap().is_none());
+    assert_eq!(env.store.current().as_deref(), Some("v1"));
+}
+
+#[test]
+fn a_manifest_with_an_absurd_size_is_refused() {
+    let env = Env::new("bundle-huge");
+    let before = install_previous(&env);
+    let mut m = env.bundle("v2", 100_000, 200_000);
+    // Sums and `size + 1` over this would overflow a u64.
+    m.artifacts[0].compressed_size = u64::MAX - 1;
+    std::fs::write(env.dir.0.join("www/v2/manifest.json"), m.to_json()).unwrap();
+    let e = env.pull("v2").unwrap_err();
+    assert!(matches!(e, BundleError::Manifest(ManifestError::Invalid { .. })), "{e}");
+    assert!(e.to_string().contains("compressed_size") && e.to_string().contains("allowed"), "{e}");
+    assert_eq!(env.server.count(&env.path("v2", "kernel.zst")), 0, "refused before any artifact");
+    assert_untouched(&env.store, "v1", &before);
+}

@@ -60,7 +60,7 @@ fn extract_to(compressed: impl Read, a: &Artifact, source: &str, tmp: &Path) -> 
         _ => io_err("cannot write", tmp)(e),
     };
     // One byte more than declared is enough to prove a mismatch.
-    let mut input = Hashing::new(compressed.take(a.compressed_size + 1));
+    let mut input = Hashing::new(compressed.take(a.compressed_size.saturating_add(1)));
     let mut out = Hashing::new(File::create(tmp).map_err(write_err)?);
     let mut corrupt = None;
     {

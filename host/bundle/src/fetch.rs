@@ -217,7 +217,10 @@ impl Fetcher {
                     announced("announced (Content-Range total)", total)?;
                 }
                 if let Some(len) = resp.content_length() {
-                    announced("announced (Range start + Content-Length)", offset + len)?;
+                    let end = offset.checked_add(len).ok_or_else(|| {
+                        protocol(format!("Content-Length {len} after byte {offset} is past any file size"))
+                    })?;
+                    announced("announced (Range start + Content-Length)", end)?;
                 }
                 Ok(Opened { body: Box::new(resp), skip: 0 })
             }

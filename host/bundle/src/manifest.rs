@@ -5,6 +5,11 @@ use serde::{Deserialize, Serialize};
 
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const SCHEMA_VERSION: u32 = 1;
+/// Largest size (compressed or not) accepted for one artifact: far above any real guest, far
+/// below where sums and offsets over a few artifacts could overflow.
+pub const MAX_ARTIFACT_SIZE: u64 = 64 << 30;
+/// Largest accepted sum of the artifacts' sizes (compressed, and uncompressed, each).
+pub const MAX_BUNDLE_SIZE: u64 = 256 << 30;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -135,6 +140,23 @@ impl Manifest {
             if !is_sha256_hex(&a.sha256) || !is_sha256_hex(&a.compressed_sha256) {
                 return Err(invalid(f("sha256"), "digests must be 64 lowercase hex characters"));
             }
+            for (field, size) in [("size", a.size), ("compressed_size", a.compressed_size)] {
+                if size > MAX_ARTIFACT_SIZE {
+                    return Err(invalid(
+                        f(field),
+                        format!("{size} bytes is more than the {MAX_ARTIFACT_SIZE} allowed"),
+                    ));
+                }
+            }
+        }
+        let total = |size: fn(&Artifact) -> u64| self.artifacts.iter().try_fold(0u64, |n, a| n.checked_add(size(a)));
+        for (field, total) in [("size", total(|a| a.size)), ("compressed_size", total(|a| a.compressed_size))] {
+            if total.is_none_or(|t| t > MAX_BUNDLE_SIZE) {
+                return Err(invalid(
+                    format!("artifacts[].{field}"),
+                    format!("the sum is more than the {MAX_BUNDLE_SIZE} bytes allowed"),
+                ));
+            }
         }
         let count = |role| self.artifacts.iter().filter(|a| a.role == role).count();
         if count(ArtifactRole::Kernel) != 1 {
@@ -147,6 +169,16 @@ impl Manifest {
             return Err(invalid("artifacts", "an initrd or a rootfs is required"));
         }
         Ok(())
+    }
+
+    /// Sum of the uncompressed sizes (bounded by validation).
+    pub fn size_total(&self) -> u64 {
+        self.artifacts.iter().fold(0, |n, a| n.saturating_add(a.size))
+    }
+
+    /// Sum of the compressed sizes (bounded by validation).
+    pub fn compressed_total(&self) -> u64 {
+        self.artifacts.iter().fold(0, |n, a| n.saturating_add(a.compressed_size))
     }
 
     pub fn artifact(&self, role: ArtifactRole) -> Option<&Artifact> {
@@ -211,5 +243,33 @@ mod tests {
         let e = Manifest::parse(br#"{"schema_version": 2}"#, "0.1.0").unwrap_err();
         assert_eq!(e, ManifestError::Schema { found: 2 });
         assert!(matches!(Manifest::parse(b"{", "0.1.0"), Err(ManifestError::Parse(_))));
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused_before_any_arithmetic() {
+        // Sizes whose sums or `+ 1` would overflow a u64.
+        for (i, field) in [(0, "size"), (1, "compressed_size")] {
+            let mut m = good();
+            let a = &mut m.artifacts[i];
+            *if field == "size" { &mut a.size } else { &mut a.compressed_size } = u64::MAX - 1;
+            let e = Manifest::parse(m.to_json().as_bytes(), "0.1.0").unwrap_err();
+            assert!(
+                matches!(&e, ManifestError::Invalid { field: f, .. } if *f == format!("artifacts[{i}].{field}")),
+                "{e}"
+            );
+            assert!(e.to_string().contains("more than the 68719476736 allowed"), "{e}");
+        }
+        // Three at the limit are fine; the sum is checked too (before the roles are counted).
+        let mut m = good();
+        for (i, role) in [(2, ArtifactRole::Rootfs), (3, ArtifactRole::Kernel), (4, ArtifactRole::Kernel)] {
+            let a = &m.artifacts[0];
+            m.artifacts.push(Artifact { name: format!("a{i}"), file: format!("a{i}.zst"), role, ..a.clone() });
+        }
+        m.artifacts.iter_mut().for_each(|a| a.size = MAX_ARTIFACT_SIZE);
+        let e = m.validate("0.1.0").unwrap_err();
+        assert!(matches!(&e, ManifestError::Invalid { field, .. } if field == "artifacts[].size"), "{e}");
+        m.artifacts.truncate(3);
+        m.artifacts.iter_mut().for_each(|a| a.compressed_size = MAX_ARTIFACT_SIZE);
+        m.validate("0.1.0").unwrap();
     }
 }

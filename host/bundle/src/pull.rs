@@ -98,7 +98,7 @@ impl Store {
         let version = manifest.bundle_version.clone();
         self.check_version(&version)?;
         meter.set_version(&version);
-        meter.set_total(manifest.artifacts.iter().map(|a| a.compressed_size).sum());
+        meter.set_total(manifest.compressed_total());
         self.ensure_layout()?;
 
         let lock_path = self.lock_path(&version);
@@ -119,7 +119,8 @@ impl Store {
         let warm = self.warm_dir(&version);
         if self.is_complete(&installed, &manifest) {
             if !opts.warm {
-                self.set_current(&version)?;
+                self.point_current(&version)?;
+                self.drop_other_warm(&version);
             }
             return done(self, PulledHow::AlreadyInstalled, &mut meter, 0);
         }
@@ -129,7 +130,8 @@ impl Store {
             }
             meter.emit(Phase::Promote, None);
             self.install_dir(&warm, &installed)?;
-            self.set_current(&version)?;
+            self.point_current(&version)?;
+            self.drop_other_warm(&version);
             return done(self, PulledHow::PromotedWarm, &mut meter, 0);
         }
 
@@ -157,7 +159,8 @@ impl Store {
                 self.drop_other_warm(&version);
             } else {
                 self.install_dir(&staging, &installed)?;
-                self.set_current(&version)?;
+                self.point_current(&version)?;
+                self.drop_other_warm(&version);
             }
             Ok(())
         };
@@ -184,7 +187,8 @@ impl Store {
         self.pull(url.as_str(), opts, progress)
     }
 
-    /// The warm slot holds one bundle: the newest.
+    /// The warm slot holds one bundle: the newest. A warm pull keeps only its own; a pull that
+    /// makes a version current drops any other, which would otherwise be promoted over it.
     fn drop_other_warm(&self, keep: &str) {
         for entry in fs::read_dir(self.root().join(crate::store::WARM)).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -216,8 +220,11 @@ impl Store {
             }
         }
         // The uncompressed artifacts, and the largest compressed download beside them, must fit.
-        let needed =
-            todo.iter().map(|a| a.size).sum::<u64>() + todo.iter().map(|a| a.compressed_size).max().unwrap_or(0);
+        // (Validation bounds every size, so this cannot overflow; saturating all the same.)
+        let needed = todo
+            .iter()
+            .fold(0u64, |n, a| n.saturating_add(a.size))
+            .saturating_add(todo.iter().map(|a| a.compressed_size).max().unwrap_or(0));
         let available = available_bytes(staging)?;
         if needed > available {
             return Err(BundleError::NoSpace {

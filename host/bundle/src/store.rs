@@ -87,6 +87,20 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), BundleError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("cannot fsync", dir))
 }
 
+/// Swaps two paths in one step (renameat2 RENAME_EXCHANGE). ENOENT when either is missing,
+/// EINVAL where the filesystem cannot swap.
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| std::io::ErrorKind::InvalidInput);
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: both are NUL-terminated paths alive for the call; AT_FDCWD resolves relative
+    // paths as rename(2) does. No other memory is passed.
+    if unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Bytes an unprivileged writer may still use on the filesystem holding `path`.
 pub(crate) fn available_bytes(path: &Path) -> Result<u64, BundleError> {
     use std::os::unix::ffi::OsStrExt;
@@ -204,8 +218,16 @@ impl Store {
 
     /// Moves `dir` into the trash and deletes it there.
     pub(crate) fn discard(&self, dir: &Path) -> Result<(), BundleError> {
+        match self.move_aside(dir)? {
+            Some(to) => fs::remove_dir_all(&to).map_err(io_err("cannot remove", &to)),
+            None => Ok(()),
+        }
+    }
+
+    /// Renames `dir` into the trash (and fsyncs its parent); where it went, or None if absent.
+    fn move_aside(&self, dir: &Path) -> Result<Option<PathBuf>, BundleError> {
         if fs::symlink_metadata(dir).is_err() {
-            return Ok(());
+            return Ok(None);
         }
         let trash = self.root.join(TRASH);
         fs::create_dir_all(&trash).map_err(io_err("cannot create", &trash))?;
@@ -214,16 +236,55 @@ impl Store {
         if let Some(parent) = dir.parent() {
             sync_dir(parent)?;
         }
-        fs::remove_dir_all(&to).map_err(io_err("cannot remove", &to))
+        Ok(Some(to))
     }
 
-    /// Renames the complete directory `from` to `to`, replacing whatever incomplete one was there.
+    /// Renames the complete directory `from` to `to`, replacing whatever was there. A directory
+    /// being replaced (an incomplete one, or another build under the same name that `current`
+    /// may name) is swapped out in one step and deleted only once the new one is in place on
+    /// disk: no crash or failed rename leaves `to` missing.
     pub(crate) fn install_dir(&self, from: &Path, to: &Path) -> Result<(), BundleError> {
-        self.discard(to)?;
-        fs::rename(from, to).map_err(io_err("cannot rename into", to))?;
+        let swapped = match exchange(from, to) {
+            Ok(()) => true,
+            // Nothing to replace.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                fs::rename(from, to).map_err(io_err("cannot rename into", to))?;
+                false
+            }
+            // A filesystem without RENAME_EXCHANGE.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+                return self.replace_by_renames(from, to)
+            }
+            Err(e) => return Err(io_err("cannot swap into", to)(e)),
+        };
         sync_dir(to.parent().unwrap_or(&self.root))?;
         if let Some(p) = from.parent() {
             sync_dir(p)?;
+        }
+        if swapped {
+            // The replaced directory is at `from` now. The install is done either way: what
+            // cannot be deleted now stays for `gc`.
+            let _ = self.discard(from);
+        }
+        Ok(())
+    }
+
+    /// [`Self::install_dir`] without an atomic swap: the old directory into the trash, the new
+    /// one into place (the old one back if that fails), fsync, and only then delete the old one.
+    fn replace_by_renames(&self, from: &Path, to: &Path) -> Result<(), BundleError> {
+        let old = self.move_aside(to)?;
+        if let Err(e) = fs::rename(from, to) {
+            if let Some(old) = &old {
+                let _ = fs::rename(old, to);
+            }
+            return Err(io_err("cannot rename into", to)(e));
+        }
+        sync_dir(to.parent().unwrap_or(&self.root))?;
+        if let Some(p) = from.parent() {
+            sync_dir(p)?;
+        }
+        if let Some(old) = old {
+            let _ = fs::remove_dir_all(&old);
         }
         Ok(())
     }
@@ -235,8 +296,17 @@ impl Store {
     }
 
     /// Points `current` at an installed version: a new symlink under a temp name renamed over
-    /// the old one, so there is no instant without a `current`.
+    /// the old one, so there is no instant without a `current`. The version's lock is held
+    /// meanwhile, so `gc` or `rm` cannot remove it under the switch.
     pub fn set_current(&self, version: &str) -> Result<(), BundleError> {
+        self.check_version(version)?;
+        let _lock = self.lock(version)?;
+        self.point_current(version)
+    }
+
+    /// [`Self::set_current`] for a caller that holds the version's lock. Everything that moves
+    /// `current` holds the lock of the version it moves it to: `gc` relies on that.
+    pub(crate) fn point_current(&self, version: &str) -> Result<(), BundleError> {
         self.check_version(version)?;
         if self.complete_manifest(&self.version_dir(version)).is_none() {
             return Err(self.not_installed(version));
@@ -282,7 +352,7 @@ impl Store {
         InstalledInfo {
             version: manifest.bundle_version.clone(),
             flavor: manifest.flavor.clone(),
-            bytes: manifest.artifacts.iter().map(|a| a.size).sum(),
+            bytes: manifest.size_total(),
             installed: since_epoch.as_secs(),
             order: since_epoch.as_nanos(),
             current: !warm && current == Some(manifest.bundle_version.as_str()),
@@ -366,16 +436,10 @@ impl Store {
     /// another process is working on are skipped. Returns the removed versions.
     pub fn gc(&self, keep: usize) -> Result<Vec<String>, BundleError> {
         self.ensure_layout()?;
-        let current = self.current();
         let mut removed = Vec::new();
-        let installed = self.scan(&self.root, false, current.as_deref());
-        for info in installed.iter().skip(keep) {
-            if current.as_deref() == Some(info.version.as_str()) {
-                continue;
-            }
-            if let Some(_lock) = lock::try_exclusive(&self.lock_path(&info.version))? {
-                self.discard(&info.dir)?;
-                removed.push(info.version.clone());
+        for info in self.gc_candidates(keep) {
+            if self.discard_unless_current(&info)? {
+                removed.push(info.version);
             }
         }
         for info in self.scan(&self.root.join(WARM), true, None) {
@@ -411,13 +475,48 @@ impl Store {
         Ok(removed)
     }
 
+    /// The installed versions beyond the `keep` newest, except the one `current` names now.
+    fn gc_candidates(&self, keep: usize) -> Vec<InstalledInfo> {
+        let current = self.current();
+        self.scan(&self.root, false, current.as_deref()).into_iter().skip(keep).filter(|i| !i.current).collect()
+    }
+
+    /// Discards an installed version unless another process holds its lock or it is current.
+    /// `current` is read again under the lock: a pull may have switched to this version since
+    /// the scan, and it did so holding the lock.
+    fn discard_unless_current(&self, info: &InstalledInfo) -> Result<bool, BundleError> {
+        let Some(_lock) = lock::try_exclusive(&self.lock_path(&info.version))? else {
+            return Ok(false);
+        };
+        if self.current().as_deref() == Some(info.version.as_str()) {
+            return Ok(false);
+        }
+        self.discard(&info.dir)?;
+        Ok(true)
+    }
+
+    /// When the version `current` names was completed, for ordering against a warm bundle.
+    fn current_order(&self) -> Option<u128> {
+        let dir = self.version_dir(&self.current()?);
+        let manifest = self.complete_manifest(&dir)?;
+        Some(self.info(&dir, &manifest, None, false).order)
+    }
+
     /// Promotes a complete warm bundle, if there is one: renamed into place and made current.
-    /// This is what a start does before it would download.
+    /// This is what a start does before it would download. A warm bundle completed before the
+    /// current one was installed is stale (a newer bundle was pulled since): it is discarded,
+    /// not promoted, so `current` never moves back to an older download.
     pub fn promote_warm(&self) -> Result<Option<ExtractedBundle>, BundleError> {
         let Some(info) = self.scan(&self.root.join(WARM), true, None).into_iter().next() else {
             return Ok(None);
         };
         let _lock = self.lock(&info.version)?;
+        if self.current().as_deref() != Some(info.version.as_str())
+            && self.current_order().is_some_and(|current| info.order < current)
+        {
+            self.discard(&info.dir)?;
+            return Ok(None);
+        }
         let installed = self.version_dir(&info.version);
         if self.complete_manifest(&installed).is_some() {
             self.discard(&info.dir)?;
@@ -427,7 +526,118 @@ impl Store {
             // Promoted or removed by someone else meanwhile.
             return Ok(None);
         }
-        self.set_current(&info.version)?;
+        self.point_current(&info.version)?;
         self.get(&info.version).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::{Artifact, ArtifactRole, Boot};
+
+    /// A complete bundle directory at `dir` for `version`; `build` tells builds of one version
+    /// apart. Only the marker matters to the store's bookkeeping, so there are no artifacts.
+    fn fake(dir: &Path, version: &str, build: &str) -> Manifest {
+        let art = |name: &str, role| Artifact {
+            name: name.into(),
+            role,
+            format: "x".into(),
+            size: 1,
+            sha256: "a".repeat(64),
+            file: format!("{name}.zst"),
+            compressed_size: 1,
+            compressed_sha256: "b".repeat(64),
+        };
+        let m = Manifest {
+            schema_version: 1,
+            bundle_version: version.into(),
+            flavor: "minimal".into(),
+            arch: "x86_64".into(),
+            min_host_version: "0.1.0".into(),
+            boot: Boot { cmdline: build.into() },
+            artifacts: vec![art("kernel", ArtifactRole::Kernel), art("initramfs", ArtifactRole::Initrd)],
+        };
+        fs::create_dir_all(dir).unwrap();
+        fs::write(dir.join(COMPLETE_MARKER), m.to_json()).unwrap();
+        m
+    }
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::with_host_version(d.path().join("bundles"), "0.1.0");
+        s.ensure_layout().unwrap();
+        (d, s)
+    }
+
+    fn trash_is_empty(s: &Store) -> bool {
+        fs::read_dir(s.root.join(TRASH)).map_or(true, |mut d| d.next().is_none())
+    }
+
+    /// Sets when `dir` was completed, as install order reads it.
+    fn completed_at(dir: &Path, secs: u64) {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        File::options().write(true).open(dir.join(COMPLETE_MARKER)).unwrap().set_modified(t).unwrap();
+    }
+
+    #[test]
+    fn gc_keeps_a_version_made_current_after_its_scan() {
+        let (_d, s) = store();
+        fake(&s.version_dir("a"), "a", "");
+        fake(&s.version_dir("b"), "b", "");
+        s.set_current("a").unwrap();
+        let planned: Vec<_> = s.gc_candidates(0);
+        assert_eq!(planned.iter().map(|i| i.version.as_str()).collect::<Vec<_>>(), ["b"]);
+        // A pull of the installed `b` switches to it between gc's scan and its lock.
+        s.set_current("b").unwrap();
+        assert!(!s.discard_unless_current(&planned[0]).unwrap());
+        assert_eq!(s.get("current").unwrap().manifest.bundle_version, "b");
+        assert_eq!(s.gc(0).unwrap(), ["a"]);
+        assert!(s.get("current").is_ok());
+    }
+
+    #[test]
+    fn replacing_a_version_swaps_and_a_failed_install_keeps_the_old_one() {
+        let (_d, s) = store();
+        let to = s.version_dir("v");
+        let old = fake(&to, "v", "old");
+        s.set_current("v").unwrap();
+
+        // Nothing to install: the old build stays, complete and current.
+        for install in [Store::install_dir, Store::replace_by_renames] {
+            assert!(install(&s, &s.staging_dir("v"), &to).is_err());
+            assert!(s.is_complete(&to, &old));
+            assert_eq!(s.get("current").unwrap().manifest, old);
+        }
+
+        // A new build under the same name replaces it, by a swap or by renames.
+        for (i, install) in [Store::install_dir, Store::replace_by_renames].into_iter().enumerate() {
+            let from = s.staging_dir("v");
+            let new = fake(&from, "v", &format!("new{i}"));
+            install(&s, &from, &to).unwrap();
+            assert!(s.is_complete(&to, &new));
+            assert!(!from.exists());
+            assert!(trash_is_empty(&s), "the old build is deleted once replaced");
+        }
+    }
+
+    #[test]
+    fn a_warm_bundle_older_than_current_is_not_promoted() {
+        let (_d, s) = store();
+        // Warmed at t=100, then a newer bundle was installed at t=200 and made current.
+        fake(&s.warm_dir("x"), "x", "");
+        completed_at(&s.warm_dir("x"), 100);
+        fake(&s.version_dir("y"), "y", "");
+        completed_at(&s.version_dir("y"), 200);
+        s.set_current("y").unwrap();
+        assert!(s.promote_warm().unwrap().is_none());
+        assert_eq!(s.current().as_deref(), Some("y"));
+        assert!(!s.warm_dir("x").exists(), "the stale warm bundle is dropped");
+
+        // One completed after the current install is promoted.
+        fake(&s.warm_dir("z"), "z", "");
+        completed_at(&s.warm_dir("z"), 300);
+        assert_eq!(s.promote_warm().unwrap().unwrap().manifest.bundle_version, "z");
+        assert_eq!(s.current().as_deref(), Some("z"));
     }
 }
