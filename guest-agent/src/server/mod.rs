@@ -58,32 +58,36 @@ pub async fn serve(agent: Arc<Agent>, addr: &ListenAddr) -> anyhow::Result<()> {
             let listener =
                 tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {path:?}"))?;
             tracing::info!(?path, "listening");
-            let mut backoff = Backoff::default();
-            loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => {
-                        backoff.reset();
-                        spawn_connection(&agent, stream);
-                    }
-                    Err(e) => backoff.wait(e).await,
-                }
-            }
+            let listener = &listener;
+            accept_forever(&agent, || async move { listener.accept().await.map(|(s, _)| s) }).await
         }
         ListenAddr::Vsock(port) => {
             let addr = tokio_vsock::VsockAddr::new(tokio_vsock::VMADDR_CID_ANY, *port);
             let listener = tokio_vsock::VsockListener::bind(addr)
                 .with_context(|| format!("cannot listen on vsock port {port}"))?;
             tracing::info!(port, "listening on vsock");
-            let mut backoff = Backoff::default();
-            loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => {
-                        backoff.reset();
-                        spawn_connection(&agent, stream);
-                    }
-                    Err(e) => backoff.wait(e).await,
-                }
+            let listener = &listener;
+            accept_forever(&agent, || async move { listener.accept().await.map(|(s, _)| s) }).await
+        }
+    }
+}
+
+/// Serves every accepted connection; accept errors (fd exhaustion, aborted connections) back
+/// off and retry — they must never end PID 1.
+async fn accept_forever<S, F, Fut>(agent: &Arc<Agent>, mut accept: F) -> anyhow::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<S>>,
+{
+    let mut backoff = Backoff::default();
+    loop {
+        match accept().await {
+            Ok(stream) => {
+                backoff.reset();
+                spawn_connection(agent, stream);
             }
+            Err(e) => backoff.wait(e).await,
         }
     }
 }

@@ -191,11 +191,12 @@ impl Manifest {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn good() -> Manifest {
-        let art = |name: &str, role| Artifact {
+    /// A well-formed artifact entry for tests that only care about the manifest's bookkeeping.
+    pub(crate) fn test_artifact(name: &str, role: ArtifactRole) -> Artifact {
+        Artifact {
             name: name.into(),
             role,
             format: "x".into(),
@@ -204,7 +205,11 @@ mod tests {
             file: format!("{name}.zst"),
             compressed_size: 1,
             compressed_sha256: "b".repeat(64),
-        };
+        }
+    }
+
+    fn good() -> Manifest {
+        let art = test_artifact;
         Manifest {
             schema_version: 1,
             bundle_version: "minimal-0123".into(),

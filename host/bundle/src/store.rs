@@ -534,21 +534,12 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::{Artifact, ArtifactRole, Boot};
+    use crate::manifest::{ArtifactRole, Boot};
 
     /// A complete bundle directory at `dir` for `version`; `build` tells builds of one version
     /// apart. Only the marker matters to the store's bookkeeping, so there are no artifacts.
     fn fake(dir: &Path, version: &str, build: &str) -> Manifest {
-        let art = |name: &str, role| Artifact {
-            name: name.into(),
-            role,
-            format: "x".into(),
-            size: 1,
-            sha256: "a".repeat(64),
-            file: format!("{name}.zst"),
-            compressed_size: 1,
-            compressed_sha256: "b".repeat(64),
-        };
+        let art = crate::manifest::tests::test_artifact;
         let m = Manifest {
             schema_version: 1,
             bundle_version: version.into(),
