@@ -1,0 +1,145 @@
+//! The 8250 serial console (vm-superio's emulation) writing to a log file, with the last lines
+//! kept in memory so an error can say what the guest printed last.
+
+use std::collections::VecDeque;
+use std::io::{self, Write};
+use std::sync::{Arc, Mutex};
+
+use vm_superio::serial::NoEvents;
+use vm_superio::{Serial, Trigger};
+
+pub const COM1_BASE: u16 = 0x3f8;
+pub const COM1_PORT_RANGE: std::ops::Range<u16> = 0x3f8..0x400;
+
+/// How many console lines are kept for error messages.
+const KEPT_LINES: usize = 40;
+/// A line longer than this is cut: a guest must not make the VMM grow a buffer without bound.
+const MAX_LINE: usize = 1024;
+
+/// Console output: appended to an optional file, last lines kept in memory.
+#[derive(Clone, Default)]
+pub struct ConsoleLog {
+    inner: Arc<Mutex<ConsoleState>>,
+}
+
+#[derive(Default)]
+struct ConsoleState {
+    file: Option<std::fs::File>,
+    lines: VecDeque<String>,
+    partial: Vec<u8>,
+}
+
+impl ConsoleLog {
+    pub fn to_file(file: std::fs::File) -> Self {
+        let log = Self::default();
+        log.inner.lock().expect("console lock").file = Some(file);
+        log
+    }
+
+    /// The last complete lines plus any unterminated one.
+    pub fn last_lines(&self) -> Vec<String> {
+        let s = self.inner.lock().expect("console lock");
+        let mut out: Vec<String> = s.lines.iter().cloned().collect();
+        if !s.partial.is_empty() {
+            out.push(String::from_utf8_lossy(&s.partial).into_owned());
+        }
+        out
+    }
+}
+
+impl Write for ConsoleLog {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut s = self.inner.lock().expect("console lock");
+        if let Some(f) = s.file.as_mut() {
+            f.write_all(buf)?;
+        }
+        for &b in buf {
+            match b {
+                b'\n' => {
+                    let line = String::from_utf8_lossy(&s.partial).trim_end_matches('\r').to_string();
+                    s.partial.clear();
+                    if s.lines.len() == KEPT_LINES {
+                        s.lines.pop_front();
+                    }
+                    s.lines.push_back(line);
+                }
+                _ if s.partial.len() < MAX_LINE => s.partial.push(b),
+                _ => {}
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Serial interrupts are not wired yet (polled console output needs none); the trigger is a
+/// no-op until the in-kernel irqchip routes IRQ 4.
+pub struct NoInterrupt;
+
+impl Trigger for NoInterrupt {
+    type E = io::Error;
+    fn trigger(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+pub struct SerialConsole {
+    serial: Serial<NoInterrupt, NoEvents, ConsoleLog>,
+}
+
+impl SerialConsole {
+    pub fn new(log: ConsoleLog) -> Self {
+        Self { serial: Serial::new(NoInterrupt, log) }
+    }
+
+    /// A byte written to `port` (COM1_BASE + offset). Out-of-range offsets are ignored.
+    pub fn write(&mut self, port: u16, data: &[u8]) {
+        let (Some(offset), Some(&byte)) = (port.checked_sub(COM1_BASE), data.first()) else { return };
+        if offset < 8 {
+            let _ = self.serial.write(offset as u8, byte);
+        }
+    }
+
+    pub fn read(&mut self, port: u16, data: &mut [u8]) {
+        data.fill(0);
+        if let (Some(offset), Some(slot)) = (port.checked_sub(COM1_BASE), data.first_mut()) {
+            if offset < 8 {
+                *slot = self.serial.read(offset as u8);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_last_lines_and_bounds_them() {
+        let mut log = ConsoleLog::default();
+        for i in 0..50 {
+            writeln!(log, "line {i}\r").unwrap();
+        }
+        log.write_all(&[b'x'; 5000]).unwrap();
+        let lines = log.last_lines();
+        assert_eq!(lines.len(), KEPT_LINES + 1);
+        assert_eq!(lines[0], "line 10");
+        assert_eq!(lines[KEPT_LINES - 1], "line 49");
+        assert_eq!(lines[KEPT_LINES].len(), MAX_LINE);
+    }
+
+    #[test]
+    fn serial_writes_reach_the_log() {
+        let log = ConsoleLog::default();
+        let mut serial = SerialConsole::new(log.clone());
+        for b in b"hi\n" {
+            serial.write(COM1_BASE, &[*b]);
+        }
+        serial.write(0xffff, b"!");
+        serial.write(COM1_BASE, &[]);
+        assert_eq!(log.last_lines(), vec!["hi".to_string()]);
+    }
+}
