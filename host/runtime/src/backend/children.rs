@@ -40,6 +40,11 @@ impl Supervised {
         Ok(Self { name, child: cmd.spawn()?, exited: None })
     }
 
+    /// The child's stdout pipe, if it was spawned with one.
+    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.child.stdout.take()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -22,6 +22,8 @@ pub use rundir::RunDir;
 use crate::agent::AgentClient;
 
 pub const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a diagnosis waits for the console copier to catch up with a VMM that exited.
+const CONSOLE_DRAIN: Duration = Duration::from_secs(1);
 /// Every guest kernel gets these; `reboot=t` ends the VM on a guest reboot without waiting on
 /// an i8042 that microVMs lack, `panic=-1` reboots (and so ends the VM) on a panic.
 pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=t quiet panic=-1";
@@ -92,6 +94,7 @@ pub struct Vm {
     /// VMM last: dropped (killed) before the daemons it uses.
     children: Vec<Supervised>,
     console_log: PathBuf,
+    console: console::ConsoleCopier,
     /// Time from launch until the agent answered the handshake.
     pub boot_time: Duration,
     run_dir: RunDir,
@@ -132,6 +135,7 @@ impl Vm {
     }
 
     fn died(&self, name: &str, status: &str) -> VmError {
+        self.console.wait_drained(CONSOLE_DRAIN);
         let console = self.console_tail(console::ERROR_CONTEXT_LINES);
         let reason = match console::diagnose(&console) {
             Some(why) => why.to_string(),
@@ -186,6 +190,7 @@ async fn wait_for_agent(
     vsock_uds: &Path,
     children: &mut [Supervised],
     console_log: &Path,
+    copier: &console::ConsoleCopier,
     timeout: Duration,
 ) -> Result<AgentClient, VmError> {
     let started = Instant::now();
@@ -193,6 +198,7 @@ async fn wait_for_agent(
     let mut last_error = String::from("no attempt yet");
     loop {
         if let Some((name, status)) = children.iter_mut().find_map(|c| c.try_exited().map(|s| (c.name, s))) {
+            copier.wait_drained(CONSOLE_DRAIN);
             let console = console::tail(console_log, console::ERROR_CONTEXT_LINES);
             let reason =
                 console::diagnose(&console).map(str::to_string).unwrap_or_else(|| format!("{name} exited: {status}"));

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::console::ConsoleCopier;
 use super::host::{find_binary, KvmKind};
 use super::rundir::{new_vm_id, RunDir};
 use super::{wait_for_agent, BackendKind, Supervised, Vm, VmError, VmSpec, BASE_CMDLINE};
@@ -34,8 +35,8 @@ pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool) -
         .args(["-m", &format!("{mem}M"), "-smp", &spec.cpus.to_string()])
         .args(["-accel", if accel_kvm { "kvm" } else { "tcg" }])
         .args(["-no-reboot", "-nographic", "-nodefaults", "-no-user-config"])
-        .arg("-serial")
-        .arg(format!("file:{}", run.join("console.log").display()))
+        // The console goes to our pipe (see `launch`), which copies it with a size cap.
+        .args(["-serial", "stdio"])
         .arg("-kernel")
         .arg(&spec.image.kernel);
     if accel_kvm {
@@ -109,11 +110,13 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
 
     let accel_kvm = KvmKind::detect() == KvmKind::Hardware;
     let mut qemu_cmd = qemu_command(&qemu, spec, &run, accel_kvm);
-    qemu_cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log_file(&run.join("qemu.log"))?);
-    let vmm = Supervised::spawn("qemu-system-x86_64", qemu_cmd).map_err(io(format!("start {}", qemu.display())))?;
+    qemu_cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file(&run.join("qemu.log"))?);
+    let mut vmm = Supervised::spawn("qemu-system-x86_64", qemu_cmd).map_err(io(format!("start {}", qemu.display())))?;
+    let console_out = vmm.take_stdout().expect("qemu spawned with a stdout pipe");
+    let copier = ConsoleCopier::start(console_out, console_log.clone()).map_err(io("start the console copier"))?;
     let mut children = vec![daemon, vmm];
 
-    let agent = match wait_for_agent(&vsock_uds, &mut children, &console_log, spec.boot_timeout).await {
+    let agent = match wait_for_agent(&vsock_uds, &mut children, &console_log, &copier, spec.boot_timeout).await {
         Ok(a) => a,
         Err(VmError::GuestDied { reason, console }) => {
             // QEMU's own complaint (bad image, missing device) is the more useful text.
@@ -124,5 +127,14 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         }
         Err(e) => return Err(e),
     };
-    Ok(Vm { id, backend: BackendKind::Qemu, agent, children, console_log, boot_time: started.elapsed(), run_dir: run })
+    Ok(Vm {
+        id,
+        backend: BackendKind::Qemu,
+        agent,
+        children,
+        console_log,
+        console: copier,
+        boot_time: started.elapsed(),
+        run_dir: run,
+    })
 }

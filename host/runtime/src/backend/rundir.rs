@@ -20,6 +20,7 @@ impl RunDir {
     pub fn create(id: &str) -> std::io::Result<Self> {
         let vms = runtime_root().join("vms");
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&vms)?;
+        sweep_dead(&vms);
         let path = vms.join(id);
         std::fs::DirBuilder::new().mode(0o700).create(&path)?;
         Ok(Self { path })
@@ -40,10 +41,46 @@ impl Drop for RunDir {
     }
 }
 
+/// Removes run directories left by an owner that died without cleaning up (SIGKILL: its VMM
+/// died with it through PDEATHSIG, but nothing removed the directory). Ids start with the
+/// owner's pid in hex; a directory whose owner still runs (or whose pid was reused) is kept.
+fn sweep_dead(vms: &Path) {
+    for entry in std::fs::read_dir(vms).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.split('-').next()).and_then(|p| u32::from_str_radix(p, 16).ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// A VM id unique on this host: time and pid based, short enough for socket paths (108 bytes).
 pub fn new_vm_id() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static SEQ: AtomicU32 = AtomicU32::new(0);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
     format!("{:x}-{:x}-{}", std::process::id(), (nanos as u64) & 0xffff_ffff, SEQ.fetch_add(1, Ordering::Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_dirs_of_dead_owners_are_swept_and_live_ones_kept() {
+        let root = std::env::temp_dir().join(format!("umbra-sweep-{}", std::process::id()));
+        let vms = root.join("vms");
+        let dead = vms.join("7ffffffe-1-0"); // pid 0x7ffffffe is above pid_max: never alive
+        let alive = vms.join(format!("{:x}-1-0", std::process::id()));
+        let foreign = vms.join("not-a-vm");
+        for d in [&dead, &alive, &foreign] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        sweep_dead(&vms);
+        assert!(!dead.exists() && alive.exists() && foreign.exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }
