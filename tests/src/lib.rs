@@ -139,13 +139,8 @@ pub fn zombie_children(parent: u32) -> Vec<u32> {
     zombies
 }
 
-/// `~/.cache/umbra` (or `$UMBRA_CACHE_DIR`).
-pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("UMBRA_CACHE_DIR") {
-        return d.into();
-    }
-    PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/umbra")
-}
+/// `$UMBRA_CACHE_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/umbra` — the same rule vmctl uses.
+pub use umbra_runtime::paths::cache_dir;
 
 /// A built bundle of `flavor`: `$UMBRA_TEST_BUNDLE_<FLAVOR>`, else where `vmctl bundle build`
 /// puts it. Missing is a failure with the command that fixes it, never a silent skip.

@@ -2,14 +2,7 @@
 
 use std::path::PathBuf;
 
-/// `$UMBRA_CACHE_DIR`, else `~/.cache/umbra` (kernel builds, built bundles, extractions).
-pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("UMBRA_CACHE_DIR") {
-        return d.into();
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/tmp".into());
-    std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home.join(".cache")).join("umbra")
-}
+pub use umbra_runtime::paths::cache_dir;
 
 /// Bundles built by `vmctl bundle build`, one directory per flavor.
 pub fn bundles_dir() -> PathBuf {

@@ -210,21 +210,9 @@ async fn drive(
             |t: Option<Instant>| t.map(|d| d.saturating_duration_since(Instant::now())).unwrap_or(Duration::MAX);
         let event = tokio::select! {
             ev = process.next_event() => ev,
-            _ = sigint.recv() => {
-                interrupted = Some(libc::SIGINT);
-                send_signal(&process, libc::SIGINT).await;
-                escalate_at.get_or_insert(Instant::now() + KILL_GRACE);
-                continue
-            }
-            _ = sigterm.recv() => {
-                interrupted = Some(libc::SIGTERM);
-                send_signal(&process, libc::SIGTERM).await;
-                escalate_at.get_or_insert(Instant::now() + KILL_GRACE);
-                continue
-            }
-            _ = sighup.recv() => {
-                interrupted = Some(libc::SIGHUP);
-                send_signal(&process, libc::SIGHUP).await;
+            sig = forwarded_signal(sigint, sigterm, &mut sighup) => {
+                interrupted = Some(sig);
+                send_signal(&process, sig).await;
                 escalate_at.get_or_insert(Instant::now() + KILL_GRACE);
                 continue
             }
@@ -284,6 +272,19 @@ async fn drive(
     };
     stdin_task.abort();
     Ok(interrupted.map(|s| 128 + s).filter(|_| code != 0).unwrap_or(code))
+}
+
+/// The next of SIGINT, SIGTERM or SIGHUP delivered to vmctl: each is passed on to the command.
+async fn forwarded_signal(
+    sigint: &mut tokio::signal::unix::Signal,
+    sigterm: &mut tokio::signal::unix::Signal,
+    sighup: &mut tokio::signal::unix::Signal,
+) -> i32 {
+    tokio::select! {
+        _ = sigint.recv() => libc::SIGINT,
+        _ = sigterm.recv() => libc::SIGTERM,
+        _ = sighup.recv() => libc::SIGHUP,
+    }
 }
 
 /// Signals the command without letting an unresponsive agent stall the event loop.

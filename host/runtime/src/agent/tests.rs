@@ -63,6 +63,18 @@ async fn respond(agent: &mut FakeAgent, id: u32, body: ResponseBody) {
 }
 
 /// Spawns a process and confirms it; returns it with its first event consumed.
+/// A ping answered by the fake agent. Frames are routed in order, so once it returns every
+/// frame the agent sent before the answer has been delivered.
+async fn ping_round_trip(client: &AgentClient, agent: &mut FakeAgent) {
+    let ping = tokio::spawn({
+        let client = client.clone();
+        async move { client.ping().await }
+    });
+    let req = next_request(agent).await;
+    respond(agent, req.id, ResponseBody::Pong { uptime_ms: 1 }).await;
+    ping.await.unwrap().unwrap();
+}
+
 async fn spawned(client: &AgentClient, agent: &mut FakeAgent) -> Process {
     let mut p = client.spawn(SpawnRequest { argv: vec!["x".into()], ..Default::default() }).unwrap();
     let req = next_request(agent).await;
@@ -184,13 +196,7 @@ async fn stdin_credit_beyond_what_was_sent_ends_the_connection_without_panicking
     assert_eq!(data.body, &b"hello"[..]);
     // Returning what was sent is fine; the connection goes on.
     agent.send(Frame::credit(p.id(), Channel::Stdin, 5)).await.unwrap();
-    let ping = tokio::spawn({
-        let client = client.clone();
-        async move { client.ping().await }
-    });
-    let req = next_request(&mut agent).await;
-    respond(&mut agent, req.id, ResponseBody::Pong { uptime_ms: 1 }).await;
-    ping.await.unwrap().unwrap();
+    ping_round_trip(&client, &mut agent).await;
     // A grant of more than is outstanding (u32::MAX, repeatedly, would overflow the semaphore).
     agent.send(Frame::credit(p.id(), Channel::Stdin, u32::MAX)).await.unwrap();
     let (msg, _) = until_lost(&mut p).await;
@@ -300,13 +306,7 @@ async fn dropping_a_process_returns_the_credit_of_output_it_never_read() {
     }
     agent.send(Frame::data(id, Channel::Stderr, vec![b'x'; 500])).await.unwrap();
     // Frames are routed in order: once this ping is answered, the output is queued in `p`.
-    let ping = tokio::spawn({
-        let client = client.clone();
-        async move { client.ping().await }
-    });
-    let req = next_request(&mut agent).await;
-    respond(&mut agent, req.id, ResponseBody::Pong { uptime_ms: 1 }).await;
-    ping.await.unwrap().unwrap();
+    ping_round_trip(&client, &mut agent).await;
     drop(p);
     let (mut stdout, mut stderr, mut killed) = (0, 0, false);
     while !(killed && stdout == 3000 && stderr == 500) {
