@@ -5,12 +5,27 @@ use std::time::{Duration, Instant};
 
 use umbra_proto::SpawnRequest;
 use umbra_runtime::agent::{AgentClient, ProcessEvent};
-use umbra_runtime::backend::{BackendKind, BootImage, Vm, VmError, VmSpec};
+use umbra_runtime::backend::{BackendKind, BootImage, KvmKind, Vm, VmError, VmSpec};
 use umbra_tests::{cache_dir, test_bundle};
 
 /// Backends this host can run. KVM joins when the Umbra VMM lands.
+/// The backends this host runs the suite on: `UMBRA_TEST_BACKENDS` (comma list of `qemu`,
+/// `kvm`; the nested lane sets `kvm`), else QEMU plus the Umbra VMM where KVM is hardware.
 fn backends() -> Vec<BackendKind> {
-    vec![BackendKind::Qemu]
+    if let Ok(list) = std::env::var("UMBRA_TEST_BACKENDS") {
+        return list
+            .split(',')
+            .map(|n| {
+                BackendKind::from_name(n.trim())
+                    .unwrap_or_else(|| panic!("unknown backend {n:?} in UMBRA_TEST_BACKENDS"))
+            })
+            .collect();
+    }
+    let mut all = vec![BackendKind::Qemu];
+    if KvmKind::detect() == KvmKind::Hardware {
+        all.push(BackendKind::Kvm);
+    }
+    all
 }
 
 fn sh(script: &str) -> SpawnRequest {

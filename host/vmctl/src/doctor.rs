@@ -58,6 +58,18 @@ fn kvm_check() -> (KvmKind, Check) {
     (kind, Check { name: "kvm", ok, detail, fix })
 }
 
+fn vmm_check() -> Check {
+    match umbra_runtime::backend::kvm::find_vmm() {
+        Some(p) => Check { name: "umbra-vmm", ok: true, detail: p.display().to_string(), fix: None },
+        None => Check {
+            name: "umbra-vmm",
+            ok: false,
+            detail: "not found next to vmctl, on PATH or in UMBRA_VMM_BIN".into(),
+            fix: Some("cargo build -p umbra-vmm (it ships next to vmctl)".into()),
+        },
+    }
+}
+
 fn dirs_with(root: &Path, file: &str) -> Vec<String> {
     let mut found: Vec<String> = std::fs::read_dir(root)
         .into_iter()
@@ -101,6 +113,7 @@ pub fn run(args: DoctorArgs) -> i32 {
             "--version",
             "scripts/install-deps (apt-get install qemu-system-x86)",
         ),
+        vmm_check(),
         binary(
             "vhost-device-vsock",
             "UMBRA_VHOST_VSOCK",

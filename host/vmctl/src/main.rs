@@ -1,6 +1,7 @@
 //! vmctl: the operator's command line.
 
 mod bench;
+mod bench_vmm;
 mod bundle_bench;
 mod bundle_build;
 mod bundle_pull;
@@ -43,6 +44,8 @@ enum BenchCommand {
     Boot(bench::BootBenchArgs),
     /// Bundle install throughput from a local server, beside `curl | zstd -dc | sha256sum`.
     Bundle(bundle_bench::BundleBenchArgs),
+    /// The Umbra VMM: bare-guest launch -> exit and RSS; Linux boot beside QEMU on hardware KVM.
+    Vmm(bench_vmm::VmmBenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -87,6 +90,15 @@ fn main() {
             }
         },
         Command::Doctor(args) => doctor::run(args),
+        Command::Bench { command: BenchCommand::Vmm(args) } => async_main(async move {
+            match bench_vmm::vmm(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("vmctl: error: {e:#}");
+                    1
+                }
+            }
+        }),
         Command::Bench { command: BenchCommand::Boot(args) } => async_main(async move {
             match bench::boot(args).await {
                 Ok(()) => 0,

@@ -11,7 +11,7 @@ use clap::{Args, ValueEnum};
 use tokio::signal::unix::{signal, SignalKind};
 use umbra_proto::{SpawnRequest, TtySize};
 use umbra_runtime::agent::{Process, ProcessEvent};
-use umbra_runtime::backend::{BackendKind, KvmKind, Vm, VmSpec};
+use umbra_runtime::backend::{kvm, BackendKind, KvmKind, Vm, VmSpec};
 
 use crate::paths;
 use crate::tty::RawTerminal;
@@ -76,21 +76,32 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 /// Which backend `auto` picks on this host, and why.
 pub fn choose_backend(choice: BackendChoice) -> anyhow::Result<(BackendKind, String)> {
     let kvm = KvmKind::detect();
+    let vmm = kvm::find_vmm();
     match choice {
         BackendChoice::Qemu => Ok((BackendKind::Qemu, "requested".into())),
         BackendChoice::Kvm => {
-            bail!("the kvm backend (the Umbra VMM) is not built yet; use --backend qemu (this host's KVM: {kvm:?})")
+            if kvm == KvmKind::Absent {
+                bail!("--backend kvm needs /dev/kvm, and this host has no usable one; use --backend qemu");
+            }
+            if vmm.is_none() {
+                bail!("--backend kvm needs umbra-vmm next to vmctl, on PATH or in UMBRA_VMM_BIN");
+            }
+            let note =
+                if kvm == KvmKind::Pvm { " (warning: /dev/kvm is kvm_pvm, which cannot boot Linux)" } else { "" };
+            Ok((BackendKind::Kvm, format!("requested{note}")))
         }
-        BackendChoice::Auto => Ok((
-            BackendKind::Qemu,
-            match kvm {
-                KvmKind::Hardware => {
-                    "hardware KVM found; qemu with -accel kvm (the Umbra VMM backend is not built yet)".into()
-                }
-                KvmKind::Pvm => "/dev/kvm is kvm_pvm, which cannot boot a Linux guest; qemu with TCG emulation".into(),
-                KvmKind::Absent => "no usable /dev/kvm; qemu with TCG emulation".into(),
-            },
-        )),
+        BackendChoice::Auto => Ok(match (kvm, vmm) {
+            (KvmKind::Hardware, Some(_)) => (BackendKind::Kvm, "hardware KVM (VT-x/AMD-V): the Umbra VMM".into()),
+            (KvmKind::Hardware, None) => (
+                BackendKind::Qemu,
+                "hardware KVM found but umbra-vmm is missing (build it next to vmctl); qemu with -accel kvm".into(),
+            ),
+            (KvmKind::Pvm, _) => (
+                BackendKind::Qemu,
+                "/dev/kvm is kvm_pvm, which cannot boot a Linux guest; qemu with TCG emulation".into(),
+            ),
+            (KvmKind::Absent, _) => (BackendKind::Qemu, "no usable /dev/kvm; qemu with TCG emulation".into()),
+        }),
     }
 }
 

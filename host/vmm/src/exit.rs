@@ -1,15 +1,21 @@
 //! How a VM ended. Each outcome maps to its own process exit status so the runtime can tell a
 //! clean guest shutdown from a crash without parsing text.
 
+/// The `umbra-vmm` exit status when the VMM itself failed (bad configuration, KVM refused a
+/// setup step); the message is on stderr.
+pub const VMM_ERROR_STATUS: i32 = 1;
+
 /// Why the VM stopped running.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VmExit {
     /// The guest asked for a reset through the i8042 (Linux `reboot=k`): a clean shutdown, since
     /// a microVM never reboots in place.
     Reset,
-    /// The vCPU triple-faulted (KVM_EXIT_SHUTDOWN), e.g. Linux `reboot=t`, or a crash.
+    /// The guest kernel panicked (it then resets; the console says why).
+    GuestPanic,
+    /// The vCPU triple-faulted (KVM_EXIT_SHUTDOWN): a guest crash.
     TripleFault,
-    /// The vCPU halted with interrupts off: nothing can wake it.
+    /// The vCPU halted with interrupts off and no irqchip to wake it (bare guests only).
     Halted,
     /// KVM could not run the guest, or the guest did something the VMM cannot emulate.
     Internal(String),
@@ -20,9 +26,21 @@ impl VmExit {
     pub fn status(&self) -> i32 {
         match self {
             VmExit::Reset => 0,
-            VmExit::TripleFault => 2,
-            VmExit::Halted => 3,
-            VmExit::Internal(_) => 4,
+            VmExit::GuestPanic => 2,
+            VmExit::TripleFault => 3,
+            VmExit::Halted => 4,
+            VmExit::Internal(_) => 5,
+        }
+    }
+
+    /// A one-line description for logs and error messages.
+    pub fn describe(&self) -> String {
+        match self {
+            VmExit::Reset => "the guest shut down".into(),
+            VmExit::GuestPanic => "the guest kernel panicked".into(),
+            VmExit::TripleFault => "the guest triple-faulted (crashed)".into(),
+            VmExit::Halted => "the vCPU halted with interrupts off".into(),
+            VmExit::Internal(why) => format!("VMM internal error: {why}"),
         }
     }
 }

@@ -7,6 +7,7 @@
 mod children;
 pub mod console;
 pub mod host;
+pub mod kvm;
 mod qemu;
 mod rundir;
 
@@ -30,7 +31,27 @@ pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=t quiet panic=-1";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
+    /// Umbra's own VMM (`umbra-vmm`) on KVM.
+    Kvm,
+    /// QEMU `-M microvm`: the headless test harness and the fallback.
     Qemu,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Kvm => "kvm",
+            BackendKind::Qemu => "qemu",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "kvm" => Some(BackendKind::Kvm),
+            "qemu" => Some(BackendKind::Qemu),
+            _ => None,
+        }
+    }
 }
 
 /// What to boot, extracted from a verified bundle.
@@ -104,6 +125,7 @@ impl Vm {
     /// Boots `spec` on `backend` and waits for the agent.
     pub async fn launch(backend: BackendKind, spec: &VmSpec) -> Result<Self, VmError> {
         match backend {
+            BackendKind::Kvm => kvm::launch(spec).await,
             BackendKind::Qemu => qemu::launch(spec).await,
         }
     }
@@ -130,16 +152,16 @@ impl Vm {
         let dead = self.children.iter_mut().find_map(|c| c.try_exited().map(|s| (c.name, s)));
         match dead {
             None => Ok(()),
-            Some((name, status)) => Err(self.died(name, &status.to_string())),
+            Some((name, status)) => Err(self.died(name, status)),
         }
     }
 
-    fn died(&self, name: &str, status: &str) -> VmError {
+    fn died(&self, name: &str, status: std::process::ExitStatus) -> VmError {
         self.console.wait_drained(CONSOLE_DRAIN);
         let console = self.console_tail(console::ERROR_CONTEXT_LINES);
         let reason = match console::diagnose(&console) {
             Some(why) => why.to_string(),
-            None => format!("{name} exited: {status}"),
+            None => exit_reason(name, status),
         };
         VmError::GuestDied { reason, console }
     }
@@ -184,6 +206,14 @@ impl Drop for Vm {
     }
 }
 
+/// Why a helper's exit ended the VM: umbra-vmm's status says what happened to the guest.
+fn exit_reason(name: &str, status: std::process::ExitStatus) -> String {
+    match (name, kvm::describe_exit(status.code())) {
+        ("umbra-vmm", Some(why)) => format!("{why} (umbra-vmm {status})"),
+        _ => format!("{name} exited: {status}"),
+    }
+}
+
 /// Polls the agent through the hybrid vsock socket with exponential backoff from 2 ms, while
 /// watching that the helpers stay alive.
 async fn wait_for_agent(
@@ -200,8 +230,7 @@ async fn wait_for_agent(
         if let Some((name, status)) = children.iter_mut().find_map(|c| c.try_exited().map(|s| (c.name, s))) {
             copier.wait_drained(CONSOLE_DRAIN);
             let console = console::tail(console_log, console::ERROR_CONTEXT_LINES);
-            let reason =
-                console::diagnose(&console).map(str::to_string).unwrap_or_else(|| format!("{name} exited: {status}"));
+            let reason = console::diagnose(&console).map(str::to_string).unwrap_or_else(|| exit_reason(name, status));
             return Err(VmError::GuestDied { reason: format!("during boot: {reason}"), console });
         }
         if vsock_uds.exists() {

@@ -1,4 +1,6 @@
 //! Emulated devices. `legacy/` holds the PC devices a microVM keeps: the 8250 serial console and
-//! the i8042 controller (only its reset line).
+//! the i8042 controller (only its reset line). `virtio/` holds the virtio-mmio transport and the
+//! paravirtual devices behind it.
 
 pub mod legacy;
+pub mod virtio;

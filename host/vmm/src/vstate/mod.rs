@@ -1,6 +1,8 @@
 //! The VM's own state: guest memory, the KVM VM, its vCPUs.
 
+pub mod cpu_model;
 pub mod memory;
+pub mod regs;
 pub mod vcpu;
 pub mod vm;
 
@@ -11,6 +13,8 @@ pub enum VstateError {
     Kvm(kvm_ioctls::Error),
     #[error("KVM {step} failed: {source}")]
     Ioctl { step: &'static str, source: kvm_ioctls::Error },
+    #[error("vCPU setup: {0}")]
+    Setup(String),
     #[error("guest memory: {0}")]
     Memory(String),
     #[error("{what} does not fit in guest memory at {addr:#x}")]

@@ -1,11 +1,14 @@
-//! The KVM VM: its fd and the guest memory registered with it.
+//! The KVM VM: its fd, the guest memory registered with it, the in-kernel interrupt
+//! controllers, and the irqfd/ioeventfd plumbing that lets devices bypass the vCPU threads.
 
-use kvm_bindings::kvm_userspace_memory_region;
-use kvm_ioctls::{Kvm, VmFd};
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{IoEventAddress, Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::memory::GuestMemory;
 use super::VstateError;
+use crate::boot::layout::KVM_TSS_ADDRESS;
 
 pub struct Vm {
     pub kvm: Kvm,
@@ -34,5 +37,28 @@ impl Vm {
                 .map_err(|source| VstateError::Ioctl { step: "register guest memory", source })?;
         }
         Ok(Self { kvm, fd, memory })
+    }
+
+    /// The in-kernel PIC, IOAPIC, LAPICs and PIT a Linux guest needs. Must precede the vCPUs.
+    pub fn setup_irqchip(&self) -> Result<(), VstateError> {
+        self.fd
+            .set_tss_address(KVM_TSS_ADDRESS)
+            .map_err(|source| VstateError::Ioctl { step: "set TSS address", source })?;
+        self.fd.create_irq_chip().map_err(|source| VstateError::Ioctl { step: "create irqchip", source })?;
+        // The PC speaker port is a no-op rather than an exit per beep.
+        let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+        self.fd.create_pit2(pit).map_err(|source| VstateError::Ioctl { step: "create PIT", source })
+    }
+
+    /// Writes to `evt` raise `gsi` on the in-kernel irqchip.
+    pub fn register_irqfd(&self, evt: &EventFd, gsi: u32) -> Result<(), VstateError> {
+        self.fd.register_irqfd(evt, gsi).map_err(|source| VstateError::Ioctl { step: "register irqfd", source })
+    }
+
+    /// A 4-byte guest write of `value` at `addr` signals `evt` inside KVM, without an exit.
+    pub fn register_mmio_ioeventfd(&self, evt: &EventFd, addr: u64, value: u32) -> Result<(), VstateError> {
+        self.fd
+            .register_ioevent(evt, &IoEventAddress::Mmio(addr), value)
+            .map_err(|source| VstateError::Ioctl { step: "register ioeventfd", source })
     }
 }

@@ -16,6 +16,10 @@ impl LegacyBus {
         Self { serial: SerialConsole::new(console), i8042: I8042::default() }
     }
 
+    pub fn with_serial(serial: SerialConsole) -> Self {
+        Self { serial, i8042: I8042::default() }
+    }
+
     pub fn write(&mut self, port: u16, data: &[u8]) {
         if COM1_PORT_RANGE.contains(&port) {
             self.serial.write(port, data);

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use vm_superio::serial::NoEvents;
 use vm_superio::{Serial, Trigger};
+use vmm_sys_util::eventfd::EventFd;
 
 pub const COM1_BASE: u16 = 0x3f8;
 pub const COM1_PORT_RANGE: std::ops::Range<u16> = 0x3f8..0x400;
@@ -22,9 +23,14 @@ pub struct ConsoleLog {
     inner: Arc<Mutex<ConsoleState>>,
 }
 
+/// The log file stops growing here (a chatty or hostile guest must not fill the disk); the last
+/// lines are still kept in memory.
+const MAX_FILE_BYTES: u64 = 16 << 20;
+
 #[derive(Default)]
 struct ConsoleState {
     file: Option<std::fs::File>,
+    file_bytes: u64,
     lines: VecDeque<String>,
     partial: Vec<u8>,
 }
@@ -50,8 +56,18 @@ impl ConsoleLog {
 impl Write for ConsoleLog {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let mut s = self.inner.lock().expect("console lock");
-        if let Some(f) = s.file.as_mut() {
-            f.write_all(buf)?;
+        if s.file.is_some() && s.file_bytes < MAX_FILE_BYTES {
+            let take = buf.len().min((MAX_FILE_BYTES - s.file_bytes) as usize);
+            s.file_bytes += take as u64;
+            let full = s.file_bytes == MAX_FILE_BYTES;
+            if let Some(f) = s.file.as_mut() {
+                // A console that cannot be written (closed pipe, full disk) must not stop the
+                // guest: the bytes are dropped, the last lines still kept.
+                let _ = f.write_all(&buf[..take]);
+                if full {
+                    let _ = f.write_all(b"\n[umbra-vmm: console log truncated at 16 MiB]\n");
+                }
+            }
         }
         for &b in buf {
             match b {
@@ -75,24 +91,32 @@ impl Write for ConsoleLog {
     }
 }
 
-/// Serial interrupts are not wired yet (polled console output needs none); the trigger is a
-/// no-op until the in-kernel irqchip routes IRQ 4.
-pub struct NoInterrupt;
+/// The serial IRQ line: an irqfd on IRQ 4 under Linux (its tty layer waits for the
+/// transmit-empty interrupt), nothing for bare guests that only poll.
+pub struct IrqLine(Option<EventFd>);
 
-impl Trigger for NoInterrupt {
+impl Trigger for IrqLine {
     type E = io::Error;
     fn trigger(&self) -> io::Result<()> {
-        Ok(())
+        match &self.0 {
+            Some(evt) => evt.write(1),
+            None => Ok(()),
+        }
     }
 }
 
 pub struct SerialConsole {
-    serial: Serial<NoInterrupt, NoEvents, ConsoleLog>,
+    serial: Serial<IrqLine, NoEvents, ConsoleLog>,
 }
 
 impl SerialConsole {
     pub fn new(log: ConsoleLog) -> Self {
-        Self { serial: Serial::new(NoInterrupt, log) }
+        Self { serial: Serial::new(IrqLine(None), log) }
+    }
+
+    /// A console whose interrupts are signalled on `irq`.
+    pub fn with_interrupt(log: ConsoleLog, irq: EventFd) -> Self {
+        Self { serial: Serial::new(IrqLine(Some(irq)), log) }
     }
 
     /// A byte written to `port` (COM1_BASE + offset). Out-of-range offsets are ignored.

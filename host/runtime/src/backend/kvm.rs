@@ -1,0 +1,118 @@
+//! The `kvm` backend: Umbra's own VMM (`umbra-vmm`), one process per VM, configured by a
+//! `vm.json` in the VM's run directory. Its vsock device serves the same hybrid Unix socket as
+//! QEMU's vhost-device-vsock, so the agent connection is the same code; no helper daemons.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use super::console::ConsoleCopier;
+use super::host::find_binary;
+use super::rundir::{new_vm_id, RunDir};
+use super::{wait_for_agent, BackendKind, Supervised, Vm, VmError, VmSpec};
+
+/// `reboot=k`: the guest's reboot (how the agent ends the VM) pulses the i8042 reset line,
+/// which umbra-vmm reports as a clean exit; a triple fault then always means a crash.
+pub const KVM_CMDLINE: &str = "console=ttyS0 reboot=k quiet panic=-1";
+const GUEST_CID: u64 = 3;
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmError {
+    let what = what.into();
+    move |source| VmError::Io { what, source }
+}
+
+/// umbra-vmm: `UMBRA_VMM_BIN`, then next to the running executable (vmctl and umbra-vmm ship
+/// together), then PATH.
+pub fn find_vmm() -> Option<PathBuf> {
+    if std::env::var_os("UMBRA_VMM_BIN").is_some() {
+        return find_binary("umbra-vmm", "UMBRA_VMM_BIN");
+    }
+    let beside = std::env::current_exe().ok().and_then(|exe| {
+        // Test binaries live one level down, in target/<profile>/deps.
+        let dir = exe.parent()?.to_path_buf();
+        [dir.join("umbra-vmm"), dir.parent()?.join("umbra-vmm")].into_iter().find(|p| p.is_file())
+    });
+    beside.or_else(|| find_binary("umbra-vmm", "UMBRA_VMM_BIN"))
+}
+
+/// The VM description umbra-vmm reads (its `config::VmConfig`).
+pub fn vm_config(spec: &VmSpec, vsock_uds: &Path) -> serde_json::Value {
+    let mut disks = Vec::new();
+    if let Some(rootfs) = &spec.image.rootfs {
+        disks.push(serde_json::json!({ "path": rootfs, "read_only": true }));
+    }
+    let cmdline = format!("{KVM_CMDLINE} {}", spec.image.cmdline);
+    let mut cfg = serde_json::json!({
+        "kernel": spec.image.kernel,
+        "cmdline": cmdline.trim(),
+        "cpus": spec.cpus,
+        "memory_mib": spec.memory_mib,
+        "disks": disks,
+        "vsock": { "guest_cid": GUEST_CID, "uds_path": vsock_uds },
+    });
+    if let Some(initrd) = &spec.image.initrd {
+        cfg["initrd"] = serde_json::json!(initrd);
+    }
+    cfg
+}
+
+/// What an umbra-vmm exit status means (see umbra_vmm::exit).
+pub fn describe_exit(code: Option<i32>) -> Option<&'static str> {
+    match code? {
+        0 => Some("the guest shut down"),
+        1 => Some("umbra-vmm failed (see its log)"),
+        2 => Some("the guest kernel panicked"),
+        3 => Some("the guest triple-faulted (crashed)"),
+        4 => Some("the guest vCPU halted for good"),
+        5 => Some("KVM could not run the guest (internal error)"),
+        _ => None,
+    }
+}
+
+pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
+    let started = Instant::now();
+    let vmm = find_vmm().ok_or(VmError::Missing {
+        what: "umbra-vmm",
+        fix: "build it (cargo build -p umbra-vmm) and keep it next to vmctl, or set UMBRA_VMM_BIN",
+    })?;
+    let id = new_vm_id();
+    let run = RunDir::create(&id).map_err(io("create the VM run directory"))?;
+    let vsock_uds = run.join("vsock.sock");
+    let console_log = run.join("console.log");
+    let vmm_log = run.join("umbra-vmm.log");
+    let config = run.join("vm.json");
+    let text = serde_json::to_vec_pretty(&vm_config(spec, &vsock_uds)).expect("JSON values serialise");
+    std::fs::write(&config, text).map_err(io(format!("write {}", config.display())))?;
+
+    let mut cmd = Command::new(&vmm);
+    cmd.arg("--config")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&vmm_log).map_err(io(format!("create {}", vmm_log.display())))?);
+    let mut child = Supervised::spawn("umbra-vmm", cmd).map_err(io(format!("start {}", vmm.display())))?;
+    let console_out = child.take_stdout().expect("umbra-vmm spawned with a stdout pipe");
+    let copier = ConsoleCopier::start(console_out, console_log.clone()).map_err(io("start the console copier"))?;
+    let mut children = vec![child];
+
+    let agent = match wait_for_agent(&vsock_uds, &mut children, &console_log, &copier, spec.boot_timeout).await {
+        Ok(a) => a,
+        Err(VmError::GuestDied { reason, console }) => {
+            // umbra-vmm's own message (bad kernel, KVM refused a step) says more than the console.
+            let log = std::fs::read_to_string(&vmm_log).unwrap_or_default();
+            let console = if log.trim().is_empty() { console } else { format!("{console}\n{}", log.trim()) };
+            return Err(VmError::GuestDied { reason, console });
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(Vm {
+        id,
+        backend: BackendKind::Kvm,
+        agent,
+        children,
+        console_log,
+        console: copier,
+        boot_time: started.elapsed(),
+        run_dir: run,
+    })
+}

@@ -1,0 +1,186 @@
+//! `vmctl bench vmm`: the Umbra VMM's own costs, each beside an anchor measured in the same run.
+//!
+//! - Bare guest (any KVM, including kvm_pvm): `umbra-vmm` launch → first serial byte → exit for
+//!   a guest that prints one byte and resets, median of N, beside a native process spawn →
+//!   exit (`/bin/true`); and umbra-vmm's resident memory excluding guest memory (RSS minus the
+//!   shared memfd pages), read from /proc while a bare guest spins.
+//! - Linux (hardware KVM only, e.g. inside the nested lane): launch → agent ready on the `kvm`
+//!   backend beside the `qemu` backend booting the same bundle, as a ratio.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use umbra_runtime::backend::{kvm, BackendKind, BootImage, KvmKind, Vm, VmSpec};
+use umbra_vmm::bare::BareGuest;
+
+use crate::paths;
+
+#[derive(Args, Debug)]
+pub struct VmmBenchArgs {
+    /// Runs of the bare-guest launch → exit measurement.
+    #[arg(long, default_value_t = 20)]
+    runs: usize,
+    /// Runs of each backend's Linux boot (hardware KVM only).
+    #[arg(long, default_value_t = 5)]
+    boot_runs: usize,
+    #[arg(long, default_value = "minimal")]
+    bundle: String,
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// One bare run: (launch → first console byte, launch → exit).
+fn bare_once(vmm: &Path, elf: &Path) -> anyhow::Result<(Duration, Duration)> {
+    let t = Instant::now();
+    let mut child = Command::new(vmm)
+        .arg("--kernel")
+        .arg(elf)
+        .args(["--memory", "32", "--no-rng"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("start umbra-vmm")?;
+    let mut first = [0u8; 1];
+    let mut stdout = child.stdout.take().expect("piped");
+    let n = stdout.read(&mut first).context("read the guest console")?;
+    let first_byte = t.elapsed();
+    let status = child.wait()?;
+    let exited = t.elapsed();
+    if n != 1 || !status.success() {
+        let mut err = String::new();
+        child.stderr.take().expect("piped").read_to_string(&mut err)?;
+        bail!("the bare guest did not print and reset ({status}): {err}");
+    }
+    Ok((first_byte, exited))
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// umbra-vmm's RSS without guest memory, for a spinning guest of `memory_mib`.
+fn rss_without_guest(vmm: &Path, elf: &Path, memory_mib: u32) -> anyhow::Result<(u64, u64)> {
+    let mut child = Command::new(vmm)
+        .arg("--kernel")
+        .arg(elf)
+        .args(["--memory", &memory_mib.to_string(), "--no-rng"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start umbra-vmm")?;
+    let mut first = [0u8; 1];
+    child.stdout.take().expect("piped").read_exact(&mut first).context("read the guest console")?;
+    std::thread::sleep(Duration::from_millis(200));
+    let (rss, shmem) = (status_kib(child.id(), "VmRSS:"), status_kib(child.id(), "RssShmem:"));
+    let _ = child.kill();
+    let _ = child.wait();
+    match (rss, shmem) {
+        (Some(rss), Some(shmem)) => Ok((rss.saturating_sub(shmem), rss)),
+        _ => bail!("cannot read /proc/{}/status", child.id()),
+    }
+}
+
+fn spawn_anchor(runs: usize) -> anyhow::Result<Duration> {
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        Command::new("/bin/true").status().context("run /bin/true")?;
+        times.push(t.elapsed());
+    }
+    Ok(median(times))
+}
+
+fn temp_elf(guest: &BareGuest, tag: &str) -> anyhow::Result<PathBuf> {
+    let path = std::env::temp_dir().join(format!("umbra-bench-{tag}-{}.elf", std::process::id()));
+    std::fs::write(&path, guest.to_elf())?;
+    Ok(path)
+}
+
+async fn linux_boots(args: &VmmBenchArgs) -> anyhow::Result<()> {
+    let dir = crate::run::bundle_dir(&args.bundle)?;
+    let image = BootImage::from_bundle_dir(&dir, &paths::extracted_dir())?;
+    let runs = args.boot_runs.max(1);
+    let mut medians = Vec::new();
+    for backend in [BackendKind::Qemu, BackendKind::Kvm] {
+        let mut times = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let vm = Vm::launch(backend, &VmSpec::new(image.clone())).await?;
+            times.push(vm.boot_time);
+            vm.shutdown().await;
+        }
+        let m = median(times);
+        println!("{:<40} median {:>8.1} ms", format!("linux: {} launch -> agent ready", backend.name()), ms(m));
+        medians.push(m);
+    }
+    println!(
+        "ratio umbra-vmm / qemu (launch -> agent ready, bundle {}): {:.2}",
+        image.version,
+        medians[1].as_secs_f64() / medians[0].as_secs_f64()
+    );
+    Ok(())
+}
+
+pub async fn vmm(args: VmmBenchArgs) -> anyhow::Result<()> {
+    let vmm = kvm::find_vmm().context("umbra-vmm not found (build it next to vmctl or set UMBRA_VMM_BIN)")?;
+    let kvm_kind = KvmKind::detect();
+    if kvm_kind == KvmKind::Absent {
+        bail!("no usable /dev/kvm");
+    }
+    let runs = args.runs.max(1);
+    println!("umbra-vmm {} · /dev/kvm: {kvm_kind:?} · {runs} runs", vmm.display());
+
+    let reset = temp_elf(&BareGuest::new().print("x").reset(), "reset")?;
+    let spin = temp_elf(&BareGuest::new().print("x").spin(), "spin")?;
+    let result = (|| -> anyhow::Result<()> {
+        let anchor = spawn_anchor(runs)?;
+        let mut first = Vec::with_capacity(runs);
+        let mut exit = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let (f, e) = bare_once(&vmm, &reset)?;
+            first.push(f);
+            exit.push(e);
+        }
+        let (first, exit) = (median(first), median(exit));
+        println!("{:<40} median {:>8.2} ms", "anchor: native spawn -> exit (/bin/true)", ms(anchor));
+        println!("{:<40} median {:>8.2} ms", "bare guest: launch -> first serial byte", ms(first));
+        println!(
+            "{:<40} median {:>8.2} ms   ratio {:.1}x the anchor",
+            "bare guest: launch -> exit",
+            ms(exit),
+            exit.as_secs_f64() / anchor.as_secs_f64()
+        );
+        for mib in [32, 512] {
+            let (own, total) = rss_without_guest(&vmm, &spin, mib)?;
+            println!(
+                "{:<40} {:>8.2} MiB (RSS {:.2} MiB incl. touched guest memory)",
+                format!("umbra-vmm RSS excl. guest memory ({mib} MiB guest)"),
+                own as f64 / 1024.0,
+                total as f64 / 1024.0
+            );
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&reset);
+    let _ = std::fs::remove_file(&spin);
+    result?;
+
+    if kvm_kind == KvmKind::Hardware {
+        linux_boots(&args).await
+    } else {
+        println!("linux boot comparison skipped: /dev/kvm is kvm_pvm, which cannot boot Linux (run it in scripts/nested-lane)");
+        Ok(())
+    }
+}

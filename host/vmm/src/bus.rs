@@ -1,0 +1,63 @@
+//! The guest's I/O buses: port I/O for the legacy devices, MMIO for the virtio-mmio windows.
+//! Shared by every vCPU thread; each device sits behind its own lock so vCPUs touching
+//! different devices do not serialise.
+
+use std::sync::Mutex;
+
+use crate::devices::legacy::LegacyBus;
+use crate::devices::virtio::mmio::{MmioTransport, MMIO_WINDOW};
+
+pub struct IoBus {
+    legacy: Mutex<LegacyBus>,
+    mmio: Vec<(u64, Mutex<MmioTransport>)>,
+}
+
+/// What a port write asked of the VMM.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PioOutcome {
+    Continue,
+    /// The guest pulsed the reset line (i8042 command 0xFE).
+    Reset,
+}
+
+impl IoBus {
+    /// `mmio` lists each device with the base of its window.
+    pub fn new(legacy: LegacyBus, mmio: Vec<(u64, MmioTransport)>) -> Self {
+        Self { legacy: Mutex::new(legacy), mmio: mmio.into_iter().map(|(base, t)| (base, Mutex::new(t))).collect() }
+    }
+
+    pub fn pio_write(&self, port: u16, data: &[u8]) -> PioOutcome {
+        let mut legacy = self.legacy.lock().unwrap_or_else(|p| p.into_inner());
+        legacy.write(port, data);
+        if legacy.i8042.reset_requested() {
+            PioOutcome::Reset
+        } else {
+            PioOutcome::Continue
+        }
+    }
+
+    pub fn pio_read(&self, port: u16, data: &mut [u8]) {
+        self.legacy.lock().unwrap_or_else(|p| p.into_inner()).read(port, data);
+    }
+
+    fn find(&self, addr: u64) -> Option<(&Mutex<MmioTransport>, u64)> {
+        self.mmio
+            .iter()
+            .find(|(base, _)| addr >= *base && addr - *base < MMIO_WINDOW)
+            .map(|(base, dev)| (dev, addr - base))
+    }
+
+    /// Reads from an address no device claims see all ones, as on real hardware.
+    pub fn mmio_read(&self, addr: u64, data: &mut [u8]) {
+        match self.find(addr) {
+            Some((dev, offset)) => dev.lock().unwrap_or_else(|p| p.into_inner()).read(offset, data),
+            None => data.fill(0xff),
+        }
+    }
+
+    pub fn mmio_write(&self, addr: u64, data: &[u8]) {
+        if let Some((dev, offset)) = self.find(addr) {
+            dev.lock().unwrap_or_else(|p| p.into_inner()).write(offset, data);
+        }
+    }
+}

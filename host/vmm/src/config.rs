@@ -1,0 +1,144 @@
+//! The microVM a `umbra-vmm` process runs, as JSON (`--config vm.json`) and/or flags.
+//!
+//! ```json
+//! { "kernel": "vmlinux", "initrd": "initramfs.cpio.zst", "cmdline": "console=ttyS0 reboot=k",
+//!   "cpus": 2, "memory_mib": 512,
+//!   "disks": [{ "path": "rootfs.erofs", "read_only": true }, { "path": "scratch.img" }],
+//!   "vsock": { "guest_cid": 3, "uds_path": "/run/user/1000/umbra/vms/x/vsock.sock" },
+//!   "console_log": "console.log", "rng": true }
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::boot::layout::{IRQ_MAX, VIRTIO_IRQ_START};
+use crate::boot::mptable::MAX_CPUS;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfig {
+    pub kernel: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<PathBuf>,
+    #[serde(default)]
+    pub cmdline: String,
+    #[serde(default = "default_cpus")]
+    pub cpus: u8,
+    #[serde(default = "default_memory_mib")]
+    pub memory_mib: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<DiskConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock: Option<VsockConfig>,
+    /// Where the serial console goes; standard output when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console_log: Option<PathBuf>,
+    #[serde(default = "default_true")]
+    pub rng: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskConfig {
+    pub path: PathBuf,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VsockConfig {
+    pub guest_cid: u64,
+    /// The hybrid vsock socket: hosts connect here and send `CONNECT <port>\n`; guest
+    /// connections to host port P go to `<uds_path>_P`.
+    pub uds_path: PathBuf,
+}
+
+fn default_cpus() -> u8 {
+    1
+}
+fn default_memory_mib() -> u32 {
+    256
+}
+fn default_true() -> bool {
+    true
+}
+
+/// Memory bounds: enough for a kernel and initramfs; at most what the host has, and never
+/// more than a 64-bit guest with our page tables can address sensibly.
+pub const MIN_MEMORY_MIB: u32 = 32;
+pub const MAX_MEMORY_MIB: u32 = 1 << 20;
+/// Disks, vsock and rng each take one IRQ between VIRTIO_IRQ_START and IRQ_MAX.
+pub const MAX_DEVICES: u32 = IRQ_MAX - VIRTIO_IRQ_START + 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path} is not a valid VM config: {source}")]
+    Parse { path: String, source: serde_json::Error },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl VmConfig {
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text =
+            std::fs::read(path).map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        serde_json::from_slice(&text).map_err(|source| ConfigError::Parse { path: path.display().to_string(), source })
+    }
+
+    pub fn device_count(&self) -> u32 {
+        self.disks.len() as u32 + self.vsock.is_some() as u32 + self.rng as u32
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self.cpus == 0 || self.cpus > MAX_CPUS {
+            return invalid(format!("cpus must be 1 to {MAX_CPUS}, not {}", self.cpus));
+        }
+        if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&self.memory_mib) {
+            return invalid(format!(
+                "memory_mib must be {MIN_MEMORY_MIB} to {MAX_MEMORY_MIB}, not {}",
+                self.memory_mib
+            ));
+        }
+        if self.device_count() > MAX_DEVICES {
+            return invalid(format!("{} virtio devices requested; at most {MAX_DEVICES} fit", self.device_count()));
+        }
+        if let Some(v) = &self.vsock {
+            // 0–2 are reserved (hypervisor, local, host); u32::MAX is VMADDR_CID_ANY.
+            if v.guest_cid < 3 || v.guest_cid >= u32::MAX as u64 {
+                return invalid(format!("vsock guest_cid must be 3 to {}, not {}", u32::MAX - 1, v.guest_cid));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_minimal_config_gets_defaults() {
+        let c: VmConfig = serde_json::from_str(r#"{"kernel":"vmlinux"}"#).unwrap();
+        assert_eq!((c.cpus, c.memory_mib, c.rng), (1, 256, true));
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn typos_and_bad_values_are_refused_by_name() {
+        let e = serde_json::from_str::<VmConfig>(r#"{"kernel":"k","memory":1}"#).unwrap_err().to_string();
+        assert!(e.contains("unknown field `memory`"), "{e}");
+        let mut c: VmConfig = serde_json::from_str(r#"{"kernel":"k","cpus":0}"#).unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("cpus must be 1 to 32"));
+        c.cpus = 1;
+        c.vsock = Some(VsockConfig { guest_cid: 2, uds_path: "s".into() });
+        assert!(c.validate().unwrap_err().to_string().contains("guest_cid"));
+        c.vsock = None;
+        c.disks = (0..20).map(|i| DiskConfig { path: format!("d{i}").into(), read_only: true }).collect();
+        assert!(c.validate().unwrap_err().to_string().contains("virtio devices"));
+    }
+}

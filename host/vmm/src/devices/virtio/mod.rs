@@ -1,0 +1,92 @@
+//! Virtio devices (virtio 1.2) on the MMIO transport.
+//!
+//! Each device implements [`VirtioDevice`]: the transport ([`mmio`]) owns the register file,
+//! feature negotiation and queue setup, and hands the device its ready queues on activation.
+//! A device processes its queues on its own worker thread (Cloud Hypervisor's model: a slow disk
+//! never stalls the vsock stream), woken by the queues' ioeventfds; the queue-processing code is
+//! plain synchronous functions over guest memory so lane-(a) tests drive it without a vCPU.
+//!
+//! Everything read from a virtqueue is hostile: descriptor chains are walked by `virtio-queue`
+//! (bounded by the queue size, so loops end) and every length and address is checked before use.
+//! A malformed request fails that request; a device that cannot go on marks itself failed
+//! (DEVICE_NEEDS_RESET) — the VMM never panics or hangs on guest input.
+
+pub mod block;
+pub mod mmio;
+pub mod rng;
+pub mod vsock;
+pub mod worker;
+
+use std::sync::Arc;
+
+use virtio_queue::Queue;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::vstate::memory::GuestMemory;
+
+/// Virtio device IDs (virtio 1.2 §5).
+pub mod device_type {
+    pub const BLOCK: u32 = 2;
+    pub const RNG: u32 = 4;
+    pub const VSOCK: u32 = 19;
+    pub const FS: u32 = 26;
+}
+
+/// Feature bits shared by every device (virtio 1.2 §6).
+pub mod features {
+    /// The device is modern (virtio 1.x); the only kind Umbra offers.
+    pub const VIRTIO_F_VERSION_1: u32 = 32;
+}
+
+/// How a device tells the driver something happened: sets the interrupt status bit and injects
+/// the device's IRQ (through an irqfd on KVM).
+pub trait Interrupt: Send + Sync {
+    /// Buffers were added to a used ring.
+    fn signal_used_queue(&self);
+    /// The configuration space changed.
+    fn signal_config_change(&self);
+}
+
+/// A queue handed to a device at activation, with the eventfd the driver's notifications land on.
+pub struct ActiveQueue {
+    pub queue: Queue,
+    pub notify: EventFd,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActivateError {
+    #[error("the driver set up {got} queues, the device needs {want}")]
+    QueueCount { want: usize, got: usize },
+    #[error("cannot start the device worker: {0}")]
+    Worker(std::io::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A virtio device behind the MMIO transport.
+pub trait VirtioDevice: Send {
+    /// The virtio device ID (see [`device_type`]).
+    fn device_type(&self) -> u32;
+    /// The maximum size of each queue; its length is the number of queues.
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Device-specific feature bits offered (the transport adds VIRTIO_F_VERSION_1).
+    fn avail_features(&self) -> u64;
+    /// Reads the device configuration space; bytes past its end read as zero.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Writes the device configuration space; most devices ignore it.
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+    /// Starts the device with the negotiated features and ready queues: from here on it
+    /// processes requests on its own worker until reset or VM exit.
+    fn activate(
+        &mut self,
+        mem: GuestMemory,
+        interrupt: Arc<dyn Interrupt>,
+        acked_features: u64,
+        queues: Vec<ActiveQueue>,
+    ) -> Result<(), ActivateError>;
+    /// Stops the worker and drops the queues, so the driver can set the device up again.
+    /// Returns false if the device cannot be reset (the transport then marks it failed).
+    fn reset(&mut self) -> bool {
+        false
+    }
+}

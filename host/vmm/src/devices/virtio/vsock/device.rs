@@ -1,0 +1,134 @@
+//! The virtio-vsock device (virtio 1.2 §5.10) as the MMIO transport sees it: device ID 19,
+//! three queues, an 8-byte configuration space holding the guest CID, no feature bits of its
+//! own (stream sockets are implicit; VIRTIO_VSOCK_F_SEQPACKET is not offered).
+//!
+//! The device is a shell around the [`VsockMuxer`]: while the driver has not activated it the
+//! muxer sits here (its listener bound, host connections waiting in the backlog); activation
+//! moves it onto a [`Worker`] thread, and reset brings it back with its connections dropped, so
+//! the socket path survives a driver reload.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::muxer::VsockMuxer;
+use super::worker::Worker;
+use crate::devices::virtio::{device_type, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
+use crate::vstate::memory::GuestMemory;
+
+/// rx, tx, event.
+pub const QUEUE_SIZES: [u16; 3] = [256; 3];
+pub const RX_QUEUE: usize = 0;
+pub const TX_QUEUE: usize = 1;
+pub const EVENT_QUEUE: usize = 2;
+
+/// A virtio-vsock device whose host side is a hybrid vsock Unix socket.
+#[derive(Debug)]
+pub struct Vsock {
+    guest_cid: u64,
+    uds_path: PathBuf,
+    /// Present while the device is not active.
+    muxer: Option<VsockMuxer>,
+    worker: Option<Worker>,
+}
+
+impl Vsock {
+    /// Creates the device for a guest with CID `guest_cid` (3 ..= u32::MAX - 1: 0–2 are
+    /// reserved and u32::MAX is VMADDR_CID_ANY; the upper 32 bits of the config field must be
+    /// zero) and binds the listening Unix socket at `uds_path`, which must not exist yet. Host
+    /// services that accept guest connections to port P listen at `<uds_path>_<P>`. The socket
+    /// file is removed when the device is dropped.
+    pub fn new(guest_cid: u64, uds_path: PathBuf) -> io::Result<Vsock> {
+        if !(3..u64::from(u32::MAX)).contains(&guest_cid) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("guest CID {guest_cid} is reserved or out of range (3 ..= {})", u32::MAX - 1),
+            ));
+        }
+        let muxer = VsockMuxer::new(guest_cid, &uds_path)?;
+        Ok(Vsock { guest_cid, uds_path, muxer: Some(muxer), worker: None })
+    }
+
+    pub fn guest_cid(&self) -> u64 {
+        self.guest_cid
+    }
+
+    pub fn uds_path(&self) -> &Path {
+        &self.uds_path
+    }
+
+    fn stop_worker(&mut self) -> bool {
+        match self.worker.take() {
+            None => true,
+            Some(worker) => match worker.stop() {
+                Some(mut muxer) => {
+                    muxer.reset();
+                    self.muxer = Some(muxer);
+                    true
+                }
+                None => false,
+            },
+        }
+    }
+}
+
+impl VirtioDevice for Vsock {
+    fn device_type(&self) -> u32 {
+        device_type::VSOCK
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &QUEUE_SIZES
+    }
+
+    fn avail_features(&self) -> u64 {
+        0
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let config = self.guest_cid.to_le_bytes();
+        for (i, byte) in data.iter_mut().enumerate() {
+            *byte = offset
+                .checked_add(i as u64)
+                .and_then(|at| usize::try_from(at).ok())
+                .and_then(|at| config.get(at).copied())
+                .unwrap_or(0);
+        }
+    }
+
+    fn activate(
+        &mut self,
+        mem: GuestMemory,
+        interrupt: Arc<dyn Interrupt>,
+        _acked_features: u64,
+        queues: Vec<ActiveQueue>,
+    ) -> Result<(), ActivateError> {
+        if queues.len() != QUEUE_SIZES.len() {
+            return Err(ActivateError::QueueCount { want: QUEUE_SIZES.len(), got: queues.len() });
+        }
+        let Some(muxer) = self.muxer.take() else {
+            return Err(ActivateError::Other("the vsock device is already active".into()));
+        };
+        match Worker::spawn(muxer, mem, interrupt, queues) {
+            Ok(worker) => {
+                self.worker = Some(worker);
+                Ok(())
+            }
+            Err((muxer, e)) => {
+                self.muxer = muxer.map(|m| *m);
+                Err(ActivateError::Worker(e))
+            }
+        }
+    }
+
+    fn reset(&mut self) -> bool {
+        self.stop_worker()
+    }
+}
+
+impl Drop for Vsock {
+    fn drop(&mut self) {
+        // Joins the worker; the muxer, and with it the socket file, goes right after.
+        self.stop_worker();
+    }
+}

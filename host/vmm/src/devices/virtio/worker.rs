@@ -1,0 +1,154 @@
+//! A device worker: one thread that waits on a device's queue eventfds and an exit eventfd, and
+//! calls the device's queue handler when a queue is notified.
+//!
+//! The handler answers "is there more to do on this queue?": a device processes a bounded batch
+//! per call (so a guest that keeps the ring full cannot keep the worker from seeing the exit
+//! eventfd), and the worker calls it again after a non-blocking look at its eventfds. Stopping
+//! is synchronous: [`Worker::stop`] (and drop) signal the exit eventfd and join the thread, so
+//! once it returns the device's queues and guest memory are no longer touched — which is what a
+//! virtio reset needs.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::thread::JoinHandle;
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestAddress;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::vstate::memory::GuestMemory;
+
+/// The epoll token of the exit eventfd (queue eventfds use their index).
+const EXIT_TOKEN: u64 = u64::MAX;
+
+/// A running device worker thread.
+pub struct Worker {
+    exit: EventFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Starts a thread named `name` that calls `handler(i)` whenever `notifiers[i]` is signalled
+    /// (and once for every queue at start, for buffers made available before activation), and
+    /// again without waiting while `handler` returns true.
+    pub fn spawn<H>(name: &str, notifiers: Vec<EventFd>, mut handler: H) -> io::Result<Worker>
+    where
+        H: FnMut(usize) -> bool + Send + 'static,
+    {
+        let exit = EventFd::new(EFD_NONBLOCK)?;
+        // Set up epoll here, so every failure is reported to the caller rather than lost.
+        let epoll = Epoll::new()?;
+        epoll.ctl(ControlOperation::Add, exit.as_raw_fd(), EpollEvent::new(EventSet::IN, EXIT_TOKEN))?;
+        for (i, evt) in notifiers.iter().enumerate() {
+            epoll.ctl(ControlOperation::Add, evt.as_raw_fd(), EpollEvent::new(EventSet::IN, i as u64))?;
+        }
+        let thread = std::thread::Builder::new().name(name.to_string()).spawn(move || {
+            let mut pending = vec![true; notifiers.len()];
+            let mut events = [EpollEvent::default(); 8];
+            loop {
+                let timeout = if pending.contains(&true) { 0 } else { -1 };
+                let count = match epoll.wait(timeout, &mut events) {
+                    Ok(count) => count,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        eprintln!("umbra-vmm: device worker: epoll_wait failed, stopping: {e}");
+                        return;
+                    }
+                };
+                for event in &events[..count] {
+                    match event.data() {
+                        EXIT_TOKEN => return,
+                        i => {
+                            if let Some(evt) = notifiers.get(i as usize) {
+                                // Clears the counter; EAGAIN (already cleared) is fine.
+                                let _ = evt.read();
+                                pending[i as usize] = true;
+                            }
+                        }
+                    }
+                }
+                for (i, more) in pending.iter_mut().enumerate() {
+                    if *more {
+                        *more = handler(i);
+                    }
+                }
+            }
+        })?;
+        Ok(Worker { exit, thread: Some(thread) })
+    }
+
+    /// Stops the thread and waits for it: afterwards the handler is never called again.
+    pub fn stop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            // An eventfd write only fails when the counter would overflow: it is then readable.
+            let _ = self.exit.write(1);
+            // A panicking handler has already stopped the thread; nothing is left to undo.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Whether the driver has made buffers available that the device has not taken yet. A ring
+/// whose index claims more than a queue's worth of new buffers is broken, and reports nothing
+/// (processing it would fail the same way again, so re-running would only spin).
+pub fn queue_has_pending(queue: &Queue, mem: &GuestMemory) -> bool {
+    if !queue.ready() {
+        return false;
+    }
+    let Ok(avail_idx) = queue.avail_idx(mem, std::sync::atomic::Ordering::Acquire) else {
+        return false;
+    };
+    let new = avail_idx.0.wrapping_sub(queue.next_avail());
+    new != 0 && new <= queue.size() && queue.avail_ring() != GuestAddress(0).0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn calls_the_handler_per_notified_queue_and_stops_on_exit() {
+        let notifiers = vec![EventFd::new(EFD_NONBLOCK).unwrap(), EventFd::new(EFD_NONBLOCK).unwrap()];
+        let kick1 = notifiers[1].try_clone().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let mut worker = Worker::spawn("test-worker", notifiers, move |i| {
+            tx.send(i).unwrap();
+            false
+        })
+        .unwrap();
+        // One initial pass over every queue.
+        let mut first =
+            [rx.recv_timeout(Duration::from_secs(5)).unwrap(), rx.recv_timeout(Duration::from_secs(5)).unwrap()];
+        first.sort();
+        assert_eq!(first, [0, 1]);
+        kick1.write(1).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 1);
+        worker.stop();
+        kick1.write(1).unwrap();
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err(), "no calls after stop");
+    }
+
+    #[test]
+    fn a_handler_with_more_work_is_called_again_and_still_stops() {
+        let notifiers = vec![EventFd::new(EFD_NONBLOCK).unwrap()];
+        let (tx, rx) = mpsc::channel();
+        let mut calls = 0u32;
+        let mut worker = Worker::spawn("test-worker", notifiers, move |_| {
+            calls += 1;
+            let _ = tx.send(calls);
+            true // always more: the worker must still see the exit eventfd
+        })
+        .unwrap();
+        while rx.recv_timeout(Duration::from_secs(5)).unwrap() < 100 {}
+        worker.stop();
+    }
+}

@@ -1,0 +1,124 @@
+//! `umbra-vmm`: runs one microVM and exits with a status that says how it ended (see
+//! [`umbra_vmm::exit`]): 0 guest shutdown, 1 VMM error (message on stderr), 2 guest panic,
+//! 3 triple fault, 4 halted, 5 KVM internal error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use umbra_vmm::config::{DiskConfig, VmConfig, VsockConfig};
+use umbra_vmm::exit::VMM_ERROR_STATUS;
+use umbra_vmm::machine::Machine;
+use umbra_vmm::VmExit;
+
+#[derive(Parser, Debug)]
+#[command(name = "umbra-vmm", version, about = "Run one Umbra microVM on KVM")]
+struct Args {
+    /// VM description as JSON; flags given as well override its fields.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Kernel: ELF vmlinux (PVH or 64-bit entry) or bzImage.
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    #[arg(long)]
+    initrd: Option<PathBuf>,
+    #[arg(long)]
+    cmdline: Option<String>,
+    #[arg(long)]
+    cpus: Option<u8>,
+    /// Guest memory in MiB.
+    #[arg(long)]
+    memory: Option<u32>,
+    /// A disk image: PATH or PATH,ro (repeatable).
+    #[arg(long = "disk")]
+    disks: Vec<String>,
+    /// Hybrid vsock Unix socket path (with --guest-cid, default 3).
+    #[arg(long)]
+    vsock_uds: Option<PathBuf>,
+    #[arg(long, default_value_t = 3)]
+    guest_cid: u64,
+    /// Serial console log file (default: standard output).
+    #[arg(long)]
+    console_log: Option<PathBuf>,
+    /// Leave out the virtio-rng device.
+    #[arg(long)]
+    no_rng: bool,
+}
+
+fn config(args: Args) -> Result<VmConfig, String> {
+    let mut cfg = match &args.config {
+        Some(path) => VmConfig::from_file(path).map_err(|e| e.to_string())?,
+        None => {
+            let kernel = args.kernel.clone().ok_or("either --config or --kernel is required")?;
+            serde_json::from_value(serde_json::json!({ "kernel": kernel })).map_err(|e| e.to_string())?
+        }
+    };
+    if let Some(k) = args.kernel {
+        cfg.kernel = k;
+    }
+    if args.initrd.is_some() {
+        cfg.initrd = args.initrd;
+    }
+    if let Some(c) = args.cmdline {
+        cfg.cmdline = c;
+    }
+    if let Some(c) = args.cpus {
+        cfg.cpus = c;
+    }
+    if let Some(m) = args.memory {
+        cfg.memory_mib = m;
+    }
+    for d in args.disks {
+        let (path, read_only) = match d.strip_suffix(",ro") {
+            Some(p) => (p, true),
+            None => (d.as_str(), false),
+        };
+        cfg.disks.push(DiskConfig { path: path.into(), read_only });
+    }
+    if let Some(uds_path) = args.vsock_uds {
+        cfg.vsock = Some(VsockConfig { guest_cid: args.guest_cid, uds_path });
+    }
+    if args.console_log.is_some() {
+        cfg.console_log = args.console_log;
+    }
+    if args.no_rng {
+        cfg.rng = false;
+    }
+    Ok(cfg)
+}
+
+fn main() -> ExitCode {
+    let cfg = match config(Args::parse()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("umbra-vmm: {e}");
+            return ExitCode::from(VMM_ERROR_STATUS as u8);
+        }
+    };
+    let machine = match Machine::build(&cfg) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("umbra-vmm: {e}");
+            return ExitCode::from(VMM_ERROR_STATUS as u8);
+        }
+    };
+    let console = machine.console().clone();
+    let exit = match machine.run() {
+        Ok(exit) => exit,
+        Err(e) => {
+            eprintln!("umbra-vmm: {e}");
+            return ExitCode::from(VMM_ERROR_STATUS as u8);
+        }
+    };
+    if exit != VmExit::Reset {
+        eprintln!("umbra-vmm: {}", exit.describe());
+        if !matches!(exit, VmExit::Halted) {
+            eprintln!("umbra-vmm: last console lines:");
+            for line in console.last_lines().iter().rev().take(20).rev() {
+                eprintln!("  {line}");
+            }
+        }
+    }
+    // Exit without unwinding: vCPU threads are still inside KVM_RUN.
+    std::process::exit(exit.status())
+}
