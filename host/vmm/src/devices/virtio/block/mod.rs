@@ -87,9 +87,9 @@ impl Block {
         &self.disk
     }
 
-    /// Processes the chains the driver made available (at most a queue's worth) and returns
-    /// whether the driver should be interrupted. The worker calls this; lane-(a) tests call it
-    /// directly.
+    /// Processes the chains the driver made available (at most a queue's worth, and about
+    /// [`MAX_BATCH_DATA`] bytes) and returns whether the driver should be interrupted. The worker
+    /// calls this, and again while `worker::queue_has_pending`; lane-(a) tests call it directly.
     pub fn process_queue(&mut self, mem: &GuestMemory, queue: &mut Queue) -> bool {
         process_queue(&self.disk, mem, queue)
     }

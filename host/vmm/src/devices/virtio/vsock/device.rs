@@ -4,7 +4,7 @@
 //!
 //! The device is a shell around the [`VsockMuxer`]: while the driver has not activated it the
 //! muxer sits here (its listener bound, host connections waiting in the backlog); activation
-//! moves it onto a [`Worker`] thread, and reset brings it back with its connections dropped, so
+//! moves it onto a worker thread, and reset brings it back with its connections dropped, so
 //! the socket path survives a driver reload.
 
 use std::io;
