@@ -157,7 +157,11 @@ impl Machine {
             let handle = std::thread::Builder::new()
                 .name(format!("vcpu{}", vcpu.id()))
                 .spawn(move || {
-                    let exit = vcpu.run(&bus);
+                    // A panic in a vCPU thread must end the VM with a status, not leave the
+                    // other threads (or none) running: report it as an internal error.
+                    let id = vcpu.id();
+                    let exit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vcpu.run(&bus)))
+                        .unwrap_or_else(|_| VmExit::Internal(format!("vCPU {id} thread panicked")));
                     let _ = tx.send(exit);
                 })
                 .map_err(MachineError::Thread)?;
@@ -165,16 +169,13 @@ impl Machine {
         }
         drop(tx);
         let exit = rx.recv().unwrap_or_else(|_| VmExit::Internal("every vCPU thread ended without an exit".into()));
-        // The other vCPUs are still in KVM_RUN; the caller ends the process, which stops them.
-        let _keep_alive = (&self.vm, handles);
+        // The other vCPUs are still in KVM_RUN: the VM and its memory must stay mapped until the
+        // caller ends the process, which stops them.
+        std::mem::forget(self.vm);
+        std::mem::forget(handles);
         Ok(match exit {
-            VmExit::Reset if panicked(&self.console) => VmExit::GuestPanic,
+            VmExit::Reset if self.console.saw_panic() => VmExit::GuestPanic,
             other => other,
         })
     }
-}
-
-/// Linux prints this (at KERN_EMERG, so even with `quiet`) before rebooting on a panic.
-fn panicked(console: &ConsoleLog) -> bool {
-    console.last_lines().iter().any(|l| l.contains("Kernel panic - not syncing"))
 }

@@ -102,7 +102,19 @@ fn raise_fd_limit() {
 
 fn main() -> ExitCode {
     raise_fd_limit();
-    let cfg = match config(Args::parse()) {
+    // clap's own usage errors exit 2, which here means "guest panicked": map them to 1.
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print(); // --help, --version
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(VMM_ERROR_STATUS as u8);
+        }
+    };
+    let cfg = match config(args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("umbra-vmm: {e}");

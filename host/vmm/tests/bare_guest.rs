@@ -120,6 +120,11 @@ fn a_vmm_setup_error_exits_1_with_a_message() {
     let out = Command::new(vmm_bin()).args(["--kernel", "k", "--cpus", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cpus must be 1 to 32"));
+    // Usage errors too (clap's own status would be 2, "guest panicked").
+    let out = Command::new(vmm_bin()).args(["--kernel", "k", "--cpus", "300"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let out = Command::new(vmm_bin()).arg("--no-such-flag").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
 }
 
 #[test]

@@ -19,7 +19,8 @@ pub const PML4_START: u64 = 0x9000;
 pub const PDPT_START: u64 = 0xa000;
 pub const PD_START: u64 = 0xb000;
 pub const CMDLINE_START: u64 = 0x2_0000;
-pub const CMDLINE_MAX_SIZE: usize = 4096;
+/// x86 Linux keeps COMMAND_LINE_SIZE = 2048 bytes (with the NUL); anything longer is cut.
+pub const CMDLINE_MAX_SIZE: usize = 2048;
 pub const MPTABLE_START: u64 = 0x9_fc00;
 pub const HIMEM_START: u64 = 0x10_0000;
 

@@ -33,6 +33,8 @@ pub enum BootError {
     Open { what: &'static str, path: String, source: std::io::Error },
     #[error("{path} is neither an ELF vmlinux nor a bzImage: {elf} / {bzimage}")]
     Kernel { path: String, elf: loader::Error, bzimage: loader::Error },
+    #[error("{path} is a bzImage without a 64-bit entry point (a 32-bit-only kernel)")]
+    Not64Bit { path: String },
     #[error("the initrd ({size} bytes) does not fit in guest memory above the kernel")]
     InitrdTooBig { size: u64 },
     #[error("cannot load the initrd: {0}")]
@@ -89,13 +91,19 @@ pub fn load(mem: &GuestMemory, spec: &BootSpec) -> Result<BootEntry, BootError> 
         })?,
     };
 
+    if let Some(hdr) = loaded.setup_header {
+        if hdr.xloadflags & XLF_KERNEL_64 == 0 {
+            return Err(BootError::Not64Bit { path: spec.kernel.display().to_string() });
+        }
+    }
     let initrd = match spec.initrd {
-        Some(path) => Some(load_initrd(mem, path, loaded.kernel_end)?),
+        Some(path) => Some(load_initrd(mem, path, kernel_footprint_end(&loaded))?),
         None => None,
     };
 
-    let mut cmdline = Cmdline::new(CMDLINE_MAX_SIZE).map_err(|e| BootError::Cmdline(e.to_string()))?;
-    cmdline.insert_str(spec.cmdline).map_err(|e| BootError::Cmdline(e.to_string()))?;
+    // try_from splits at " -- " so the device arguments land before the init arguments.
+    let mut cmdline =
+        Cmdline::try_from(spec.cmdline, CMDLINE_MAX_SIZE).map_err(|e| BootError::Cmdline(e.to_string()))?;
     for d in spec.devices {
         cmdline
             .add_virtio_mmio_device(d.size, GuestAddress(d.base), d.irq, None)
@@ -115,6 +123,19 @@ pub fn load(mem: &GuestMemory, spec: &BootSpec) -> Result<BootEntry, BootError> 
             let entry = write_zero_page(mem, &loaded, initrd, cmdline_len)?;
             Ok(BootEntry::Linux64 { entry, zero_page: GuestAddress(ZERO_PAGE_START) })
         }
+    }
+}
+
+/// A bzImage decompresses itself into `[max(load, 16 MiB) aligned, + init_size)`, beyond the
+/// compressed image; nothing may be placed there.
+fn kernel_footprint_end(loaded: &KernelLoaderResult) -> u64 {
+    match loaded.setup_header {
+        Some(hdr) => {
+            let align = (hdr.kernel_alignment as u64).max(PAGE_SIZE);
+            let start = loaded.kernel_load.0.max(BZIMAGE_MIN_DECOMPRESS_ADDR).div_ceil(align) * align;
+            loaded.kernel_end.max(start.saturating_add(hdr.init_size as u64))
+        }
+        None => loaded.kernel_end,
     }
 }
 
@@ -191,6 +212,10 @@ const KERNEL_LOADER_OTHER: u8 = 0xff;
 const KERNEL_MIN_ALIGNMENT_BYTES: u32 = 0x100_0000;
 /// The 64-bit entry point is 0x200 past the start of a bzImage's protected-mode kernel.
 const BZIMAGE_64BIT_ENTRY_OFFSET: u64 = 0x200;
+/// `xloadflags` bit: the kernel has the 64-bit entry point at +0x200.
+const XLF_KERNEL_64: u16 = 1;
+/// LOAD_PHYSICAL_ADDR of x86-64 kernels: where a bzImage decompresses at the lowest.
+const BZIMAGE_MIN_DECOMPRESS_ADDR: u64 = 0x100_0000;
 
 fn write_zero_page(
     mem: &GuestMemory,
@@ -254,6 +279,21 @@ mod tests {
         assert!(e.contains("cannot open kernel /nonexistent/vmlinux"), "{e}");
         let e = load(&mem, &spec("/etc/hostname")).unwrap_err().to_string();
         assert!(e.contains("neither an ELF vmlinux nor a bzImage"), "{e}");
+    }
+
+    #[test]
+    fn device_arguments_go_before_the_init_arguments() {
+        let dir = std::env::temp_dir().join(format!("umbra-cmdline-{}.elf", std::process::id()));
+        std::fs::write(&dir, crate::bare::BareGuest::new().reset().to_elf()).unwrap();
+        let (mem, _f) = memfd_backed(32 << 20).unwrap();
+        let slot = MmioSlot { base: 0xd000_0000, size: 0x1000, irq: 5 };
+        let spec = BootSpec { kernel: &dir, initrd: None, cmdline: "quiet -- --agent-flag", cpus: 1, devices: &[slot] };
+        load(&mem, &spec).unwrap();
+        std::fs::remove_file(&dir).unwrap();
+        let mut buf = [0u8; 128];
+        mem.read_slice(&mut buf, GuestAddress(CMDLINE_START)).unwrap();
+        let text = String::from_utf8_lossy(&buf[..buf.iter().position(|b| *b == 0).unwrap()]).into_owned();
+        assert_eq!(text, "quiet virtio_mmio.device=4K@0xd0000000:5 -- --agent-flag");
     }
 
     #[test]

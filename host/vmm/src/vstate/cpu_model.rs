@@ -8,7 +8,9 @@ use kvm_ioctls::VcpuFd;
 use super::VstateError;
 
 const LEAF_FEATURES: u32 = 1;
+const LEAF_CACHE_PARAMS: u32 = 4;
 const LEAF_EXT_TOPOLOGY: u32 = 0xb;
+const LEAF_V2_EXT_TOPOLOGY: u32 = 0x1f;
 const LEAF_AMD_EXT_APIC: u32 = 0x8000_001e;
 const ECX_HYPERVISOR: u32 = 1 << 31;
 const EDX_HTT: u32 = 1 << 28;
@@ -27,8 +29,10 @@ pub fn patch_cpuid(cpuid: &mut CpuId, id: u8, count: u8) {
                     e.edx &= !EDX_HTT;
                 }
             }
-            // x2APIC ID in EDX of every subleaf.
-            LEAF_EXT_TOPOLOGY => e.edx = id as u32,
+            // x2APIC ID in EDX of every subleaf (0x1f is preferred by Linux where present).
+            LEAF_EXT_TOPOLOGY | LEAF_V2_EXT_TOPOLOGY => e.edx = id as u32,
+            // EAX[31:26]: cores per package - 1, consistent with leaf 1.
+            LEAF_CACHE_PARAMS => e.eax = (e.eax & 0x03ff_ffff) | (((count as u32).saturating_sub(1)) << 26),
             LEAF_AMD_EXT_APIC => e.eax = id as u32,
             _ => {}
         }

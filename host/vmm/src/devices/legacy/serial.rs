@@ -33,13 +33,23 @@ struct ConsoleState {
     file_bytes: u64,
     lines: VecDeque<String>,
     partial: Vec<u8>,
+    saw_panic: bool,
 }
+
+/// Linux prints this (at KERN_EMERG, so even with `quiet`) before rebooting on a panic; the
+/// stack dump after it can push it out of the kept lines, so it is remembered separately.
+const PANIC_MARKER: &str = "Kernel panic - not syncing";
 
 impl ConsoleLog {
     pub fn to_file(file: std::fs::File) -> Self {
         let log = Self::default();
         log.inner.lock().expect("console lock").file = Some(file);
         log
+    }
+
+    /// Whether the guest kernel has announced a panic.
+    pub fn saw_panic(&self) -> bool {
+        self.inner.lock().expect("console lock").saw_panic
     }
 
     /// The last complete lines plus any unterminated one.
@@ -74,6 +84,7 @@ impl Write for ConsoleLog {
                 b'\n' => {
                     let line = String::from_utf8_lossy(&s.partial).trim_end_matches('\r').to_string();
                     s.partial.clear();
+                    s.saw_panic |= line.contains(PANIC_MARKER);
                     if s.lines.len() == KEPT_LINES {
                         s.lines.pop_front();
                     }
@@ -153,6 +164,18 @@ mod tests {
         assert_eq!(lines[0], "line 10");
         assert_eq!(lines[KEPT_LINES - 1], "line 49");
         assert_eq!(lines[KEPT_LINES].len(), MAX_LINE);
+    }
+
+    #[test]
+    fn a_panic_is_remembered_after_its_line_scrolls_away() {
+        let mut log = ConsoleLog::default();
+        writeln!(log, "Kernel panic - not syncing: sysrq triggered crash").unwrap();
+        assert!(log.saw_panic());
+        for i in 0..100 {
+            writeln!(log, "trace {i}").unwrap();
+        }
+        assert!(log.saw_panic());
+        assert!(!ConsoleLog::default().saw_panic());
     }
 
     #[test]
