@@ -45,6 +45,11 @@ impl Supervised {
         self.child.stdout.take()
     }
 
+    /// The child's stdin pipe, if it was spawned with one.
+    pub fn take_stdin(&mut self) -> Option<std::process::ChildStdin> {
+        self.child.stdin.take()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

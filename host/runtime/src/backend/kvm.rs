@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use super::console::ConsoleCopier;
+use super::fsd::FolderServer;
 use super::host::find_binary;
 use super::rundir::{new_vm_id, RunDir};
 use super::{wait_for_agent, BackendKind, Supervised, Vm, VmError, VmSpec};
@@ -27,16 +28,19 @@ pub fn find_vmm() -> Option<PathBuf> {
     if std::env::var_os("UMBRA_VMM_BIN").is_some() {
         return find_binary("umbra-vmm", "UMBRA_VMM_BIN");
     }
-    let beside = std::env::current_exe().ok().and_then(|exe| {
-        // Test binaries live one level down, in target/<profile>/deps.
-        let dir = exe.parent()?.to_path_buf();
-        [dir.join("umbra-vmm"), dir.parent()?.join("umbra-vmm")].into_iter().find(|p| p.is_file())
-    });
-    beside.or_else(|| find_binary("umbra-vmm", "UMBRA_VMM_BIN"))
+    beside_current_exe("umbra-vmm").or_else(|| find_binary("umbra-vmm", "UMBRA_VMM_BIN"))
+}
+
+/// `name` in the directory of the running executable (Umbra's binaries ship together), or one
+/// level up (test binaries live in target/<profile>/deps).
+pub fn beside_current_exe(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?.to_path_buf();
+    [dir.join(name), dir.parent()?.join(name)].into_iter().find(|p| p.is_file())
 }
 
 /// The VM description umbra-vmm reads (its `config::VmConfig`).
-pub fn vm_config(spec: &VmSpec, vsock_uds: &Path) -> serde_json::Value {
+pub fn vm_config(spec: &VmSpec, vsock_uds: &Path, fs_socket: Option<&Path>) -> serde_json::Value {
     let mut disks = Vec::new();
     if let Some(rootfs) = &spec.image.rootfs {
         disks.push(serde_json::json!({ "path": rootfs, "read_only": true }));
@@ -52,6 +56,9 @@ pub fn vm_config(spec: &VmSpec, vsock_uds: &Path) -> serde_json::Value {
     });
     if let Some(initrd) = &spec.image.initrd {
         cfg["initrd"] = serde_json::json!(initrd);
+    }
+    if let Some(socket) = fs_socket {
+        cfg["fs"] = serde_json::json!([{ "tag": super::fsd::FS_TAG, "socket": socket }]);
     }
     cfg
 }
@@ -81,7 +88,16 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let console_log = run.join("console.log");
     let vmm_log = run.join("umbra-vmm.log");
     let config = run.join("vm.json");
-    let text = serde_json::to_vec_pretty(&vm_config(spec, &vsock_uds)).expect("JSON values serialise");
+    let mut children = Vec::new();
+    let folders = if spec.folder_sharing {
+        let (server, child) = FolderServer::start(&run).await?;
+        children.push(child);
+        Some(server)
+    } else {
+        None
+    };
+    let fs_socket = folders.as_ref().map(FolderServer::socket);
+    let text = serde_json::to_vec_pretty(&vm_config(spec, &vsock_uds, fs_socket)).expect("JSON values serialise");
     std::fs::write(&config, text).map_err(io(format!("write {}", config.display())))?;
 
     let mut cmd = Command::new(&vmm);
@@ -93,7 +109,7 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let mut child = Supervised::spawn("umbra-vmm", cmd).map_err(io(format!("start {}", vmm.display())))?;
     let console_out = child.take_stdout().expect("umbra-vmm spawned with a stdout pipe");
     let copier = ConsoleCopier::start(console_out, console_log.clone()).map_err(io("start the console copier"))?;
-    let mut children = vec![child];
+    children.push(child);
 
     let agent = match wait_for_agent(&vsock_uds, &mut children, &console_log, &copier, spec.boot_timeout).await {
         Ok(a) => a,
@@ -114,5 +130,6 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         console: copier,
         boot_time: started.elapsed(),
         run_dir: run,
+        folders,
     })
 }

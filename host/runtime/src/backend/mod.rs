@@ -6,6 +6,7 @@
 
 mod children;
 pub mod console;
+pub mod fsd;
 pub mod host;
 pub mod kvm;
 mod qemu;
@@ -85,11 +86,14 @@ pub struct VmSpec {
     pub cpus: u32,
     pub memory_mib: u32,
     pub boot_timeout: Duration,
+    /// Start the folder server (umbra-fsd + virtiofsd) and attach a virtio-fs device, so
+    /// folders can be shared with the running VM.
+    pub folder_sharing: bool,
 }
 
 impl VmSpec {
     pub fn new(image: BootImage) -> Self {
-        Self { image, cpus: 1, memory_mib: 512, boot_timeout: DEFAULT_BOOT_TIMEOUT }
+        Self { image, cpus: 1, memory_mib: 512, boot_timeout: DEFAULT_BOOT_TIMEOUT, folder_sharing: false }
     }
 }
 
@@ -103,6 +107,8 @@ pub enum VmError {
     HelperFailed { helper: &'static str, status: String, log: String },
     #[error("the guest did not answer within {timeout:?} (agent not reachable: {last_error}); last console lines:\n{console}")]
     BootTimeout { timeout: Duration, last_error: String, console: String },
+    #[error("cannot share the folder: {0}")]
+    Share(String),
     #[error("the VM ended ({reason}); last console lines:\n{console}")]
     GuestDied { reason: String, console: String },
 }
@@ -119,6 +125,8 @@ pub struct Vm {
     /// Time from launch until the agent answered the handshake.
     pub boot_time: Duration,
     run_dir: RunDir,
+    /// The folder server, when the VM was launched with folder sharing.
+    folders: Option<fsd::FolderServer>,
 }
 
 impl Vm {
@@ -132,6 +140,11 @@ impl Vm {
 
     pub fn agent(&self) -> &AgentClient {
         &self.agent
+    }
+
+    /// The folder server, if the VM was launched with `folder_sharing`.
+    pub fn folder_server(&mut self) -> Option<&mut fsd::FolderServer> {
+        self.folders.as_mut()
     }
 
     pub fn run_dir(&self) -> &Path {

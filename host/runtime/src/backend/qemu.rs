@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::console::ConsoleCopier;
+use super::fsd::FolderServer;
 use super::host::{find_binary, KvmKind};
 use super::rundir::{new_vm_id, RunDir};
 use super::{wait_for_agent, BackendKind, Supervised, Vm, VmError, VmSpec, BASE_CMDLINE};
@@ -26,7 +27,7 @@ fn log_file(path: &Path) -> Result<File, VmError> {
 }
 
 /// The QEMU command line for `spec`.
-pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool) -> Command {
+pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool, fs_socket: Option<&Path>) -> Command {
     let mem = spec.memory_mib;
     let mut cmd = Command::new(qemu);
     cmd.args(["-M", "microvm,acpi=off,memory-backend=mem"])
@@ -53,6 +54,12 @@ pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool) -
     cmd.arg("-chardev")
         .arg(format!("socket,id=vsock,path={}", run.join("vhost-vsock.sock").display()))
         .args(["-device", "vhost-user-vsock-device,chardev=vsock"]);
+    if let Some(sock) = fs_socket {
+        cmd.arg("-chardev")
+            .arg(format!("socket,id=fs,path={}", sock.display()))
+            .arg("-device")
+            .arg(format!("vhost-user-fs-device,chardev=fs,tag={}", super::fsd::FS_TAG));
+    }
     let cmdline = format!("{BASE_CMDLINE} {}", spec.image.cmdline);
     cmd.arg("-append").arg(cmdline.trim());
     cmd
@@ -108,13 +115,21 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 
+    let mut children = vec![daemon];
+    let folders = if spec.folder_sharing {
+        let (server, child) = FolderServer::start(&run).await?;
+        children.push(child);
+        Some(server)
+    } else {
+        None
+    };
     let accel_kvm = KvmKind::detect() == KvmKind::Hardware;
-    let mut qemu_cmd = qemu_command(&qemu, spec, &run, accel_kvm);
+    let mut qemu_cmd = qemu_command(&qemu, spec, &run, accel_kvm, folders.as_ref().map(FolderServer::socket));
     qemu_cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file(&run.join("qemu.log"))?);
     let mut vmm = Supervised::spawn("qemu-system-x86_64", qemu_cmd).map_err(io(format!("start {}", qemu.display())))?;
     let console_out = vmm.take_stdout().expect("qemu spawned with a stdout pipe");
     let copier = ConsoleCopier::start(console_out, console_log.clone()).map_err(io("start the console copier"))?;
-    let mut children = vec![daemon, vmm];
+    children.push(vmm);
 
     let agent = match wait_for_agent(&vsock_uds, &mut children, &console_log, &copier, spec.boot_timeout).await {
         Ok(a) => a,
@@ -136,5 +151,6 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         console: copier,
         boot_time: started.elapsed(),
         run_dir: run,
+        folders,
     })
 }

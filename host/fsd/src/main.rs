@@ -1,0 +1,153 @@
+//! `umbra-fsd`: serves one VM's shared folders.
+//!
+//! It enters a private mount namespace (and, when not root, a user namespace in which the
+//! caller is root — so no privileges are needed), mounts a small tmpfs as the staging
+//! directory, and runs `virtiofsd` on it. Each shared folder is bind-mounted into the staging
+//! directory on request, **read-only on the host** for `ro` and `shadow` shares, so no guest —
+//! not even root remounting in the guest — can write through it. Mounts live only in this
+//! namespace: they vanish with the process, never touch the host's mount table, and need no
+//! cleanup after a crash.
+//!
+//! Control protocol: one JSON object per line on stdin, one reply per line on stdout.
+//! - start-up: `{"ready":true}` once virtiofsd listens (or `{"ok":false,"error":…}` and exit 1)
+//! - `{"op":"add","name":"proj","source":"/home/me/proj","read_only":true}` → `{"ok":true}`
+//! - `{"op":"remove","name":"proj"}` → `{"ok":true}`
+//!
+//! Closing stdin ends it (and virtiofsd with it).
+
+mod namespace;
+mod shares;
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::json;
+
+const USAGE: &str = "usage: umbra-fsd --staging DIR --socket PATH [--virtiofsd BIN] [--log FILE]";
+
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+enum Request {
+    Add { name: String, source: PathBuf, read_only: bool },
+    Remove { name: String },
+}
+
+struct Args {
+    staging: PathBuf,
+    socket: PathBuf,
+    virtiofsd: PathBuf,
+    log: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let (mut staging, mut socket, mut virtiofsd, mut log) = (None, None, None, None);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().map(PathBuf::from).ok_or_else(|| format!("{flag} needs a value; {USAGE}"));
+        match flag.as_str() {
+            "--staging" => staging = Some(value()?),
+            "--socket" => socket = Some(value()?),
+            "--virtiofsd" => virtiofsd = Some(value()?),
+            "--log" => log = Some(value()?),
+            _ => return Err(format!("unknown argument {flag:?}; {USAGE}")),
+        }
+    }
+    Ok(Args {
+        staging: staging.ok_or(USAGE)?,
+        socket: socket.ok_or(USAGE)?,
+        virtiofsd: virtiofsd.unwrap_or_else(|| PathBuf::from("virtiofsd")),
+        log,
+    })
+}
+
+fn reply(value: serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{value}");
+    let _ = out.flush();
+}
+
+fn fail(msg: String) -> ExitCode {
+    reply(json!({"ok": false, "error": msg}));
+    ExitCode::from(1)
+}
+
+fn start_virtiofsd(args: &Args) -> Result<Child, String> {
+    let stderr = match &args.log {
+        Some(p) => Stdio::from(std::fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?),
+        None => Stdio::inherit(),
+    };
+    let mut cmd = Command::new(&args.virtiofsd);
+    cmd.arg("--shared-dir")
+        .arg(&args.staging)
+        .arg("--socket-path")
+        .arg(&args.socket)
+        // This process already isolates the mounts; virtiofsd's own namespace sandbox would
+        // hide the folders bound in after it starts.
+        .args(["--sandbox", "none", "--inode-file-handles=never", "--announce-submounts"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    // SAFETY: the pre_exec closure only calls prctl, which is async-signal-safe.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", args.virtiofsd.display()))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !args.socket.exists() {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("virtiofsd exited during start-up ({status})"));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err("virtiofsd did not create its socket within 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(child)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    if let Err(e) = namespace::enter_private() {
+        return fail(e);
+    }
+    if let Err(e) = shares::mount_staging(&args.staging) {
+        return fail(e);
+    }
+    let mut virtiofsd = match start_virtiofsd(&args) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    reply(json!({"ready": true}));
+
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let result = match serde_json::from_str::<Request>(&line) {
+            Err(e) => Err(format!("bad request: {e}")),
+            Ok(Request::Add { name, source, read_only }) => shares::add(&args.staging, &name, &source, read_only),
+            Ok(Request::Remove { name }) => shares::remove(&args.staging, &name),
+        };
+        match result {
+            Ok(()) => reply(json!({"ok": true})),
+            Err(e) => reply(json!({"ok": false, "error": e})),
+        }
+    }
+    let _ = virtiofsd.kill();
+    let _ = virtiofsd.wait();
+    ExitCode::SUCCESS
+}
