@@ -1,6 +1,7 @@
 //! vmctl: the operator's command line.
 
 mod bench;
+mod bench_fs;
 mod bench_vmm;
 mod bundle_bench;
 mod bundle_build;
@@ -44,6 +45,8 @@ enum BenchCommand {
     Boot(bench::BootBenchArgs),
     /// Bundle install throughput from a local server, beside `curl | zstd -dc | sha256sum`.
     Bundle(bundle_bench::BundleBenchArgs),
+    /// A shared folder from inside the guest beside the same work natively on the host.
+    Fs(bench_fs::FsBenchArgs),
     /// The Umbra VMM: bare-guest launch -> exit and RSS; Linux boot beside QEMU on hardware KVM.
     Vmm(bench_vmm::VmmBenchArgs),
 }
@@ -90,6 +93,15 @@ fn main() {
             }
         },
         Command::Doctor(args) => doctor::run(args),
+        Command::Bench { command: BenchCommand::Fs(args) } => async_main(async move {
+            match bench_fs::fs(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("vmctl: error: {e:#}");
+                    1
+                }
+            }
+        }),
         Command::Bench { command: BenchCommand::Vmm(args) } => async_main(async move {
             match bench_vmm::vmm(args).await {
                 Ok(()) => 0,
