@@ -3,6 +3,7 @@
 //! - create + stat of N small files (one shell loop writing them, then `ls -l` of them all),
 //! - a sequential read of a large file (`dd bs=1M` to /dev/null; the host's page cache is warm
 //!   for both sides).
+//!
 //! The guest also does the small-file work on its own tmpfs, which separates the cost of the
 //! share from the cost of the guest CPU (TCG emulation on hosts without hardware KVM).
 
