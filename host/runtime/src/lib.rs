@@ -6,3 +6,4 @@
 pub mod agent;
 pub mod backend;
 pub mod paths;
+pub mod share;

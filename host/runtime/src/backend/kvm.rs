@@ -32,7 +32,7 @@ pub fn find_vmm() -> Option<PathBuf> {
 }
 
 /// `name` in the directory of the running executable (Umbra's binaries ship together), or one
-/// level up (test binaries live in target/<profile>/deps).
+/// level up (test binaries live in `target/<profile>/deps`).
 pub fn beside_current_exe(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?.to_path_buf();

@@ -1,0 +1,10 @@
+//! Shared folders: how a host folder appears in a session's guest and how its contents get back.
+//!
+//! [`paths`] translates between guest paths (`/sessions/<session>/mnt/<folder>/…`) and host paths
+//! and opens guest-named files on the host without leaving the share; [`shadow`] is the host side
+//! of shadow mode (baseline, conflict-checked apply, export). `beneath` holds the fd-relative
+//! syscalls both rely on, so the `unsafe` lives in one place.
+
+mod beneath;
+pub mod paths;
+pub mod shadow;
