@@ -10,6 +10,7 @@ mod pid1;
 mod process;
 mod reaper;
 mod server;
+mod shares;
 mod system;
 mod text;
 
@@ -17,6 +18,7 @@ use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Instant;
 
+use anyhow::Context;
 use clap::Parser;
 use server::{Agent, ListenAddr};
 
@@ -33,6 +35,15 @@ struct Args {
     /// where every byte is slow, so the default is quiet.
     #[arg(long, env = "UMBRA_AGENT_LOG", default_value = "warn")]
     log: String,
+    /// Host-side only (ignored as PID 1): the directory standing in for `/` for shares, so
+    /// `/sessions/...` and `/umbra/...` become `DIR/sessions/...` and `DIR/umbra/...`.
+    /// Without it a host-side agent refuses share requests.
+    #[arg(long, value_name = "DIR")]
+    root: Option<std::path::PathBuf>,
+    /// Host-side only (ignored as PID 1): shared folders are already here, one subdirectory
+    /// per share; no virtio-fs tag is mounted.
+    #[arg(long, value_name = "DIR")]
+    shares_dir: Option<std::path::PathBuf>,
 }
 
 fn main() {
@@ -70,6 +81,15 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
         // SAFETY: prctl with an integer argument has no memory effects.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     }
+    // A host-side agent shares folders only below an explicit --root: mounting on the host's
+    // own /sessions and /umbra would be a surprise.
+    let layout = match (pid1, &args.root) {
+        (true, _) => Some(shares::Layout::new(std::path::Path::new("/"), None)),
+        (false, Some(root)) => Some(shares::Layout::new(root, args.shares_dir.as_deref())),
+        (false, None) => None,
+    }
+    .transpose()
+    .context("cannot prepare the share layout")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
         let agent = Arc::new(Agent {
@@ -79,6 +99,7 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
             hostname: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
             live_processes: AtomicU32::new(0),
             shutdown: tokio::sync::Notify::new(),
+            shares: shares::Shares::new(layout),
         });
         tokio::select! {
             r = server::serve(agent.clone(), &args.listen) => r,

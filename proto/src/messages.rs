@@ -97,6 +97,24 @@ pub enum Request {
     Unmount {
         path: String,
     },
+    /// Since 1.1. Mounts the host folder `name` (a subdirectory of the virtio-fs tag
+    /// [`SHARES_TAG`]) at `/sessions/<session>/mnt/<name>`; answers `shared {path}`.
+    Share(ShareRequest),
+    /// Since 1.1. Unmounts a shared folder (a shadow's changes are discarded).
+    Unshare {
+        session: String,
+        name: String,
+    },
+    /// Since 1.1. What a `shadow` share's overlay changed relative to the host folder.
+    ShadowDiff {
+        session: String,
+        name: String,
+    },
+    /// Since 1.1. Discards a `shadow` share's changes: the folder shows the host's again.
+    ShadowReset {
+        session: String,
+        name: String,
+    },
     /// Powers the guest off (as PID 1) or stops the agent (as an ordinary process).
     Shutdown,
 }
@@ -117,6 +135,10 @@ impl Request {
             Request::ListDir { .. } => "list_dir",
             Request::Mount(_) => "mount",
             Request::Unmount { .. } => "unmount",
+            Request::Share(_) => "share",
+            Request::Unshare { .. } => "unshare",
+            Request::ShadowDiff { .. } => "shadow_diff",
+            Request::ShadowReset { .. } => "shadow_reset",
             Request::Shutdown => "shutdown",
         }
     }
@@ -183,6 +205,72 @@ fn default_fs_type() -> String {
     "virtiofs".into()
 }
 
+/// The virtio-fs tag under which the host serves every shared folder of a VM, each as a
+/// subdirectory named like the share.
+pub const SHARES_TAG: &str = "umbra";
+
+/// Longest session or share name, in bytes.
+pub const MAX_SHARE_NAME: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareRequest {
+    /// Session name: one path component of `[A-Za-z0-9._-]`, not `.` or `..`, at most
+    /// [`MAX_SHARE_NAME`] bytes.
+    pub session: String,
+    /// Share name, the host folder's subdirectory under the tag; same rules as `session`.
+    pub name: String,
+    pub mode: ShareMode,
+}
+
+/// How a shared folder is mounted in the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShareMode {
+    /// Read-only (enforced by the host, and by a read-only bind in the guest).
+    Ro,
+    /// Create and modify; spawned processes may not unlink, rmdir or rename (landlock).
+    Rw,
+    /// Read, write and delete.
+    Rwd,
+    /// The host folder read-only under an overlay whose writable layer lives in the guest.
+    Shadow,
+}
+
+impl std::fmt::Display for ShareMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ShareMode::Ro => "ro",
+            ShareMode::Rw => "rw",
+            ShareMode::Rwd => "rwd",
+            ShareMode::Shadow => "shadow",
+        })
+    }
+}
+
+/// One change of a shadow share, relative to the host folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowChange {
+    /// Relative to the share's root, `/`-separated; never empty, never `..`. Names that are not
+    /// UTF-8 are shown lossily (U+FFFD).
+    pub path: String,
+    pub kind: ChangeKind,
+    /// Size in the guest of an added or modified file or symlink; absent for directories and
+    /// deletions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// The entry is (for a deletion: was) a directory. A deleted directory is one entry.
+    #[serde(default)]
+    pub is_dir: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
 /// The answer to one request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -213,6 +301,15 @@ pub enum ResponseBody {
     Stat(FileStat),
     DirList {
         entries: Vec<DirEntry>,
+        truncated: bool,
+    },
+    /// A share is mounted at `path` in the guest.
+    Shared {
+        path: String,
+    },
+    /// `truncated`: more changes exist than were listed (entry cap or frame budget).
+    ShadowDiff {
+        changes: Vec<ShadowChange>,
         truncated: bool,
     },
 }
@@ -372,6 +469,38 @@ mod tests {
             serde_json::to_string(&exit).unwrap(),
             r#"{"event":"exit","code":null,"signal":15,"duration_ms":3}"#
         );
+    }
+
+    #[test]
+    fn share_wire_shapes_are_stable() {
+        let share = Request::Share(ShareRequest { session: "s1".into(), name: "src".into(), mode: ShareMode::Rwd });
+        assert_eq!(
+            serde_json::to_string(&share).unwrap(),
+            r#"{"method":"share","params":{"session":"s1","name":"src","mode":"rwd"}}"#
+        );
+        let diff = Request::ShadowDiff { session: "s1".into(), name: "src".into() };
+        assert_eq!(
+            serde_json::to_string(&diff).unwrap(),
+            r#"{"method":"shadow_diff","params":{"session":"s1","name":"src"}}"#
+        );
+        let changes = ResponseBody::ShadowDiff {
+            changes: vec![
+                ShadowChange { path: "a/b.txt".into(), kind: ChangeKind::Added, size: Some(3), is_dir: false },
+                ShadowChange { path: "old".into(), kind: ChangeKind::Deleted, size: None, is_dir: true },
+            ],
+            truncated: false,
+        };
+        assert_eq!(
+            serde_json::to_string(&Response::Ok(changes)).unwrap(),
+            r#"{"ok":{"type":"shadow_diff","changes":[{"path":"a/b.txt","kind":"added","size":3,"is_dir":false},{"path":"old","kind":"deleted","is_dir":true}],"truncated":false}}"#
+        );
+        for (mode, text) in
+            [(ShareMode::Ro, "ro"), (ShareMode::Rw, "rw"), (ShareMode::Rwd, "rwd"), (ShareMode::Shadow, "shadow")]
+        {
+            assert_eq!(serde_json::to_string(&mode).unwrap(), format!("\"{text}\""));
+            assert_eq!(mode.to_string(), text);
+        }
+        assert!(serde_json::from_str::<ShareMode>(r#""RW""#).is_err());
     }
 
     #[test]

@@ -71,7 +71,8 @@ impl HostAgent {
         .await
     }
 
-    async fn start_with(configure: impl FnOnce(&mut Command)) -> Self {
+    /// Starts the agent with `configure` applied to its command (extra flags, pre_exec steps).
+    pub async fn start_with(configure: impl FnOnce(&mut Command)) -> Self {
         let dir = TempDir::new("agent");
         let socket = dir.0.join("agent.sock");
         let mut cmd = Command::new(workspace_bin("umbra-agent"));

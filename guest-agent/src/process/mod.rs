@@ -6,6 +6,7 @@
 //! event — so the host always sees all output before the exit.
 
 mod credit;
+pub mod landlock;
 pub mod spawn;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

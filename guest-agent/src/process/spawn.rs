@@ -14,6 +14,7 @@ use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::pty::{openpty, Winsize};
 use umbra_proto::{SpawnRequest, TtySize};
 
+use super::landlock::Ruleset;
 use crate::reaper::{ChildExit, Reaper};
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -58,8 +59,9 @@ pub fn winsize(size: TtySize) -> Winsize {
 }
 
 /// Forks and execs the request. Errors carry the OS reason (missing binary, bad cwd, EPERM).
+/// With a `landlock` ruleset, the child restricts itself with it just before exec.
 /// Blocks until the child has exec'd: call it from a blocking thread.
-pub fn spawn(reaper: &Reaper, req: &SpawnRequest) -> io::Result<SpawnedChild> {
+pub fn spawn(reaper: &Reaper, req: &SpawnRequest, landlock: Option<&Ruleset>) -> io::Result<SpawnedChild> {
     let Some(program) = req.argv.first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "argv is empty"));
     };
@@ -83,6 +85,9 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest) -> io::Result<SpawnedChild> {
         cmd.uid(uid);
     }
     let tty = req.tty;
+    // The ruleset fd is close-on-exec: open in the child until its exec, then gone.
+    let landlock = landlock.map(Ruleset::raw_fd);
+    let restrict = move || landlock.map_or(Ok(()), Ruleset::restrict_self);
     // Reaping is paused while we fork, so the pty fds opened here cannot leak into another
     // child forked concurrently (all agent forks go through the reaper lock).
     let (stdio, pid, registration) = reaper.spawn(|| {
@@ -94,16 +99,16 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest) -> io::Result<SpawnedChild> {
                 .stdout(Stdio::from(pty.slave.try_clone()?))
                 .stderr(Stdio::from(pty.slave.try_clone()?));
             // SAFETY: between fork and exec we only call async-signal-safe functions
-            // (setsid, ioctl) and touch no heap state.
+            // (setsid, ioctl, the landlock syscalls and prctl) and touch no heap state.
             unsafe {
-                cmd.pre_exec(|| {
+                cmd.pre_exec(move || {
                     if libc::setsid() < 0 {
                         return Err(io::Error::last_os_error());
                     }
                     if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
                         return Err(io::Error::last_os_error());
                     }
-                    Ok(())
+                    restrict()
                 });
             }
             let child = cmd.spawn()?;
@@ -114,13 +119,14 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest) -> io::Result<SpawnedChild> {
             Ok((ChildStdio::Pty { master: pty.master }, pid))
         } else {
             cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-            // SAFETY: setsid is async-signal-safe and touches no heap state.
+            // SAFETY: setsid, the landlock syscalls and prctl are async-signal-safe and touch
+            // no heap state.
             unsafe {
-                cmd.pre_exec(|| {
+                cmd.pre_exec(move || {
                     if libc::setsid() < 0 {
                         return Err(io::Error::last_os_error());
                     }
-                    Ok(())
+                    restrict()
                 });
             }
             let mut child = cmd.spawn()?;

@@ -120,7 +120,7 @@ async fn handshake<R: AsyncRead + Unpin>(
         software: format!("umbra-agent {}", env!("CARGO_PKG_VERSION")),
         hostname: Some(conn.agent.hostname.clone()),
         pid1: conn.agent.pid1,
-        capabilities: ["pty", "files", "mount", "stats"].map(String::from).to_vec(),
+        capabilities: ["pty", "files", "mount", "stats", "shares"].map(String::from).to_vec(),
     };
     conn.send(json_frame(FrameKind::Hello, 0, &ours)).await?;
     Ok(true)

@@ -16,7 +16,8 @@ use umbra_proto::{
 };
 
 use super::connection::{Connection, ConnectionError};
-use crate::process::{self, spawn, StdinMsg};
+use crate::process::{self, landlock, spawn, StdinMsg};
+use crate::shares::ShareError;
 use crate::text::shown;
 use crate::{files, system};
 
@@ -24,6 +25,10 @@ type Reply = Result<ResponseBody, ErrorBody>;
 
 fn no_such_process(id: u32) -> ErrorBody {
     ErrorBody::new(ErrorCode::NoSuchProcess, format!("no live process with id {id}"))
+}
+
+fn share_error(e: ShareError) -> ErrorBody {
+    ErrorBody::new(e.code(), crate::text::clip(e.to_string()))
 }
 
 fn parse_signal(signal: i32) -> Result<Signal, ErrorBody> {
@@ -104,8 +109,15 @@ impl Connection {
             return self.respond(id, Err(err)).await;
         }
         let reaper = self.agent.reaper.clone();
+        // Fixed at spawn: shares added later do not restrict this process.
+        let protected = self.agent.shares.protected_paths();
         let started = Instant::now();
-        let child = match tokio::task::spawn_blocking(move || spawn::spawn(&reaper, &req)).await {
+        let spawned = tokio::task::spawn_blocking(move || {
+            let ruleset =
+                landlock::deny_removal_beneath(&protected).map_err(|e| std::io::Error::other(e.to_string()))?;
+            spawn::spawn(&reaper, &req, ruleset.as_ref())
+        });
+        let child = match spawned.await {
             Ok(Ok(child)) => child,
             Ok(Err(e)) => {
                 let err = ErrorBody::new(ErrorCode::SpawnFailed, format!("cannot run {argv0}{cwd}: {e}"));
@@ -168,6 +180,7 @@ impl Connection {
         let in_flight = self.in_flight.clone();
         let live = self.agent.live_processes.load(Ordering::Acquire);
         let uptime_ms = self.agent.started.elapsed().as_millis() as u64;
+        let agent = self.agent.clone();
         tokio::spawn(async move {
             let frame = tokio::task::spawn_blocking(move || {
                 let reply = match request {
@@ -186,6 +199,22 @@ impl Connection {
                         .map(|(entries, truncated)| ResponseBody::DirList { entries, truncated }),
                     Request::Mount(req) => system::mount_fs(&req).map(|_| ResponseBody::Done),
                     Request::Unmount { path } => system::unmount(&path).map(|_| ResponseBody::Done),
+                    Request::Share(req) => agent
+                        .shares
+                        .share(&req.session, &req.name, req.mode)
+                        .map(|path| ResponseBody::Shared { path: path.to_string_lossy().into_owned() })
+                        .map_err(share_error),
+                    Request::Unshare { session, name } => {
+                        agent.shares.unshare(&session, &name).map(|_| ResponseBody::Done).map_err(share_error)
+                    }
+                    Request::ShadowDiff { session, name } => agent
+                        .shares
+                        .shadow_diff(&session, &name)
+                        .map(|(changes, truncated)| ResponseBody::ShadowDiff { changes, truncated })
+                        .map_err(share_error),
+                    Request::ShadowReset { session, name } => {
+                        agent.shares.shadow_reset(&session, &name).map(|_| ResponseBody::Done).map_err(share_error)
+                    }
                     other => Err(ErrorBody::new(
                         ErrorCode::Unsupported,
                         format!("{} is not a blocking request", other.method()),

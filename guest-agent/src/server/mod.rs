@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
 
 use crate::reaper::Reaper;
+use crate::shares::Shares;
 
 pub use connection::serve_connection;
 
@@ -49,6 +50,8 @@ pub struct Agent {
     pub live_processes: AtomicU32,
     /// Signalled by a shutdown request; `main` performs it.
     pub shutdown: Notify,
+    /// Shared folders, guest-wide (not per connection).
+    pub shares: Shares,
 }
 
 pub async fn serve(agent: Arc<Agent>, addr: &ListenAddr) -> anyhow::Result<()> {
