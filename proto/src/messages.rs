@@ -236,14 +236,51 @@ pub enum ShareMode {
     Shadow,
 }
 
-impl std::fmt::Display for ShareMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl ShareMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
             ShareMode::Ro => "ro",
             ShareMode::Rw => "rw",
             ShareMode::Rwd => "rwd",
             ShareMode::Shadow => "shadow",
-        })
+        }
+    }
+
+    /// Whether guest activity may change the host folder directly (a shadow share's host
+    /// folder only changes through an explicit apply). The host binds the others read-only.
+    pub fn host_writable(self) -> bool {
+        matches!(self, ShareMode::Rw | ShareMode::Rwd)
+    }
+}
+
+impl std::fmt::Display for ShareMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseShareModeError(pub String);
+
+impl std::fmt::Display for ParseShareModeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unknown share mode {:?} (expected ro, rw, rwd or shadow)", self.0)
+    }
+}
+
+impl std::error::Error for ParseShareModeError {}
+
+impl std::str::FromStr for ShareMode {
+    type Err = ParseShareModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ro" => Ok(ShareMode::Ro),
+            "rw" => Ok(ShareMode::Rw),
+            "rwd" => Ok(ShareMode::Rwd),
+            "shadow" => Ok(ShareMode::Shadow),
+            _ => Err(ParseShareModeError(s.to_owned())),
+        }
     }
 }
 

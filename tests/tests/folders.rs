@@ -2,7 +2,7 @@
 //! the guest, on every backend this host supports (`UMBRA_TEST_BACKENDS`, as the conformance
 //! suite). What the host enforces is tested from inside the guest as root.
 
-use umbra_proto::{MountRequest, SpawnRequest};
+use umbra_proto::{ChangeKind, MountRequest, ShareMode, SpawnRequest};
 use umbra_runtime::backend::{BackendKind, BootImage, KvmKind, Vm, VmSpec};
 use umbra_tests::{cache_dir, test_bundle, TempDir};
 
@@ -134,4 +134,121 @@ async fn escapes_never_reveal_host_files_outside_the_share() {
 fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+// ---- modes and the shadow workspace, through the runtime's session API ----
+
+const SESSION: &str = "s1";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_denies_deletion_and_rwd_allows_it() {
+    for backend in backends() {
+        let dir = TempDir::new("share-modes");
+        let (rw, rwd) = (dir.0.join("rw"), dir.0.join("rwd"));
+        for d in [&rw, &rwd] {
+            std::fs::create_dir(d).unwrap();
+            std::fs::write(d.join("keep"), b"x").unwrap();
+        }
+        let mut vm = boot_sharing(backend).await;
+        let rw_path = vm.share_folder(SESSION, &rw, None, ShareMode::Rw).await.unwrap();
+        let rwd_path = vm.share_folder(SESSION, &rwd, None, ShareMode::Rwd).await.unwrap();
+        assert_eq!(rw_path, "/sessions/s1/mnt/rw");
+
+        let (code, _, err) = run(&vm, &format!("echo new > {rw_path}/new && echo more >> {rw_path}/keep")).await;
+        assert_eq!(code, 0, "{backend:?}: rw creates and modifies: {err}");
+        assert_eq!(std::fs::read(rw.join("new")).unwrap(), b"new\n");
+        let (code, _, err) = run(&vm, &format!("rm {rw_path}/keep")).await;
+        assert_ne!(code, 0, "{backend:?}: rm in an rw share must fail");
+        assert!(err.contains("Permission denied") || err.contains("not permitted"), "{backend:?}: {err}");
+        assert!(rw.join("keep").exists());
+        let (code, _, _) = run(&vm, &format!("mv {rw_path}/new /tmp/away")).await;
+        assert_ne!(code, 0, "{backend:?}: renaming away from an rw share must fail");
+        assert!(rw.join("new").exists());
+
+        let (code, _, err) = run(&vm, &format!("rm {rwd_path}/keep")).await;
+        assert_eq!(code, 0, "{backend:?}: rwd deletes: {err}");
+        assert!(!rwd.join("keep").exists());
+        vm.shutdown().await;
+    }
+}
+
+fn tree(root: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if p.is_dir() {
+                out.push((rel + "/", Vec::new()));
+                stack.push(p);
+            } else {
+                out.push((rel, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_changes_stay_in_the_guest_until_applied_and_conflicts_are_kept() {
+    for backend in backends() {
+        let dir = TempDir::new("share-shadow");
+        let proj = dir.0.join("proj");
+        std::fs::create_dir_all(proj.join("src")).unwrap();
+        std::fs::write(proj.join("src/main.rs"), b"fn main() {}\n").unwrap();
+        std::fs::write(proj.join("README"), b"readme\n").unwrap();
+        std::fs::write(proj.join("old.txt"), b"old\n").unwrap();
+        std::fs::write(proj.join("contested"), b"v1\n").unwrap();
+        let before = tree(&proj);
+        let mut vm = boot_sharing(backend).await;
+        let g = vm.share_folder(SESSION, &proj, None, ShareMode::Shadow).await.unwrap();
+
+        let script = format!(
+            "cd {g} && echo added > new.txt && mkdir -p docs && echo guide > docs/guide.md \
+             && echo 'fn main() {{ println!(); }}' > src/main.rs && rm old.txt && echo v2-guest > contested"
+        );
+        let (code, _, err) = run(&vm, &script).await;
+        assert_eq!(code, 0, "{backend:?}: {err}");
+        assert_eq!(tree(&proj), before, "{backend:?}: the host folder is untouched");
+
+        let mut diff: Vec<(String, ChangeKind, Option<u64>)> =
+            vm.shadow_diff(SESSION, "proj").await.unwrap().into_iter().map(|c| (c.path, c.kind, c.size)).collect();
+        diff.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            diff,
+            vec![
+                ("contested".into(), ChangeKind::Modified, Some(9)),
+                ("docs".into(), ChangeKind::Added, None),
+                ("docs/guide.md".into(), ChangeKind::Added, Some(6)),
+                ("new.txt".into(), ChangeKind::Added, Some(6)),
+                ("old.txt".into(), ChangeKind::Deleted, None),
+                ("src/main.rs".into(), ChangeKind::Modified, Some(26)),
+            ],
+            "{backend:?}"
+        );
+
+        // The host edits one of those files meanwhile: a conflict, not an overwrite.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(proj.join("contested"), b"v2-host\n").unwrap();
+        let report = vm.shadow_apply(SESSION, "proj").await.unwrap();
+        let conflicts: Vec<&str> = report.conflicts.iter().map(|c| c.path.as_str()).collect();
+        assert_eq!(conflicts, vec!["contested"], "{backend:?}: {report:?}");
+        assert!(report.errors.is_empty(), "{backend:?}: {report:?}");
+        assert_eq!(std::fs::read(proj.join("contested")).unwrap(), b"v2-host\n");
+        assert_eq!(std::fs::read(proj.join("new.txt")).unwrap(), b"added\n");
+        assert_eq!(std::fs::read(proj.join("docs/guide.md")).unwrap(), b"guide\n");
+        assert_eq!(std::fs::read(proj.join("src/main.rs")).unwrap(), b"fn main() { println!(); }\n");
+        assert!(!proj.join("old.txt").exists());
+        assert_eq!(std::fs::read(proj.join("README")).unwrap(), b"readme\n");
+
+        // Reset throws the guest's changes away.
+        vm.shadow_reset(SESSION, "proj").await.unwrap();
+        // virtiofsd's default cache policy lets the guest keep attributes for 1 s.
+        tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+        let (_, out, _) = run(&vm, &format!("cat {g}/contested; ls {g}")).await;
+        assert!(out.starts_with("v2-host\n"), "{backend:?}: after reset the guest sees the host: {out}");
+        vm.shutdown().await;
+    }
 }

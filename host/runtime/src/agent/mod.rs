@@ -27,8 +27,9 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use umbra_proto::{
     json_frame, json_frame_with_attachment, parse_body, Channel, DirEntry, ErrorBody, Event, FileStat, Frame,
-    FrameCodec, FrameKind, Hello, MountRequest, Request, Response, ResponseBody, SpawnRequest, Stats, WriteFileRequest,
-    INITIAL_OUTPUT_CREDIT, MAX_BODY_LEN, MAX_DATA_CHUNK, MAX_FILE_CHUNK, PROTOCOL_VERSION,
+    FrameCodec, FrameKind, Hello, MountRequest, Request, Response, ResponseBody, ShadowChange, ShareRequest,
+    SpawnRequest, Stats, WriteFileRequest, INITIAL_OUTPUT_CREDIT, MAX_BODY_LEN, MAX_DATA_CHUNK, MAX_FILE_CHUNK,
+    PROTOCOL_VERSION,
 };
 
 pub use connect::hybrid_handshake;
@@ -333,6 +334,31 @@ impl AgentClient {
 
     pub async fn unmount(&self, path: &str) -> Result<(), ClientError> {
         self.call(&Request::Unmount { path: path.into() }).await.map(drop)
+    }
+
+    /// Mounts share `name` of the VM's virtio-fs root at `/sessions/<session>/mnt/<name>`;
+    /// returns the guest path.
+    pub async fn share(&self, request: ShareRequest) -> Result<String, ClientError> {
+        match self.call(&Request::Share(request)).await? {
+            ResponseBody::Shared { path } => Ok(path),
+            other => Err(unexpected("share", &other)),
+        }
+    }
+
+    pub async fn unshare(&self, session: &str, name: &str) -> Result<(), ClientError> {
+        self.call(&Request::Unshare { session: session.into(), name: name.into() }).await.map(drop)
+    }
+
+    /// The changes in a shadow share; `true` if the list was cut short.
+    pub async fn shadow_diff(&self, session: &str, name: &str) -> Result<(Vec<ShadowChange>, bool), ClientError> {
+        match self.call(&Request::ShadowDiff { session: session.into(), name: name.into() }).await? {
+            ResponseBody::ShadowDiff { changes, truncated } => Ok((changes, truncated)),
+            other => Err(unexpected("shadow_diff", &other)),
+        }
+    }
+
+    pub async fn shadow_reset(&self, session: &str, name: &str) -> Result<(), ClientError> {
+        self.call(&Request::ShadowReset { session: session.into(), name: name.into() }).await.map(drop)
     }
 
     /// Asks the guest to power off (or a host-side agent to exit).

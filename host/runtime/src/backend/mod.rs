@@ -127,6 +127,8 @@ pub struct Vm {
     run_dir: RunDir,
     /// The folder server, when the VM was launched with folder sharing.
     folders: Option<fsd::FolderServer>,
+    /// Folders shared so far (see `share::session`).
+    pub(crate) shared: Vec<crate::share::session::Shared>,
 }
 
 impl Vm {

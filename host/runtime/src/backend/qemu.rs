@@ -152,5 +152,6 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         boot_time: started.elapsed(),
         run_dir: run,
         folders,
+        shared: Vec::new(),
     })
 }

@@ -2,9 +2,11 @@
 //!
 //! [`paths`] translates between guest paths (`/sessions/<session>/mnt/<folder>/…`) and host paths
 //! and opens guest-named files on the host without leaving the share; [`shadow`] is the host side
-//! of shadow mode (baseline, conflict-checked apply, export). `beneath` holds the fd-relative
+//! of shadow mode (baseline, conflict-checked apply, export); [`session`] shares folders with a
+//! running VM (host bind through its folder server, then the guest mount). `beneath` holds the fd-relative
 //! syscalls both rely on, so the `unsafe` lives in one place.
 
 mod beneath;
 pub mod paths;
+pub mod session;
 pub mod shadow;

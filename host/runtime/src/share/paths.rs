@@ -20,14 +20,10 @@
 //! `link` requests reach virtiofsd, whose sandbox only sees the shared directory, so both ends of
 //! any link it creates are inside the share.
 
-use std::fmt;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Component, Path, PathBuf};
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
 
 use super::beneath;
 
@@ -97,61 +93,8 @@ pub enum PathError {
     Io { path: String, source: io::Error },
 }
 
-/// How a host folder is shared (DESIGN §7).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ShareMode {
-    /// Read-only, enforced by virtiofsd on the host and by the guest mount.
-    Ro,
-    /// Read-write; the guest agent's landlock rules still deny unlink/rmdir.
-    Rw,
-    /// Read-write and delete.
-    Rwd,
-    /// Host folder is the read-only lower layer of a guest overlay; changes come back through
-    /// [`super::shadow`].
-    Shadow,
-}
-
-impl ShareMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ShareMode::Ro => "ro",
-            ShareMode::Rw => "rw",
-            ShareMode::Rwd => "rwd",
-            ShareMode::Shadow => "shadow",
-        }
-    }
-
-    /// Whether guest activity may change the host folder directly (a shadow share's host
-    /// folder only changes through an explicit apply).
-    pub fn host_writable(self) -> bool {
-        matches!(self, ShareMode::Rw | ShareMode::Rwd)
-    }
-}
-
-impl fmt::Display for ShareMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("unknown share mode {0:?} (expected ro, rw, rwd or shadow)")]
-pub struct ParseShareModeError(pub String);
-
-impl FromStr for ShareMode {
-    type Err = ParseShareModeError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "ro" => Ok(ShareMode::Ro),
-            "rw" => Ok(ShareMode::Rw),
-            "rwd" => Ok(ShareMode::Rwd),
-            "shadow" => Ok(ShareMode::Shadow),
-            _ => Err(ParseShareModeError(s.to_owned())),
-        }
-    }
-}
+/// How a folder is shared: the protocol's own type, so host and guest cannot disagree.
+pub use umbra_proto::{ParseShareModeError, ShareMode};
 
 /// One host folder shared into a session.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -29,8 +29,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-
 use super::beneath;
 
 /// [`Baseline::record`] refuses folders with more entries than this.
@@ -42,28 +40,9 @@ const NEW_FILE_MODE: u32 = 0o644;
 /// Permissions of a created directory, before the umask.
 const NEW_DIR_MODE: u32 = 0o755;
 
-/// How an entry differs from the host folder.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ChangeKind {
-    Added,
-    Modified,
-    Deleted,
-}
-
-/// One entry of a shadow folder's diff, as the guest agent reports it. A type change (a file
-/// that became a directory or back) is reported as `deleted` then `added`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShadowChange {
-    /// Relative to the folder root, `/`-separated.
-    pub path: String,
-    pub kind: ChangeKind,
-    /// Content length for added/modified files, when the guest knows it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<u64>,
-    #[serde(default)]
-    pub is_dir: bool,
-}
+/// How an entry differs from the host folder, and one entry of a shadow folder's diff as the
+/// guest agent reports it (a type change comes as `deleted` then `added`): the protocol's types.
+pub use umbra_proto::{ChangeKind, ShadowChange};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileKind {
