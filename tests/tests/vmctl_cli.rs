@@ -152,3 +152,43 @@ fn exits_when_the_command_ends_even_if_stdin_stays_open() {
     };
     assert_eq!(status.code(), Some(0));
 }
+
+fn vmctl_with(flags: &[&str]) -> Command {
+    let mut c = Command::new(workspace_bin("vmctl"));
+    c.arg("run").arg("--bundle").arg(test_bundle("minimal")).args(flags).arg("--");
+    c
+}
+
+#[test]
+fn mounts_start_the_command_in_the_folder_and_honour_their_mode() {
+    let dir = umbra_tests::TempDir::new("vmctl-mount");
+    let proj = dir.0.join("proj");
+    std::fs::create_dir(&proj).unwrap();
+    std::fs::write(proj.join("a.txt"), b"hello\n").unwrap();
+    let spec = format!("{}:ro", proj.display());
+    let out = vmctl_with(&["--mount", &spec]).args(["sh", "-c", "pwd; cat a.txt; echo x > b.txt"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "/sessions/run/mnt/proj\nhello\n");
+    assert_ne!(out.status.code(), Some(0), "a write to a ro mount fails");
+    assert!(!proj.join("b.txt").exists());
+
+    let spec = format!("{}:work:shadow", proj.display());
+    let out = vmctl_with(&["--mount", &spec, "--shadow-diff"])
+        .args(["sh", "-c", "echo new > b.txt; rm a.txt"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("deleted  a.txt") && err.contains("added    b.txt (4 bytes)"), "{err}");
+    assert!(proj.join("a.txt").exists() && !proj.join("b.txt").exists(), "shadow leaves the host alone");
+
+    let out = vmctl_with(&["--mount", &spec, "--shadow-apply"])
+        .args(["sh", "-c", "echo new > b.txt; rm a.txt"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!proj.join("a.txt").exists());
+    assert_eq!(std::fs::read(proj.join("b.txt")).unwrap(), b"new\n");
+
+    let out = vmctl_with(&["--mount", "/x:a:b:c"]).arg("true").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "clap rejects a malformed --mount");
+}

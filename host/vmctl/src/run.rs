@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use tokio::signal::unix::{signal, SignalKind};
-use umbra_proto::{SpawnRequest, TtySize};
+use umbra_proto::{ChangeKind, ShareMode, SpawnRequest, TtySize};
 use umbra_runtime::agent::{Process, ProcessEvent};
 use umbra_runtime::backend::{kvm, BackendKind, KvmKind, Vm, VmSpec};
 
@@ -45,9 +45,20 @@ pub struct RunArgs {
     /// Environment for the command (repeatable).
     #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
     env: Vec<(String, String)>,
-    /// Working directory in the guest.
+    /// Working directory in the guest (default: the shared folder, when exactly one is mounted).
     #[arg(long)]
     workdir: Option<String>,
+    /// Share a host folder: HOST_PATH[:NAME][:MODE], MODE = ro | rw | rwd | shadow (default rw).
+    /// It appears at /sessions/run/mnt/NAME (NAME defaults to the folder's name). Repeatable.
+    #[arg(long = "mount", value_name = "HOST_PATH[:NAME][:MODE]", value_parser = parse_mount)]
+    mounts: Vec<MountArg>,
+    /// For shadow mounts: print what the command changed (added, modified, deleted) when it ends.
+    #[arg(long)]
+    shadow_diff: bool,
+    /// For shadow mounts: apply the changes to the host folder when the command ends (files
+    /// changed on the host meanwhile are reported as conflicts and left alone).
+    #[arg(long)]
+    shadow_apply: bool,
     /// Kill the command after this many seconds (exit status 124).
     #[arg(long)]
     timeout: Option<u64>,
@@ -63,6 +74,37 @@ pub struct RunArgs {
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     command: Vec<String>,
+}
+
+/// The session name `vmctl run` uses for its shares: `/sessions/run/mnt/<name>`.
+const SESSION: &str = "run";
+
+#[derive(Debug, Clone)]
+pub struct MountArg {
+    host: PathBuf,
+    name: Option<String>,
+    mode: ShareMode,
+}
+
+/// `HOST_PATH[:NAME][:MODE]`: the mode is recognised by value, so `path:shadow` works too.
+fn parse_mount(s: &str) -> Result<MountArg, String> {
+    let mut parts: Vec<&str> = s.split(':').collect();
+    let mut mode = ShareMode::Rw;
+    if parts.len() > 1 {
+        if let Ok(m) = parts[parts.len() - 1].parse::<ShareMode>() {
+            mode = m;
+            parts.pop();
+        }
+    }
+    let name = match parts.len() {
+        1 => None,
+        2 => Some(parts[1].to_string()),
+        _ => return Err(format!("{s:?}: expected HOST_PATH[:NAME][:MODE] with MODE one of ro, rw, rwd, shadow")),
+    };
+    if parts[0].is_empty() {
+        return Err(format!("{s:?}: empty host path"));
+    }
+    Ok(MountArg { host: PathBuf::from(parts[0]), name, mode })
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -151,6 +193,10 @@ async fn run_inner(args: RunArgs, out: &Output) -> anyhow::Result<i32> {
     spec.cpus = args.cpus;
     spec.memory_mib = args.memory;
     spec.boot_timeout = Duration::from_secs(args.boot_timeout);
+    spec.folder_sharing = !args.mounts.is_empty();
+    if (args.shadow_diff || args.shadow_apply) && !args.mounts.iter().any(|m| m.mode == ShareMode::Shadow) {
+        bail!("--shadow-diff and --shadow-apply need a --mount with mode shadow");
+    }
 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -163,10 +209,22 @@ async fn run_inner(args: RunArgs, out: &Output) -> anyhow::Result<i32> {
     out.event(serde_json::json!({"event": "ready", "backend": format!("{backend:?}").to_lowercase(),
         "why": why, "boot_ms": vm.boot_time.as_millis() as u64, "bundle": spec.image.version}));
 
+    let mut guest_paths = Vec::new();
+    for m in &args.mounts {
+        let path = vm.share_folder(SESSION, &m.host, m.name.as_deref(), m.mode).await?;
+        out.event(serde_json::json!({"event": "mounted", "host": m.host, "guest": path, "mode": m.mode}));
+        guest_paths.push(path);
+    }
+    let cwd = match (&args.workdir, guest_paths.as_slice()) {
+        (Some(w), _) => Some(w.clone()),
+        (None, [only]) => Some(only.clone()),
+        _ => None,
+    };
+
     let raw = if args.tty { RawTerminal::enable().ok() } else { None };
     let request = SpawnRequest {
         argv: args.command.clone(),
-        cwd: args.workdir.clone(),
+        cwd,
         env: args.env.iter().cloned().collect::<BTreeMap<_, _>>(),
         uid: None,
         gid: None,
@@ -175,8 +233,54 @@ async fn run_inner(args: RunArgs, out: &Output) -> anyhow::Result<i32> {
     let process = vm.agent().spawn(request)?;
     let result = drive(&mut vm, process, &args, out, &mut sigint, &mut sigterm).await;
     drop(raw);
+    let shadow = if result.is_ok() { shadow_report(&vm, &args, out).await } else { Ok(()) };
     vm.shutdown().await;
+    shadow?;
     result
+}
+
+/// After the command: the diff of each shadow mount and, if asked, its application.
+async fn shadow_report(vm: &Vm, args: &RunArgs, out: &Output) -> anyhow::Result<()> {
+    for shared in vm.shared_folders().iter().filter(|s| s.mode == ShareMode::Shadow) {
+        let name = shared.name.clone();
+        if args.shadow_diff {
+            let changes = vm.shadow_diff(SESSION, &name).await?;
+            out.event(serde_json::json!({"event": "shadow_diff", "mount": name, "changes": changes}));
+            if !out.json {
+                eprintln!("shadow {name}: {} change(s)", changes.len());
+                for c in &changes {
+                    let size = c.size.map(|s| format!(" ({s} bytes)")).unwrap_or_default();
+                    let kind = match c.kind {
+                        ChangeKind::Added => "added",
+                        ChangeKind::Modified => "modified",
+                        ChangeKind::Deleted => "deleted",
+                    };
+                    eprintln!("  {kind:<8} {}{}{size}", c.path, if c.is_dir { "/" } else { "" });
+                }
+            }
+        }
+        if args.shadow_apply {
+            let report = vm.shadow_apply(SESSION, &name).await?;
+            let conflicts: Vec<String> =
+                report.conflicts.iter().map(|c| format!("{} ({:?})", c.path, c.reason)).collect();
+            let errors: Vec<String> = report.errors.iter().map(|e| format!("{e:?}")).collect();
+            out.event(serde_json::json!({"event": "shadow_apply", "mount": name, "applied": report.applied,
+                "conflicts": conflicts, "errors": errors}));
+            if !out.json {
+                eprintln!(
+                    "shadow {name}: applied {} change(s) to {}; {} conflict(s), {} error(s)",
+                    report.applied.len(),
+                    shared.host_path.display(),
+                    conflicts.len(),
+                    errors.len()
+                );
+                for c in conflicts.iter().chain(&errors) {
+                    eprintln!("  not applied: {c}");
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Streams one process until it exits; returns vmctl's exit status.
