@@ -5,6 +5,7 @@
 //!   "cpus": 2, "memory_mib": 512,
 //!   "disks": [{ "path": "rootfs.erofs", "read_only": true }, { "path": "scratch.img" }],
 //!   "vsock": { "guest_cid": 3, "uds_path": "/run/user/1000/umbra/vms/x/vsock.sock" },
+//!   "fs": [{ "tag": "work", "socket": "/run/user/1000/umbra/vms/x/fs-work.sock" }],
 //!   "console_log": "console.log", "rng": true }
 //! ```
 
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::boot::layout::{IRQ_MAX, VIRTIO_IRQ_START};
 use crate::boot::mptable::MAX_CPUS;
+use crate::devices::virtio::fs::device::{tag_is_valid, MAX_TAG_LEN};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,6 +33,10 @@ pub struct VmConfig {
     pub disks: Vec<DiskConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<VsockConfig>,
+    /// Shared folders: one virtio-fs device per entry, served by the virtiofsd listening on
+    /// `socket` (started by whoever launches the VM, before it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fs: Vec<FsConfig>,
     /// Where the serial console goes; standard output when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub console_log: Option<PathBuf>,
@@ -55,6 +61,15 @@ pub struct VsockConfig {
     pub uds_path: PathBuf,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsConfig {
+    /// The name the guest mounts it by (`mount -t virtiofs TAG DIR`): 1 to 36 bytes.
+    pub tag: String,
+    /// virtiofsd's vhost-user socket.
+    pub socket: PathBuf,
+}
+
 fn default_cpus() -> u8 {
     1
 }
@@ -69,8 +84,10 @@ fn default_true() -> bool {
 /// more than a 64-bit guest with our page tables can address sensibly.
 pub const MIN_MEMORY_MIB: u32 = 32;
 pub const MAX_MEMORY_MIB: u32 = 1 << 20;
-/// Disks, vsock and rng each take one IRQ between VIRTIO_IRQ_START and IRQ_MAX.
+/// Disks, vsock, fs and rng each take one IRQ between VIRTIO_IRQ_START and IRQ_MAX.
 pub const MAX_DEVICES: u32 = IRQ_MAX - VIRTIO_IRQ_START + 1;
+/// Shared folders per VM: each is a virtiofsd process, two queues and a thread.
+pub const MAX_FS_DEVICES: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -90,7 +107,7 @@ impl VmConfig {
     }
 
     pub fn device_count(&self) -> u32 {
-        self.disks.len() as u32 + self.vsock.is_some() as u32 + self.rng as u32
+        self.disks.len() as u32 + self.vsock.is_some() as u32 + self.fs.len() as u32 + self.rng as u32
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -111,6 +128,17 @@ impl VmConfig {
             // 0–2 are reserved (hypervisor, local, host); u32::MAX is VMADDR_CID_ANY.
             if v.guest_cid < 3 || v.guest_cid >= u32::MAX as u64 {
                 return invalid(format!("vsock guest_cid must be 3 to {}, not {}", u32::MAX - 1, v.guest_cid));
+            }
+        }
+        if self.fs.len() > MAX_FS_DEVICES {
+            return invalid(format!("{} shared folders (fs) requested; at most {MAX_FS_DEVICES}", self.fs.len()));
+        }
+        for (i, f) in self.fs.iter().enumerate() {
+            if !tag_is_valid(&f.tag) {
+                return invalid(format!("fs tag {:?} must be 1 to {MAX_TAG_LEN} bytes and contain no NUL", f.tag));
+            }
+            if self.fs[..i].iter().any(|earlier| earlier.tag == f.tag) {
+                return invalid(format!("fs tag {:?} is used twice; the guest mounts shares by tag", f.tag));
             }
         }
         Ok(())
@@ -140,5 +168,28 @@ mod tests {
         c.vsock = None;
         c.disks = (0..20).map(|i| DiskConfig { path: format!("d{i}").into(), read_only: true }).collect();
         assert!(c.validate().unwrap_err().to_string().contains("virtio devices"));
+    }
+
+    #[test]
+    fn shared_folders_are_counted_and_their_tags_checked() {
+        let mut c: VmConfig =
+            serde_json::from_str(r#"{"kernel":"k","fs":[{"tag":"work","socket":"/run/fs.sock"}]}"#).unwrap();
+        assert_eq!(c.fs, vec![FsConfig { tag: "work".into(), socket: "/run/fs.sock".into() }]);
+        assert_eq!(c.device_count(), 2, "fs + rng");
+        c.validate().unwrap();
+        let e = serde_json::from_str::<VmConfig>(r#"{"kernel":"k","fs":[{"tag":"t","path":"s"}]}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `path`"), "{e}");
+        assert!(!serde_json::to_string(&VmConfig { fs: vec![], ..c.clone() }).unwrap().contains("fs"));
+
+        for bad in ["", "a\0b", &"x".repeat(37)] {
+            c.fs[0].tag = bad.to_string();
+            assert!(c.validate().unwrap_err().to_string().contains("fs tag"), "{bad:?}");
+        }
+        c.fs[0].tag = "x".repeat(36);
+        c.validate().unwrap();
+        c.fs.push(c.fs[0].clone());
+        assert!(c.validate().unwrap_err().to_string().contains("used twice"));
+        c.fs = (0..9).map(|i| FsConfig { tag: format!("t{i}"), socket: "s".into() }).collect();
+        assert!(c.validate().unwrap_err().to_string().contains("at most 8"));
     }
 }

@@ -67,6 +67,12 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, MachineE
             .map_err(device_error(format!("vsock socket {}", v.uds_path.display())))?;
         devices.push(Box::new(vsock));
     }
+    for f in &cfg.fs {
+        let fs = crate::devices::virtio::fs::FsDevice::new(&f.tag, &f.socket)
+            .map_err(std::io::Error::other)
+            .map_err(device_error(format!("shared folder {:?}", f.tag)))?;
+        devices.push(Box::new(fs));
+    }
     if cfg.rng {
         devices.push(Box::new(crate::devices::virtio::rng::Rng::new()));
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use umbra_vmm::config::{DiskConfig, VmConfig, VsockConfig};
+use umbra_vmm::config::{DiskConfig, FsConfig, VmConfig, VsockConfig};
 use umbra_vmm::exit::VMM_ERROR_STATUS;
 use umbra_vmm::machine::Machine;
 use umbra_vmm::VmExit;
@@ -37,6 +37,10 @@ struct Args {
     vsock_uds: Option<PathBuf>,
     #[arg(long, default_value_t = 3)]
     guest_cid: u64,
+    /// A shared folder: TAG=SOCKET, the guest's mount tag and virtiofsd's vhost-user socket
+    /// (repeatable).
+    #[arg(long = "fs", value_name = "TAG=SOCKET")]
+    fs: Vec<String>,
     /// Serial console log file (default: standard output).
     #[arg(long)]
     console_log: Option<PathBuf>,
@@ -77,6 +81,10 @@ fn config(args: Args) -> Result<VmConfig, String> {
     }
     if let Some(uds_path) = args.vsock_uds {
         cfg.vsock = Some(VsockConfig { guest_cid: args.guest_cid, uds_path });
+    }
+    for f in args.fs {
+        let (tag, socket) = f.split_once('=').ok_or_else(|| format!("--fs {f:?}: expected TAG=SOCKET"))?;
+        cfg.fs.push(FsConfig { tag: tag.to_string(), socket: socket.into() });
     }
     if args.console_log.is_some() {
         cfg.console_log = args.console_log;

@@ -12,6 +12,7 @@
 //! (DEVICE_NEEDS_RESET) — the VMM never panics or hangs on guest input.
 
 pub mod block;
+pub mod fs;
 pub mod mmio;
 pub mod rng;
 pub mod vsock;
