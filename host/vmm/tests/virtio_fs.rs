@@ -57,7 +57,7 @@ fn a_bare_guest_finds_the_fs_device_and_its_tag() {
             .unwrap(),
     );
     let started = Instant::now();
-    while !socket.exists() {
+    while !umbra_vmm::devices::virtio::fs::unix_socket_listening(&socket) {
         assert!(started.elapsed() < Duration::from_secs(10), "virtiofsd did not listen");
         std::thread::sleep(Duration::from_millis(5));
     }

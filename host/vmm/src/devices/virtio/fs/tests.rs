@@ -70,7 +70,7 @@ impl Virtiofsd {
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
         let mut fs = Virtiofsd { child, dir, shared, socket };
         let started = Instant::now();
-        while !fs.socket.exists() {
+        while !super::unix_socket_listening(&fs.socket) {
             if let Some(status) = fs.child.try_wait().unwrap() {
                 panic!("virtiofsd exited before listening: {status}");
             }
