@@ -5,28 +5,8 @@ use std::time::{Duration, Instant};
 
 use umbra_proto::SpawnRequest;
 use umbra_runtime::agent::{AgentClient, ProcessEvent};
-use umbra_runtime::backend::{BackendKind, BootImage, KvmKind, Vm, VmError, VmSpec};
-use umbra_tests::{cache_dir, test_bundle};
-
-/// Backends this host can run. KVM joins when the Umbra VMM lands.
-/// The backends this host runs the suite on: `UMBRA_TEST_BACKENDS` (comma list of `qemu`,
-/// `kvm`; the nested lane sets `kvm`), else QEMU plus the Umbra VMM where KVM is hardware.
-fn backends() -> Vec<BackendKind> {
-    if let Ok(list) = std::env::var("UMBRA_TEST_BACKENDS") {
-        return list
-            .split(',')
-            .map(|n| {
-                BackendKind::from_name(n.trim())
-                    .unwrap_or_else(|| panic!("unknown backend {n:?} in UMBRA_TEST_BACKENDS"))
-            })
-            .collect();
-    }
-    let mut all = vec![BackendKind::Qemu];
-    if KvmKind::detect() == KvmKind::Hardware {
-        all.push(BackendKind::Kvm);
-    }
-    all
-}
+use umbra_runtime::backend::{BackendKind, BootImage, Vm, VmError, VmSpec};
+use umbra_tests::{backends, cache_dir, test_bundle};
 
 fn sh(script: &str) -> SpawnRequest {
     SpawnRequest { argv: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() }
@@ -140,4 +120,38 @@ async fn a_guest_kernel_panic_is_reported_as_such() {
     for backend in backends() {
         expect_death(boot(backend).await, "echo c > /proc/sysrq-trigger; sleep 30", "the guest kernel panicked").await;
     }
+}
+
+/// virtio-blk: a read-only disk image reads back byte-exact in the guest and refuses writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_disk_reads_back_and_refuses_writes() {
+    let dir = umbra_tests::TempDir::new("blk");
+    let image_path = dir.0.join("disk.img");
+    // 1 MiB with a recognisable pattern in every sector.
+    let image: Vec<u8> = (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    std::fs::write(&image_path, &image).unwrap();
+    let expected = sha256_hex(&image[4096..8192]);
+    for backend in backends() {
+        let mut boot_image =
+            BootImage::from_bundle_dir(&test_bundle("minimal"), &cache_dir().join("extracted")).unwrap();
+        boot_image.rootfs = Some(image_path.clone());
+        let vm = Vm::launch(backend, &VmSpec::new(boot_image)).await.unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        let out = run(
+            vm.agent(),
+            sh("cat /sys/block/vda/size; dd if=/dev/vda bs=4096 skip=1 count=1 2>/dev/null | sha256sum"),
+        )
+        .await;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(text.starts_with("2048\n"), "{backend:?}: 2048 sectors: {text}");
+        assert!(text.contains(&expected), "{backend:?}: sector bytes: {text}");
+        let out = run(vm.agent(), sh("echo x | dd of=/dev/vda bs=512 count=1 conv=notrunc,fsync")).await;
+        assert_ne!(out.status.code, Some(0), "{backend:?}: a write to a read-only disk must fail");
+        vm.shutdown().await;
+        assert_eq!(std::fs::read(&image_path).unwrap(), image, "{backend:?}: the image is unchanged");
+    }
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
