@@ -8,6 +8,8 @@
 //! Must never panic or hang, and never return more chains than it took.
 #![no_main]
 
+mod common;
+
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,8 +17,10 @@ use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use umbra_vmm::devices::virtio::vsock::VsockMuxer;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use common::{build_queue, Input, RingLayout};
 
 const GUEST_CID: u64 = 3;
 /// Guest memory: [0, 64K) and [64K, 128K) adjacent, a 4 KiB hole, then [132K, 136K).
@@ -32,67 +36,16 @@ const USED_OFFSET: u64 = 0x300;
 const DATA: u64 = 0x1000;
 const DATA_MAX: usize = 0x1_f000;
 
-/// Reads little-endian integers off the front of the input, zero when it runs out.
-struct Input<'a>(&'a [u8]);
-
-impl Input<'_> {
-    fn take<const N: usize>(&mut self) -> [u8; N] {
-        let mut out = [0u8; N];
-        let n = N.min(self.0.len());
-        out[..n].copy_from_slice(&self.0[..n]);
-        self.0 = &self.0[n..];
-        out
+/// A queue's rings at `base`: descriptor table, then the avail and used rings.
+fn ring_layout(base: u64) -> RingLayout {
+    RingLayout {
+        desc_table: base,
+        avail_ring: base + AVAIL_OFFSET,
+        used_ring: base + USED_OFFSET,
+        mem_end: MEM_END,
+        // Mostly packet-sized.
+        small_len: 0x1_2000,
     }
-    fn u8(&mut self) -> u8 {
-        self.take::<1>()[0]
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes(self.take())
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes(self.take())
-    }
-    fn u64(&mut self) -> u64 {
-        u64::from_le_bytes(self.take())
-    }
-}
-
-/// Writes a queue of `size` descriptors, its available ring and index from the input, and
-/// returns the device's view of it.
-fn build_queue(input: &mut Input<'_>, mem: &GuestMemoryMmap, base: u64, size: u16) -> Queue {
-    for i in 0..size {
-        // Addresses mostly near guest memory (hitting it, its edges and the hole), sometimes
-        // anywhere; lengths mostly packet-sized, sometimes anything; flags and next raw.
-        let addr = input.u64();
-        let addr = if addr >> 63 == 0 { addr % (MEM_END + 0x1000) } else { addr };
-        let len = input.u32();
-        let len = if len >> 31 == 0 { len % 0x1_2000 } else { len };
-        let flags = input.u16();
-        let next = input.u16();
-        let mut raw = [0u8; 16];
-        raw[0..8].copy_from_slice(&addr.to_le_bytes());
-        raw[8..12].copy_from_slice(&len.to_le_bytes());
-        raw[12..14].copy_from_slice(&flags.to_le_bytes());
-        raw[14..16].copy_from_slice(&next.to_le_bytes());
-        mem.write_slice(&raw, GuestAddress(base + 16 * u64::from(i))).unwrap();
-    }
-    let heads = u16::from(input.u8()) % (size + 1);
-    for i in 0..heads {
-        let head = input.u16();
-        mem.write_obj(head, GuestAddress(base + AVAIL_OFFSET + 4 + 2 * u64::from(i))).unwrap();
-    }
-    let raw_idx = input.u16();
-    let avail_idx = if raw_idx & 0x8000 == 0 { heads } else { raw_idx };
-    mem.write_obj(avail_idx, GuestAddress(base + AVAIL_OFFSET + 2)).unwrap();
-
-    let mut queue = Queue::new(size).unwrap();
-    queue.set_size(size);
-    queue.try_set_desc_table_address(GuestAddress(base)).unwrap();
-    queue.try_set_avail_ring_address(GuestAddress(base + AVAIL_OFFSET)).unwrap();
-    queue.try_set_used_ring_address(GuestAddress(base + USED_OFFSET)).unwrap();
-    queue.set_ready(true);
-    assert!(queue.is_valid(mem));
-    queue
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -107,8 +60,8 @@ fuzz_target!(|data: &[u8]| {
     let rounds = 1 + (control >> 3) % 3;
 
     let mem = GuestMemoryMmap::from_ranges(&REGIONS.map(|(start, len)| (GuestAddress(start), len))).unwrap();
-    let mut tx = build_queue(&mut input, &mem, TX_RING, tx_size);
-    let mut rx = build_queue(&mut input, &mem, RX_RING, rx_size);
+    let mut tx = build_queue(&mut input, &mem, &ring_layout(TX_RING), tx_size);
+    let mut rx = build_queue(&mut input, &mem, &ring_layout(RX_RING), rx_size);
     let rest = &input.0[..input.0.len().min(DATA_MAX)];
     mem.write_slice(rest, GuestAddress(DATA)).unwrap();
 

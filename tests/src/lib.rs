@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use umbra_runtime::agent::AgentClient;
+use umbra_runtime::backend::{BackendKind, KvmKind};
 
 /// Path of a workspace binary built next to the running test executable.
 pub fn workspace_bin(name: &str) -> PathBuf {
@@ -154,4 +155,24 @@ pub fn test_bundle(flavor: &str) -> PathBuf {
         dir.display()
     );
     dir
+}
+
+/// The backends this host runs VM suites on: `UMBRA_TEST_BACKENDS` (comma list of `qemu`,
+/// `kvm`; the nested lane sets `kvm`), else QEMU plus the Umbra VMM where KVM is hardware. An
+/// unknown name is a failure, so a typo never quietly skips a backend.
+pub fn backends() -> Vec<BackendKind> {
+    if let Ok(list) = std::env::var("UMBRA_TEST_BACKENDS") {
+        return list
+            .split(',')
+            .map(|n| {
+                BackendKind::from_name(n.trim())
+                    .unwrap_or_else(|| panic!("unknown backend {n:?} in UMBRA_TEST_BACKENDS"))
+            })
+            .collect();
+    }
+    let mut all = vec![BackendKind::Qemu];
+    if KvmKind::detect() == KvmKind::Hardware {
+        all.push(BackendKind::Kvm);
+    }
+    all
 }

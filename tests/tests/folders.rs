@@ -3,19 +3,8 @@
 //! suite). What the host enforces is tested from inside the guest as root.
 
 use umbra_proto::{ChangeKind, MountRequest, ShareMode, SpawnRequest};
-use umbra_runtime::backend::{BackendKind, BootImage, KvmKind, Vm, VmSpec};
-use umbra_tests::{cache_dir, test_bundle, TempDir};
-
-fn backends() -> Vec<BackendKind> {
-    if let Ok(list) = std::env::var("UMBRA_TEST_BACKENDS") {
-        return list.split(',').filter_map(|n| BackendKind::from_name(n.trim())).collect();
-    }
-    let mut all = vec![BackendKind::Qemu];
-    if KvmKind::detect() == KvmKind::Hardware {
-        all.push(BackendKind::Kvm);
-    }
-    all
-}
+use umbra_runtime::backend::{BackendKind, BootImage, Vm, VmSpec};
+use umbra_tests::{backends, cache_dir, test_bundle, TempDir};
 
 fn sh(script: &str) -> SpawnRequest {
     SpawnRequest { argv: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() }

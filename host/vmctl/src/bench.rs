@@ -24,13 +24,25 @@ pub struct BootBenchArgs {
 
 const ANCHOR_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn median(mut v: Vec<Duration>) -> Duration {
+/// The middle of `v` (the upper one of an even count); `v` must not be empty.
+pub(crate) fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
 
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// The median of `runs` launches of `image` on `backend`, launch → agent ready.
+pub(crate) async fn median_boot_time(backend: BackendKind, image: &BootImage, runs: usize) -> anyhow::Result<Duration> {
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let vm = Vm::launch(backend, &VmSpec::new(image.clone())).await?;
+        times.push(vm.boot_time);
+        vm.shutdown().await;
+    }
+    Ok(median(times))
 }
 
 async fn anchor_once(qemu: &Path, image: &BootImage, kvm: bool) -> anyhow::Result<Duration> {
@@ -72,13 +84,7 @@ pub async fn boot(args: BootBenchArgs) -> anyhow::Result<()> {
     println!("{:<34} median {:>7.1} ms", "anchor: qemu launch -> /init", ms(anchor));
 
     for backend in [BackendKind::Qemu] {
-        let mut times = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            let vm = Vm::launch(backend, &VmSpec::new(image.clone())).await?;
-            times.push(vm.boot_time);
-            vm.shutdown().await;
-        }
-        let m = median(times);
+        let m = median_boot_time(backend, &image, runs).await?;
         println!(
             "{:<34} median {:>7.1} ms   ratio {:.2}x the anchor",
             format!("{backend:?}: launch -> agent ready").to_lowercase(),

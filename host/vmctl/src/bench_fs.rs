@@ -16,6 +16,7 @@ use clap::Args;
 use umbra_proto::{MountRequest, SpawnRequest};
 use umbra_runtime::backend::{Vm, VmSpec};
 
+use crate::bench::ms;
 use crate::run::{choose_backend, BackendChoice};
 
 #[derive(Args, Debug)]
@@ -95,7 +96,6 @@ pub async fn fs(args: FsBenchArgs) -> anyhow::Result<()> {
         let guest_read = guest(&vm, SEQ_READ, "/", "/umbra/shares/bench/big").await?;
         vm.shutdown().await;
 
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         let mibs = |d: Duration| args.read_mib as f64 / d.as_secs_f64();
         println!("{:<44} {:>9.0} ms", "create+stat, native (host tmp dir)", ms(native_small));
         println!(

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use umbra_runtime::backend::{kvm, BackendKind, BootImage, KvmKind, Vm, VmSpec};
+use umbra_runtime::backend::{kvm, BackendKind, BootImage, KvmKind};
 use umbra_vmm::bare::BareGuest;
 
+use crate::bench::{median, median_boot_time, ms};
 use crate::paths;
 
 #[derive(Args, Debug)]
@@ -29,15 +30,6 @@ pub struct VmmBenchArgs {
     boot_runs: usize,
     #[arg(long, default_value = "minimal")]
     bundle: String,
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 /// One bare run: (launch → first console byte, launch → exit).
@@ -115,13 +107,7 @@ async fn linux_boots(args: &VmmBenchArgs) -> anyhow::Result<()> {
     let runs = args.boot_runs.max(1);
     let mut medians = Vec::new();
     for backend in [BackendKind::Qemu, BackendKind::Kvm] {
-        let mut times = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            let vm = Vm::launch(backend, &VmSpec::new(image.clone())).await?;
-            times.push(vm.boot_time);
-            vm.shutdown().await;
-        }
-        let m = median(times);
+        let m = median_boot_time(backend, &image, runs).await?;
         println!("{:<40} median {:>8.1} ms", format!("linux: {} launch -> agent ready", backend.name()), ms(m));
         medians.push(m);
     }

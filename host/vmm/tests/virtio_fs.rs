@@ -3,25 +3,18 @@
 //! tag in config space; with nobody listening, the VMM exits 1 naming the socket. The data path
 //! (FUSE through the rings) is proven in the lane-(a) tests next to the device.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::Command;
 
 use umbra_vmm::bare::BareGuest;
 use umbra_vmm::boot::layout::VIRTIO_MMIO_START;
 
+#[path = "support/virtiofsd.rs"]
+mod virtiofsd;
+use virtiofsd::Virtiofsd;
+
 fn vmm_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_umbra-vmm"))
-}
-
-fn virtiofsd_binary() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("UMBRA_VIRTIOFSD") {
-        return Some(path.into());
-    }
-    let home = std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo/bin/virtiofsd"));
-    let on_path = std::env::var_os("PATH")
-        .and_then(|paths| std::env::split_paths(&paths).map(|p| p.join("virtiofsd")).find(|p| p.is_file()));
-    home.filter(|p| p.is_file()).or(on_path)
 }
 
 fn scratch_dir(name: &str) -> PathBuf {
@@ -31,36 +24,11 @@ fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
-struct Virtiofsd(Child);
-impl Drop for Virtiofsd {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_bare_guest_finds_the_fs_device_and_its_tag() {
-    let binary = virtiofsd_binary().expect("virtiofsd not found (scripts/install-deps, or set UMBRA_VIRTIOFSD)");
     let dir = scratch_dir("tag");
-    std::fs::create_dir(dir.join("shared")).unwrap();
-    let socket = dir.join("fs.sock");
-    let _virtiofsd = Virtiofsd(
-        Command::new(binary)
-            .arg("--shared-dir")
-            .arg(dir.join("shared"))
-            .arg("--socket-path")
-            .arg(&socket)
-            .args(["--sandbox", "none", "--log-level", "error"])
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let started = Instant::now();
-    while !umbra_vmm::devices::virtio::fs::unix_socket_listening(&socket) {
-        assert!(started.elapsed() < Duration::from_secs(10), "virtiofsd did not listen");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let fs = Virtiofsd::start(dir.clone(), &[], umbra_vmm::devices::virtio::fs::unix_socket_listening);
+    let socket = &fs.socket;
 
     // With --no-rng the fs device is the only one: the first MMIO window.
     let base = VIRTIO_MMIO_START;
@@ -83,7 +51,7 @@ fn a_bare_guest_finds_the_fs_device_and_its_tag() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "idJ tag=workdir\0\n");
-    let _ = std::fs::remove_dir_all(&dir);
+    // Dropping `fs` stops virtiofsd and removes `dir`.
 }
 
 #[test]

@@ -3,24 +3,18 @@
 //! QEMU's vhost-device-vsock, so the agent connection is the same code; no helper daemons.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
-use super::console::ConsoleCopier;
 use super::fsd::FolderServer;
 use super::host::find_binary;
 use super::rundir::{new_vm_id, RunDir};
-use super::{wait_for_agent, BackendKind, Supervised, Vm, VmError, VmSpec};
+use super::{io, start_folder_server, BackendKind, GuestProcess, Launch, Vm, VmError, VmSpec};
 
 /// `reboot=k`: the guest's reboot (how the agent ends the VM) pulses the i8042 reset line,
 /// which umbra-vmm reports as a clean exit; a triple fault then always means a crash.
 pub const KVM_CMDLINE: &str = "console=ttyS0 reboot=k quiet panic=-1";
 const GUEST_CID: u64 = 3;
-
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmError {
-    let what = what.into();
-    move |source| VmError::Io { what, source }
-}
 
 /// umbra-vmm: `UMBRA_VMM_BIN`, then next to the running executable (vmctl and umbra-vmm ship
 /// together), then PATH.
@@ -85,52 +79,15 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let id = new_vm_id();
     let run = RunDir::create(&id).map_err(io("create the VM run directory"))?;
     let vsock_uds = run.join("vsock.sock");
-    let console_log = run.join("console.log");
-    let vmm_log = run.join("umbra-vmm.log");
     let config = run.join("vm.json");
     let mut children = Vec::new();
-    let folders = if spec.folder_sharing {
-        let (server, child) = FolderServer::start(&run).await?;
-        children.push(child);
-        Some(server)
-    } else {
-        None
-    };
+    let folders = start_folder_server(spec, &run, &mut children).await?;
     let fs_socket = folders.as_ref().map(FolderServer::socket);
     let text = serde_json::to_vec_pretty(&vm_config(spec, &vsock_uds, fs_socket)).expect("JSON values serialise");
     std::fs::write(&config, text).map_err(io(format!("write {}", config.display())))?;
 
     let mut cmd = Command::new(&vmm);
-    cmd.arg("--config")
-        .arg(&config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&vmm_log).map_err(io(format!("create {}", vmm_log.display())))?);
-    let mut child = Supervised::spawn("umbra-vmm", cmd).map_err(io(format!("start {}", vmm.display())))?;
-    let console_out = child.take_stdout().expect("umbra-vmm spawned with a stdout pipe");
-    let copier = ConsoleCopier::start(console_out, console_log.clone()).map_err(io("start the console copier"))?;
-    children.push(child);
-
-    let agent = match wait_for_agent(&vsock_uds, &mut children, &console_log, &copier, spec.boot_timeout).await {
-        Ok(a) => a,
-        Err(VmError::GuestDied { reason, console }) => {
-            // umbra-vmm's own message (bad kernel, KVM refused a step) says more than the console.
-            let log = std::fs::read_to_string(&vmm_log).unwrap_or_default();
-            let console = if log.trim().is_empty() { console } else { format!("{console}\n{}", log.trim()) };
-            return Err(VmError::GuestDied { reason, console });
-        }
-        Err(e) => return Err(e),
-    };
-    Ok(Vm {
-        id,
-        backend: BackendKind::Kvm,
-        agent,
-        children,
-        console_log,
-        console: copier,
-        boot_time: started.elapsed(),
-        run_dir: run,
-        folders,
-        shared: Vec::new(),
-    })
+    cmd.arg("--config").arg(&config);
+    let guest = GuestProcess { name: "umbra-vmm", binary: &vmm, cmd, log: run.join("umbra-vmm.log"), log_label: "" };
+    Launch { backend: BackendKind::Kvm, started, id, run, children, folders }.finish(spec, guest).await
 }

@@ -12,7 +12,9 @@ pub mod kvm;
 mod qemu;
 mod rundir;
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use umbra_bundle::{ArtifactRole, BundleError, ExtractedBundle};
@@ -218,6 +220,94 @@ impl Vm {
 impl Drop for Vm {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmError {
+    let what = what.into();
+    move |source| VmError::Io { what, source }
+}
+
+fn log_file(path: &Path) -> Result<File, VmError> {
+    File::create(path).map_err(io(format!("create {}", path.display())))
+}
+
+/// Starts the VM's folder server when `spec` asks for folder sharing; its process joins
+/// `children` (before the VMM, which is killed first).
+async fn start_folder_server(
+    spec: &VmSpec,
+    run: &RunDir,
+    children: &mut Vec<Supervised>,
+) -> Result<Option<fsd::FolderServer>, VmError> {
+    if !spec.folder_sharing {
+        return Ok(None);
+    }
+    let (server, child) = fsd::FolderServer::start(run).await?;
+    children.push(child);
+    Ok(Some(server))
+}
+
+/// What a backend has set up before it starts the process that runs the guest.
+struct Launch {
+    backend: BackendKind,
+    /// When the launch began: boot time is measured from here.
+    started: Instant,
+    id: String,
+    run: RunDir,
+    /// The helpers already running (daemons, the folder server).
+    children: Vec<Supervised>,
+    folders: Option<fsd::FolderServer>,
+}
+
+/// The process that runs the guest (QEMU or umbra-vmm). Its stdout is the guest console; its
+/// stderr goes to `log`, which says more than the console when the guest dies during boot.
+struct GuestProcess<'a> {
+    name: &'static str,
+    binary: &'a Path,
+    cmd: Command,
+    log: PathBuf,
+    /// Put before the log's text where it joins a boot failure's console lines.
+    log_label: &'static str,
+}
+
+impl Launch {
+    /// Starts `guest`, copies its console to `console.log` in the run directory and waits for the
+    /// agent on the run directory's `vsock.sock`.
+    async fn finish(self, spec: &VmSpec, guest: GuestProcess<'_>) -> Result<Vm, VmError> {
+        let Launch { backend, started, id, run, mut children, folders } = self;
+        let GuestProcess { name, binary, mut cmd, log, log_label } = guest;
+        let vsock_uds = run.join("vsock.sock");
+        let console_log = run.join("console.log");
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file(&log)?);
+        let mut process = Supervised::spawn(name, cmd).map_err(io(format!("start {}", binary.display())))?;
+        let console_out = process.take_stdout().unwrap_or_else(|| panic!("{name} spawned with a stdout pipe"));
+        let copier =
+            console::ConsoleCopier::start(console_out, console_log.clone()).map_err(io("start the console copier"))?;
+        children.push(process);
+
+        let agent = match wait_for_agent(&vsock_uds, &mut children, &console_log, &copier, spec.boot_timeout).await {
+            Ok(a) => a,
+            Err(VmError::GuestDied { reason, console }) => {
+                // The VMM's own complaint (bad image, KVM refused a step) says more than the console.
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let console =
+                    if text.trim().is_empty() { console } else { format!("{console}\n{log_label}{}", text.trim()) };
+                return Err(VmError::GuestDied { reason, console });
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Vm {
+            id,
+            backend,
+            agent,
+            children,
+            console_log,
+            console: copier,
+            boot_time: started.elapsed(),
+            run_dir: run,
+            folders,
+            shared: Vec::new(),
+        })
     }
 }
 

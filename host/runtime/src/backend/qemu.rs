@@ -3,28 +3,19 @@
 //! a `vhost-device-vsock` we start and supervise. KVM acceleration when the host has hardware
 //! KVM, TCG otherwise. This is also the headless test harness.
 
-use std::fs::File;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::console::ConsoleCopier;
 use super::fsd::FolderServer;
 use super::host::{find_binary, KvmKind};
 use super::rundir::{new_vm_id, RunDir};
-use super::{wait_for_agent, BackendKind, Supervised, Vm, VmError, VmSpec, BASE_CMDLINE};
+use super::{
+    io, log_file, start_folder_server, BackendKind, GuestProcess, Launch, Supervised, Vm, VmError, VmSpec, BASE_CMDLINE,
+};
 
 /// Each VM has its own vsock daemon, so every guest can use the same CID.
 const GUEST_CID: u32 = 3;
-
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmError {
-    let what = what.into();
-    move |source| VmError::Io { what, source }
-}
-
-fn log_file(path: &Path) -> Result<File, VmError> {
-    File::create(path).map_err(io(format!("create {}", path.display())))
-}
 
 /// The QEMU command line for `spec`.
 pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool, fs_socket: Option<&Path>) -> Command {
@@ -79,7 +70,6 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let run = RunDir::create(&id).map_err(io("create the VM run directory"))?;
     let vhost_sock = run.join("vhost-vsock.sock");
     let vsock_uds = run.join("vsock.sock");
-    let console_log = run.join("console.log");
     let vhost_log = run.join("vhost-vsock.log");
 
     let mut daemon_cmd = Command::new(&vhost);
@@ -116,42 +106,10 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     }
 
     let mut children = vec![daemon];
-    let folders = if spec.folder_sharing {
-        let (server, child) = FolderServer::start(&run).await?;
-        children.push(child);
-        Some(server)
-    } else {
-        None
-    };
+    let folders = start_folder_server(spec, &run, &mut children).await?;
     let accel_kvm = KvmKind::detect() == KvmKind::Hardware;
-    let mut qemu_cmd = qemu_command(&qemu, spec, &run, accel_kvm, folders.as_ref().map(FolderServer::socket));
-    qemu_cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file(&run.join("qemu.log"))?);
-    let mut vmm = Supervised::spawn("qemu-system-x86_64", qemu_cmd).map_err(io(format!("start {}", qemu.display())))?;
-    let console_out = vmm.take_stdout().expect("qemu spawned with a stdout pipe");
-    let copier = ConsoleCopier::start(console_out, console_log.clone()).map_err(io("start the console copier"))?;
-    children.push(vmm);
-
-    let agent = match wait_for_agent(&vsock_uds, &mut children, &console_log, &copier, spec.boot_timeout).await {
-        Ok(a) => a,
-        Err(VmError::GuestDied { reason, console }) => {
-            // QEMU's own complaint (bad image, missing device) is the more useful text.
-            let qemu_log = std::fs::read_to_string(run.join("qemu.log")).unwrap_or_default();
-            let console =
-                if qemu_log.trim().is_empty() { console } else { format!("{console}\nqemu: {}", qemu_log.trim()) };
-            return Err(VmError::GuestDied { reason, console });
-        }
-        Err(e) => return Err(e),
-    };
-    Ok(Vm {
-        id,
-        backend: BackendKind::Qemu,
-        agent,
-        children,
-        console_log,
-        console: copier,
-        boot_time: started.elapsed(),
-        run_dir: run,
-        folders,
-        shared: Vec::new(),
-    })
+    let cmd = qemu_command(&qemu, spec, &run, accel_kvm, folders.as_ref().map(FolderServer::socket));
+    let guest =
+        GuestProcess { name: "qemu-system-x86_64", binary: &qemu, cmd, log: run.join("qemu.log"), log_label: "qemu: " };
+    Launch { backend: BackendKind::Qemu, started, id, run, children, folders }.finish(spec, guest).await
 }

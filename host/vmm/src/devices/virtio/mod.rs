@@ -15,6 +15,8 @@ pub mod block;
 pub mod fs;
 pub mod mmio;
 pub mod rng;
+#[cfg(test)]
+pub(crate) mod test_utils;
 pub mod vsock;
 pub mod worker;
 
@@ -62,6 +64,27 @@ pub enum ActivateError {
     Worker(std::io::Error),
     #[error("{0}")]
     Other(String),
+}
+
+impl ActivateError {
+    /// Checks that the driver set up the `want` queues a device needs.
+    pub(crate) fn check_queue_count(queues: &[ActiveQueue], want: usize) -> Result<(), ActivateError> {
+        match queues.len() {
+            got if got == want => Ok(()),
+            got => Err(ActivateError::QueueCount { want, got }),
+        }
+    }
+}
+
+/// Copies `config[offset..]` into `data`; bytes past the end of `config` read as zero.
+pub(crate) fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, byte) in data.iter_mut().enumerate() {
+        *byte = offset
+            .checked_add(i as u64)
+            .and_then(|at| usize::try_from(at).ok())
+            .and_then(|at| config.get(at).copied())
+            .unwrap_or(0);
+    }
 }
 
 /// A virtio device behind the MMIO transport.

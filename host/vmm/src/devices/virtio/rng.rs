@@ -13,7 +13,7 @@ use std::sync::Arc;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
-use super::worker::{queue_has_pending, Worker};
+use super::worker::{activate_single_queue, Worker};
 use super::{device_type, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
 use crate::vstate::memory::GuestMemory;
 
@@ -127,22 +127,7 @@ impl VirtioDevice for Rng {
         _acked_features: u64,
         queues: Vec<ActiveQueue>,
     ) -> Result<(), ActivateError> {
-        if self.worker.is_some() {
-            return Err(ActivateError::Other("virtio-rng is already active".into()));
-        }
-        let got = queues.len();
-        let Ok([ActiveQueue { mut queue, notify }]) = <[ActiveQueue; 1]>::try_from(queues) else {
-            return Err(ActivateError::QueueCount { want: 1, got });
-        };
-        let worker = Worker::spawn("umbra-rng", vec![notify], move |_| {
-            if process_queue(&mem, &mut queue) {
-                interrupt.signal_used_queue();
-            }
-            queue_has_pending(&queue, &mem)
-        })
-        .map_err(ActivateError::Worker)?;
-        self.worker = Some(worker);
-        Ok(())
+        activate_single_queue(&mut self.worker, "rng", mem, interrupt, queues, process_queue)
     }
 
     fn reset(&mut self) -> bool {
@@ -154,8 +139,7 @@ impl VirtioDevice for Rng {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::virtio::block::test_utils::{guest_memory, TestDriver};
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use crate::devices::virtio::test_utils::{guest_memory, wait_for, CountingInterrupt, TestDriver};
     use std::time::{Duration, Instant};
     use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use virtio_queue::desc::split::Descriptor;
@@ -245,16 +229,6 @@ mod tests {
         assert_eq!(d.next_used().unwrap().1, 8);
     }
 
-    #[derive(Default)]
-    struct CountingInterrupt(AtomicUsize);
-
-    impl Interrupt for CountingInterrupt {
-        fn signal_used_queue(&self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-        fn signal_config_change(&self) {}
-    }
-
     #[test]
     fn the_worker_fills_on_notification() {
         let mem = guest_memory();
@@ -268,11 +242,7 @@ mod tests {
         let a = d.alloc(32);
         d.add_chain(&[(a, 32, W)]);
         kick.write(1).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while interrupt.0.load(Ordering::SeqCst) == 0 {
-            assert!(Instant::now() < deadline, "no interrupt");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_for("an interrupt", || interrupt.count() > 0);
         assert_eq!(d.next_used().unwrap().1, 32);
         assert!(rng.reset());
     }

@@ -10,6 +10,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use virtio_queue::{Queue, QueueT};
@@ -17,6 +18,7 @@ use vm_memory::GuestAddress;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::{ActivateError, ActiveQueue, Interrupt};
 use crate::vstate::memory::GuestMemory;
 
 /// The epoll token of the exit eventfd (queue eventfds use their index).
@@ -93,6 +95,38 @@ impl Drop for Worker {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Activates a device with one queue (virtio-blk, virtio-rng): starts a worker thread
+/// `umbra-{name}` that runs `process` over the queue whenever the driver kicks it, and interrupts
+/// the driver when `process` says it used buffers. `worker` must not be running yet.
+pub(crate) fn activate_single_queue<P>(
+    worker: &mut Option<Worker>,
+    name: &str,
+    mem: GuestMemory,
+    interrupt: Arc<dyn Interrupt>,
+    queues: Vec<ActiveQueue>,
+    mut process: P,
+) -> Result<(), ActivateError>
+where
+    P: FnMut(&GuestMemory, &mut Queue) -> bool + Send + 'static,
+{
+    if worker.is_some() {
+        return Err(ActivateError::Other(format!("virtio-{name} is already active")));
+    }
+    let got = queues.len();
+    let Ok([ActiveQueue { mut queue, notify }]) = <[ActiveQueue; 1]>::try_from(queues) else {
+        return Err(ActivateError::QueueCount { want: 1, got });
+    };
+    let started = Worker::spawn(&format!("umbra-{name}"), vec![notify], move |_| {
+        if process(&mem, &mut queue) {
+            interrupt.signal_used_queue();
+        }
+        queue_has_pending(&queue, &mem)
+    })
+    .map_err(ActivateError::Worker)?;
+    *worker = Some(started);
+    Ok(())
 }
 
 /// Whether the driver has made buffers available that the device has not taken yet. A ring

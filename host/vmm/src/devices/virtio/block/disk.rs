@@ -204,7 +204,7 @@ impl WriteVolatile for FileAt<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::virtio::block::test_utils::tempdir;
+    use crate::devices::virtio::test_utils::tempdir;
     use std::io::Write;
 
     #[test]

@@ -17,8 +17,6 @@ pub mod disk;
 pub mod request;
 
 #[cfg(test)]
-pub(crate) mod test_utils;
-#[cfg(test)]
 mod tests;
 
 use std::io;
@@ -35,8 +33,8 @@ use vm_memory::{ByteValued, Bytes};
 
 use self::disk::Disk;
 use self::request::{RequestKind, MAX_DESCRIPTORS, SEG_MAX, SIZE_MAX};
-use super::worker::{queue_has_pending, Worker};
-use super::{device_type, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
+use super::worker::{activate_single_queue, Worker};
+use super::{device_type, read_config_bytes, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
 use crate::vstate::memory::GuestMemory;
 
 /// The size of the one request queue.
@@ -180,39 +178,15 @@ impl VirtioDevice for Block {
         _acked_features: u64,
         queues: Vec<ActiveQueue>,
     ) -> Result<(), ActivateError> {
-        if self.worker.is_some() {
-            return Err(ActivateError::Other("virtio-blk is already active".into()));
-        }
-        let got = queues.len();
-        let Ok([ActiveQueue { mut queue, notify }]) = <[ActiveQueue; 1]>::try_from(queues) else {
-            return Err(ActivateError::QueueCount { want: 1, got });
-        };
         let disk = self.disk.clone();
-        let worker = Worker::spawn("umbra-blk", vec![notify], move |_| {
-            if process_queue(&disk, &mem, &mut queue) {
-                interrupt.signal_used_queue();
-            }
-            queue_has_pending(&queue, &mem)
+        activate_single_queue(&mut self.worker, "blk", mem, interrupt, queues, move |mem, queue| {
+            process_queue(&disk, mem, queue)
         })
-        .map_err(ActivateError::Worker)?;
-        self.worker = Some(worker);
-        Ok(())
     }
 
     fn reset(&mut self) -> bool {
         // Joins the worker: it has finished its last request and holds no queue any more.
         self.worker = None;
         true
-    }
-}
-
-/// Copies `config[offset..]` into `data`; bytes past the end of `config` read as zero.
-pub(crate) fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
-    for (i, byte) in data.iter_mut().enumerate() {
-        *byte = offset
-            .checked_add(i as u64)
-            .and_then(|at| usize::try_from(at).ok())
-            .and_then(|at| config.get(at).copied())
-            .unwrap_or(0);
     }
 }

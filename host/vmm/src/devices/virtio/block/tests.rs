@@ -3,7 +3,7 @@
 //! a defined answer (a status byte, or used length 0) and leave the device serving the next.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,8 +17,8 @@ use virtio_queue::Queue;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::test_utils::{guest_memory, tempdir, TestDriver};
 use super::*;
+use crate::devices::virtio::test_utils::{guest_memory, tempdir, wait_for, CountingInterrupt, TestDriver};
 use crate::devices::virtio::worker::queue_has_pending;
 
 const W: u16 = VRING_DESC_F_WRITE as u16;
@@ -513,25 +513,6 @@ fn image_files_must_be_whole_sectors() {
     let err = Block::new(image, true).err().expect("a partial sector is refused");
     assert!(err.to_string().contains("not a multiple of 512"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
-}
-
-/// Counts interrupts.
-#[derive(Default)]
-struct CountingInterrupt(AtomicUsize);
-
-impl Interrupt for CountingInterrupt {
-    fn signal_used_queue(&self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-    fn signal_config_change(&self) {}
-}
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 #[test]

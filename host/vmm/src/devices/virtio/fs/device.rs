@@ -23,8 +23,9 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::backend::{Backend, FsError, RingSetup};
 use super::call_forwarder::CallForwarder;
-use crate::devices::virtio::block::read_config_bytes;
-use crate::devices::virtio::{device_type, features, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
+use crate::devices::virtio::{
+    device_type, features, read_config_bytes, ActivateError, ActiveQueue, Interrupt, VirtioDevice,
+};
 use crate::vstate::memory::GuestMemory;
 
 /// The longest tag (the config field's size).
@@ -186,9 +187,7 @@ impl VirtioDevice for FsDevice {
         if self.forwarder.is_some() {
             return Err(ActivateError::Other("virtio-fs is already active".into()));
         }
-        if queues.len() != NUM_QUEUES {
-            return Err(ActivateError::QueueCount { want: NUM_QUEUES, got: queues.len() });
-        }
+        ActivateError::check_queue_count(&queues, NUM_QUEUES)?;
         // The queues' notify eventfds went to virtiofsd (SCM_RIGHTS duplicates them); ours close
         // when `queues` is dropped, and KVM keeps signalling the transport's originals.
         let forwarder = self

@@ -4,10 +4,9 @@
 //! end to end.
 //!
 //! virtiofsd is found through `UMBRA_VIRTIOFSD`, `~/.cargo/bin/virtiofsd` or `PATH`; where there
-//! is none, the tests that need it say so and pass.
+//! is none, the tests that need it fail (scripts/install-deps provides it).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::*;
-use crate::devices::virtio::block::test_utils::{tempdir, TestDriver};
+use crate::devices::virtio::test_utils::{tempdir, TestDriver};
 use crate::devices::virtio::{features, ActiveQueue, Interrupt, VirtioDevice};
 use crate::vstate::memory::{memfd_backed, GuestMemory};
 
@@ -32,66 +31,13 @@ const FUSE_LOOKUP: u32 = 1;
 const FUSE_INIT: u32 = 26;
 const FUSE_ROOT_ID: u64 = 1;
 
-fn virtiofsd_binary() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("UMBRA_VIRTIOFSD") {
-        return Some(path.into());
-    }
-    let home = std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo/bin/virtiofsd"));
-    let on_path = std::env::var_os("PATH")
-        .and_then(|paths| std::env::split_paths(&paths).map(|p| p.join("virtiofsd")).find(|p| p.is_file()));
-    home.filter(|p| p.is_file()).or(on_path)
-}
+#[path = "../../../../tests/support/virtiofsd.rs"]
+mod virtiofsd;
+use virtiofsd::Virtiofsd;
 
-/// A virtiofsd serving a fresh directory; killed and cleaned up on drop.
-struct Virtiofsd {
-    child: Child,
-    dir: PathBuf,
-    shared: PathBuf,
-    socket: PathBuf,
-}
-
-impl Virtiofsd {
-    fn start() -> Option<Virtiofsd> {
-        // A missing virtiofsd fails the test: scripts/install-deps provides it.
-        let binary = virtiofsd_binary().expect("virtiofsd not found (scripts/install-deps, or set UMBRA_VIRTIOFSD)");
-        let dir = tempdir();
-        let shared = dir.join("shared");
-        std::fs::create_dir(&shared).unwrap();
-        let socket = dir.join("fs.sock");
-        let child = Command::new(&binary)
-            .arg("--shared-dir")
-            .arg(&shared)
-            .arg("--socket-path")
-            .arg(&socket)
-            .args(["--sandbox", "none", "--cache", "never", "--log-level", "error", "--no-announce-submounts"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-        let mut fs = Virtiofsd { child, dir, shared, socket };
-        let started = Instant::now();
-        while !super::unix_socket_listening(&fs.socket) {
-            if let Some(status) = fs.child.try_wait().unwrap() {
-                panic!("virtiofsd exited before listening: {status}");
-            }
-            assert!(started.elapsed() < WAIT, "virtiofsd did not create {}", fs.socket.display());
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        eprintln!("virtiofsd listening after {:?}", started.elapsed());
-        Some(fs)
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Virtiofsd {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A virtiofsd serving a fresh directory, uncached (each FUSE request reaches it).
+fn start_virtiofsd() -> Virtiofsd {
+    Virtiofsd::start(tempdir(), &["--cache", "never", "--no-announce-submounts"], super::unix_socket_listening)
 }
 
 /// Counts used-buffer interrupts and lets a test wait for the next one.
@@ -244,6 +190,36 @@ fn activate(dev: &mut FsDevice, mem: &GuestMemory, driver: &TestDriver, irq: &Ar
     kick
 }
 
+/// Fresh request rings on `mem`, the device activated on them and a FUSE session started.
+fn start_session<'m>(
+    dev: &mut FsDevice,
+    mem: &'m GuestMemory,
+    irq: &Arc<CountingInterrupt>,
+) -> (TestDriver<'m>, Buffers, EventFd) {
+    let mut d = TestDriver::new(mem, REQUEST_QUEUE_SIZE);
+    let b = buffers(&mut d);
+    let kick = activate(dev, mem, &d, irq);
+    fuse_init(&mut d, &b, &kick, irq, 1);
+    (d, b, kick)
+}
+
+/// Kicks a FUSE_INIT request `unique` and checks that no interrupt answers it within `wait`.
+fn assert_unanswered(
+    d: &mut TestDriver,
+    b: &Buffers,
+    kick: &EventFd,
+    irq: &CountingInterrupt,
+    unique: u64,
+    wait: Duration,
+) {
+    let seen = irq.count();
+    d.write(b.request, &in_header(0, FUSE_INIT, unique, 0));
+    d.add_chain(&[(b.request, 40, 0), (b.reply, REPLY_MAX, W)]);
+    kick.write(1).unwrap();
+    std::thread::sleep(wait);
+    assert_eq!(irq.count(), seen, "request {unique} was answered");
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -251,7 +227,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 #[test]
 fn fuse_init_and_lookup_round_trip_through_virtiofsd() {
-    let Some(fs) = Virtiofsd::start() else { return };
+    let fs = start_virtiofsd();
     std::fs::write(fs.shared.join("hello.txt"), b"hello, guest\n").unwrap();
     let started = Instant::now();
     let mut dev = FsDevice::new("share", &fs.socket).unwrap();
@@ -300,56 +276,37 @@ fn fuse_init_and_lookup_round_trip_through_virtiofsd() {
 
 #[test]
 fn a_reset_stops_the_rings_and_the_device_comes_back_with_a_new_session() {
-    let Some(fs) = Virtiofsd::start() else { return };
+    let fs = start_virtiofsd();
     std::fs::write(fs.shared.join("a"), b"12345").unwrap();
     let mut dev = FsDevice::new("share", &fs.socket).unwrap();
     let (mem, _memfd) = memfd_backed(2 << 20).unwrap();
     let irq = Arc::new(CountingInterrupt::default());
 
-    let mut d = TestDriver::new(&mem, REQUEST_QUEUE_SIZE);
-    let b = buffers(&mut d);
-    let kick = activate(&mut dev, &mem, &d, &irq);
-    fuse_init(&mut d, &b, &kick, &irq, 1);
+    let (mut d, b, kick) = start_session(&mut dev, &mem, &irq);
     let started = Instant::now();
     assert!(dev.reset(), "virtiofsd offers RESET_DEVICE: the reset goes through");
     eprintln!("reset (GET_VRING_BASE x2, RESET_DEVICE): {:?}", started.elapsed());
 
     // A stopped ring is not processed: a request kicked now gets no answer.
-    let seen = irq.count();
-    d.write(b.request, &in_header(0, FUSE_INIT, 99, 0));
-    d.add_chain(&[(b.request, 40, 0), (b.reply, REPLY_MAX, W)]);
-    kick.write(1).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(irq.count(), seen, "no interrupt after reset");
+    assert_unanswered(&mut d, &b, &kick, &irq, 99, Duration::from_millis(200));
     assert!(d.next_used().is_none(), "no used entry after reset");
 
     // The driver sets the device up again, on fresh rings, and starts a new FUSE session.
-    let mut d = TestDriver::new(&mem, REQUEST_QUEUE_SIZE);
-    let b = buffers(&mut d);
-    let kick = activate(&mut dev, &mem, &d, &irq);
-    fuse_init(&mut d, &b, &kick, &irq, 1);
+    let (mut d, b, kick) = start_session(&mut dev, &mem, &irq);
     assert_eq!(fuse_lookup(&mut d, &b, &kick, &irq, 2, "a").0, 5);
 }
 
 #[test]
 fn a_backend_that_dies_fails_the_device_without_hanging_the_vmm() {
-    let Some(mut fs) = Virtiofsd::start() else { return };
+    let mut fs = start_virtiofsd();
     let mut dev = FsDevice::new("share", &fs.socket).unwrap();
     let (mem, _memfd) = memfd_backed(2 << 20).unwrap();
     let irq = Arc::new(CountingInterrupt::default());
-    let mut d = TestDriver::new(&mem, REQUEST_QUEUE_SIZE);
-    let b = buffers(&mut d);
-    let kick = activate(&mut dev, &mem, &d, &irq);
-    fuse_init(&mut d, &b, &kick, &irq, 1);
+    let (mut d, b, kick) = start_session(&mut dev, &mem, &irq);
     fs.kill();
 
     // The guest's next request just waits; nothing on the host blocks on it.
-    let seen = irq.count();
-    d.write(b.request, &in_header(0, FUSE_INIT, 2, 0));
-    d.add_chain(&[(b.request, 40, 0), (b.reply, REPLY_MAX, W)]);
-    kick.write(1).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(irq.count(), seen);
+    assert_unanswered(&mut d, &b, &kick, &irq, 2, Duration::from_millis(100));
 
     let started = Instant::now();
     assert!(!dev.reset(), "a dead backend cannot be reset");
@@ -361,7 +318,7 @@ fn a_backend_that_dies_fails_the_device_without_hanging_the_vmm() {
 
 #[test]
 fn anonymous_guest_memory_is_refused_at_activation() {
-    let Some(fs) = Virtiofsd::start() else { return };
+    let fs = start_virtiofsd();
     let mut dev = FsDevice::new("share", &fs.socket).unwrap();
     let mem: GuestMemory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
     let d = TestDriver::new(&mem, REQUEST_QUEUE_SIZE);
@@ -372,16 +329,13 @@ fn anonymous_guest_memory_is_refused_at_activation() {
 
     // Nothing was sent, so the connection is still good for memfd-backed memory.
     let (mem, _memfd) = memfd_backed(2 << 20).unwrap();
-    let mut d = TestDriver::new(&mem, REQUEST_QUEUE_SIZE);
-    let b = buffers(&mut d);
     let irq = Arc::new(CountingInterrupt::default());
-    let kick = activate(&mut dev, &mem, &d, &irq);
-    fuse_init(&mut d, &b, &kick, &irq, 1);
+    start_session(&mut dev, &mem, &irq);
 }
 
 #[test]
 fn rings_outside_guest_memory_are_refused() {
-    let Some(fs) = Virtiofsd::start() else { return };
+    let fs = start_virtiofsd();
     let mut dev = FsDevice::new("share", &fs.socket).unwrap();
     let (mem, _memfd) = memfd_backed(2 << 20).unwrap();
     let d = TestDriver::new(&mem, REQUEST_QUEUE_SIZE);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::muxer::VsockMuxer;
 use super::worker::Worker;
-use crate::devices::virtio::{device_type, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
+use crate::devices::virtio::{device_type, read_config_bytes, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
 use crate::vstate::memory::GuestMemory;
 
 /// rx, tx, event.
@@ -86,14 +86,7 @@ impl VirtioDevice for Vsock {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let config = self.guest_cid.to_le_bytes();
-        for (i, byte) in data.iter_mut().enumerate() {
-            *byte = offset
-                .checked_add(i as u64)
-                .and_then(|at| usize::try_from(at).ok())
-                .and_then(|at| config.get(at).copied())
-                .unwrap_or(0);
-        }
+        read_config_bytes(&self.guest_cid.to_le_bytes(), offset, data);
     }
 
     fn activate(
@@ -103,9 +96,7 @@ impl VirtioDevice for Vsock {
         _acked_features: u64,
         queues: Vec<ActiveQueue>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != QUEUE_SIZES.len() {
-            return Err(ActivateError::QueueCount { want: QUEUE_SIZES.len(), got: queues.len() });
-        }
+        ActivateError::check_queue_count(&queues, QUEUE_SIZES.len())?;
         let Some(muxer) = self.muxer.take() else {
             return Err(ActivateError::Other("the vsock device is already active".into()));
         };

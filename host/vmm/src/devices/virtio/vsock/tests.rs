@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -746,19 +746,10 @@ fn reset_drops_connections_and_keeps_the_listener() {
 
 mod device {
     use super::*;
+    use crate::devices::virtio::test_utils::CountingInterrupt;
     use crate::devices::virtio::vsock::Vsock;
-    use crate::devices::virtio::{device_type, ActiveQueue, Interrupt, VirtioDevice};
+    use crate::devices::virtio::{device_type, ActiveQueue, VirtioDevice};
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-
-    #[derive(Default)]
-    struct CountingInterrupt(AtomicUsize);
-
-    impl Interrupt for CountingInterrupt {
-        fn signal_used_queue(&self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-        fn signal_config_change(&self) {}
-    }
 
     #[test]
     fn identity_config_and_cid_checks() {

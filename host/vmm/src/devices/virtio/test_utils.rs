@@ -1,6 +1,7 @@
 //! A minimal virtio driver for lane-(a) device tests: it writes descriptors and ring entries
 //! into a `GuestMemoryMmap` the way a guest would (including the ways a hostile guest would),
-//! and reads back the used ring. Shared by the block and rng tests.
+//! and reads back the used ring; an interrupt that counts; waiting with a deadline. Shared by the
+//! device tests (block, rng, virtio-fs, vsock).
 //!
 //! It lays the rings out itself rather than with `virtio_queue::mock::MockSplitQueue`: in
 //! virtio-queue 0.18 the mock places the used ring `len` bytes (not `2 * len`) after the start
@@ -8,6 +9,8 @@
 //! used-ring writes overwrite available entries.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_ring::VRING_DESC_F_NEXT;
 use virtio_queue::desc::split::Descriptor;
@@ -15,6 +18,7 @@ use virtio_queue::desc::RawDescriptor;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
 
+use super::Interrupt;
 use crate::vstate::memory::GuestMemory;
 
 /// Guest memory for tests: 1 MiB at address 0. The rings sit at the bottom, buffers from
@@ -145,4 +149,30 @@ pub fn tempdir() -> PathBuf {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Counts used-buffer interrupts.
+#[derive(Default)]
+pub struct CountingInterrupt(pub AtomicUsize);
+
+impl CountingInterrupt {
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Interrupt for CountingInterrupt {
+    fn signal_used_queue(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+    fn signal_config_change(&self) {}
+}
+
+/// Polls `done` until it holds; fails the test naming `what` after 10 s.
+pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
