@@ -95,8 +95,19 @@ pub struct VmSpec {
 
 impl VmSpec {
     pub fn new(image: BootImage) -> Self {
-        Self { image, cpus: 1, memory_mib: 512, boot_timeout: DEFAULT_BOOT_TIMEOUT, folder_sharing: false }
+        Self { image, cpus: 1, memory_mib: 512, boot_timeout: boot_timeout_from_env(), folder_sharing: false }
     }
+}
+
+/// `UMBRA_BOOT_TIMEOUT_SECS` overrides the default boot timeout: slow hosts (software
+/// emulation, the nested lane on a loaded machine) need more than 30 s.
+fn boot_timeout_from_env() -> Duration {
+    std::env::var("UMBRA_BOOT_TIMEOUT_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_BOOT_TIMEOUT)
 }
 
 #[derive(Debug, thiserror::Error)]
