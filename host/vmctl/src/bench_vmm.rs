@@ -3,7 +3,8 @@
 //! - Bare guest (any KVM, including kvm_pvm): `umbra-vmm` launch → first serial byte → exit for
 //!   a guest that prints one byte and resets, median of N, beside a native process spawn →
 //!   exit (`/bin/true`); and umbra-vmm's resident memory excluding guest memory (RSS minus the
-//!   shared memfd pages), read from /proc while a bare guest spins.
+//!   resident pages of the guest-memory memfd mapping), read from /proc/PID/smaps while a bare
+//!   guest spins.
 //! - Linux (hardware KVM only, e.g. inside the nested lane): launch → agent ready on the `kvm`
 //!   backend beside the `qemu` backend booting the same bundle, as a ratio.
 
@@ -57,10 +58,25 @@ fn bare_once(vmm: &Path, elf: &Path) -> anyhow::Result<(Duration, Duration)> {
     Ok((first_byte, exited))
 }
 
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+/// (total RSS, RSS of the guest-memory memfd mapping) in KiB, from /proc/PID/smaps. Guest memory
+/// is told apart by its memfd name, not by "shared memory": where the binary itself lives on a
+/// tmpfs (the nested lane's initramfs), its pages count as shared memory too.
+fn rss_kib(pid: u32) -> Option<(u64, u64)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let (mut total, mut guest, mut in_guest) = (0, 0, false);
+    for line in smaps.lines() {
+        if let Some(kib) = line.strip_prefix("Rss:") {
+            let kib: u64 = kib.trim().trim_end_matches("kB").trim().parse().ok()?;
+            total += kib;
+            if in_guest {
+                guest += kib;
+            }
+        } else if line.split_whitespace().next().is_some_and(|f| f.contains('-') && !f.ends_with(':')) {
+            // A mapping header: "start-end perms offset dev inode [path]".
+            in_guest = line.contains("memfd:umbra-guest-memory");
+        }
+    }
+    Some((total, guest))
 }
 
 /// umbra-vmm's RSS without guest memory, for a spinning guest of `memory_mib`.
@@ -76,12 +92,12 @@ fn rss_without_guest(vmm: &Path, elf: &Path, memory_mib: u32) -> anyhow::Result<
     let mut first = [0u8; 1];
     child.stdout.take().expect("piped").read_exact(&mut first).context("read the guest console")?;
     std::thread::sleep(Duration::from_millis(200));
-    let (rss, shmem) = (status_kib(child.id(), "VmRSS:"), status_kib(child.id(), "RssShmem:"));
+    let rss = rss_kib(child.id());
     let _ = child.kill();
     let _ = child.wait();
-    match (rss, shmem) {
-        (Some(rss), Some(shmem)) => Ok((rss.saturating_sub(shmem), rss)),
-        _ => bail!("cannot read /proc/{}/status", child.id()),
+    match rss {
+        Some((total, guest)) => Ok((total.saturating_sub(guest), total)),
+        None => bail!("cannot read /proc/{}/smaps", child.id()),
     }
 }
 
