@@ -14,7 +14,11 @@ mod virtiofsd;
 use virtiofsd::Virtiofsd;
 
 fn vmm_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_umbra-vmm"))
+    // UMBRA_VMM_BIN first: where the binary was built need not exist where the test runs (the
+    // nested lane's L1 has the binaries at other paths).
+    std::env::var_os("UMBRA_VMM_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_umbra-vmm")))
 }
 
 fn scratch_dir(name: &str) -> PathBuf {
