@@ -63,7 +63,7 @@ pub struct RunArgs {
     #[arg(long)]
     timeout: Option<u64>,
     /// Seconds to wait for the guest agent.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, env = "UMBRA_BOOT_TIMEOUT_SECS")]
     boot_timeout: u64,
     /// Run on a pseudo-terminal (raw host terminal, window size forwarded).
     #[arg(long)]
