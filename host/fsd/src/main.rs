@@ -102,7 +102,7 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
     }
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", args.virtiofsd.display()))?;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !listening(&args.socket) {
+    while !umbra_sys::unix_socket_listening(&args.socket) {
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("virtiofsd exited during start-up ({status})"));
         }
@@ -113,21 +113,6 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
         std::thread::sleep(Duration::from_millis(2));
     }
     Ok(child)
-}
-
-/// Whether the Unix socket at `path` is listening (/proc/net/unix flag SO_ACCEPTCON): the
-/// socket file appears at bind(), before listen(), and a VMM connecting in between is refused.
-/// Probing by connecting is not an option: virtiofsd serves exactly one connection.
-fn listening(path: &std::path::Path) -> bool {
-    const SO_ACCEPTCON: u32 = 1 << 16;
-    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else { return false };
-    let path = path.to_string_lossy();
-    table.lines().skip(1).any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        fields.len() >= 8
-            && fields[7] == path
-            && u32::from_str_radix(fields[3], 16).is_ok_and(|flags| flags & SO_ACCEPTCON != 0)
-    })
 }
 
 fn main() -> ExitCode {

@@ -31,7 +31,7 @@ fn scratch_dir(name: &str) -> PathBuf {
 #[test]
 fn a_bare_guest_finds_the_fs_device_and_its_tag() {
     let dir = scratch_dir("tag");
-    let fs = Virtiofsd::start(dir.clone(), &[], umbra_vmm::devices::virtio::fs::unix_socket_listening);
+    let fs = Virtiofsd::start(dir.clone(), &[]);
     let socket = &fs.socket;
 
     // With --no-rng the fs device is the only one: the first MMIO window.

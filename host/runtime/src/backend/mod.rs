@@ -9,6 +9,7 @@ pub mod console;
 pub mod fsd;
 pub mod host;
 pub mod kvm;
+mod postmortem;
 mod qemu;
 mod rundir;
 
@@ -118,8 +119,8 @@ pub enum VmError {
     Io { what: String, source: std::io::Error },
     #[error("{helper} exited during start-up ({status}); its log:\n{log}")]
     HelperFailed { helper: &'static str, status: String, log: String },
-    #[error("the guest did not answer within {timeout:?} (agent not reachable: {last_error}); last console lines:\n{console}")]
-    BootTimeout { timeout: Duration, last_error: String, console: String },
+    #[error("the guest did not answer within {timeout:?} (agent not reachable: {last_error}); its processes:\n{processes}last console lines:\n{console}")]
+    BootTimeout { timeout: Duration, last_error: String, processes: String, console: String },
     #[error("cannot share the folder: {0}")]
     Share(String),
     #[error("the VM ended ({reason}); last console lines:\n{console}")]
@@ -287,7 +288,6 @@ impl Launch {
     async fn finish(self, spec: &VmSpec, guest: GuestProcess<'_>) -> Result<Vm, VmError> {
         let Launch { backend, started, id, run, mut children, folders } = self;
         let GuestProcess { name, binary, mut cmd, log, log_label } = guest;
-        let vsock_uds = run.join("vsock.sock");
         let console_log = run.join("console.log");
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file(&log)?);
         let mut process = Supervised::spawn(name, cmd).map_err(io(format!("start {}", binary.display())))?;
@@ -296,7 +296,7 @@ impl Launch {
             console::ConsoleCopier::start(console_out, console_log.clone()).map_err(io("start the console copier"))?;
         children.push(process);
 
-        let agent = match wait_for_agent(&vsock_uds, &mut children, &console_log, &copier, spec.boot_timeout).await {
+        let agent = match wait_for_agent(&run, &mut children, &copier, spec.boot_timeout).await {
             Ok(a) => a,
             Err(VmError::GuestDied { reason, console }) => {
                 // The VMM's own complaint (bad image, KVM refused a step) says more than the console.
@@ -333,24 +333,24 @@ fn exit_reason(name: &str, status: std::process::ExitStatus) -> String {
 /// Polls the agent through the hybrid vsock socket with exponential backoff from 2 ms, while
 /// watching that the helpers stay alive.
 async fn wait_for_agent(
-    vsock_uds: &Path,
+    run: &RunDir,
     children: &mut [Supervised],
-    console_log: &Path,
     copier: &console::ConsoleCopier,
     timeout: Duration,
 ) -> Result<AgentClient, VmError> {
+    let (vsock_uds, console_log) = (run.join("vsock.sock"), run.join("console.log"));
     let started = Instant::now();
     let mut delay = Duration::from_millis(2);
     let mut last_error = String::from("no attempt yet");
     loop {
         if let Some((name, status)) = children.iter_mut().find_map(|c| c.try_exited().map(|s| (c.name, s))) {
             copier.wait_drained(CONSOLE_DRAIN);
-            let console = console::tail(console_log, console::ERROR_CONTEXT_LINES);
+            let console = console::tail(&console_log, console::ERROR_CONTEXT_LINES);
             let reason = console::diagnose(&console).map(str::to_string).unwrap_or_else(|| exit_reason(name, status));
             return Err(VmError::GuestDied { reason: format!("during boot: {reason}"), console });
         }
         if vsock_uds.exists() {
-            let attempt = AgentClient::connect_hybrid_vsock(vsock_uds, umbra_proto::AGENT_VSOCK_PORT);
+            let attempt = AgentClient::connect_hybrid_vsock(&vsock_uds, umbra_proto::AGENT_VSOCK_PORT);
             match tokio::time::timeout(Duration::from_secs(2), attempt).await {
                 Ok(Ok(client)) => return Ok(client),
                 Ok(Err(e)) => last_error = e.to_string(),
@@ -361,7 +361,8 @@ async fn wait_for_agent(
             return Err(VmError::BootTimeout {
                 timeout,
                 last_error,
-                console: console::tail(console_log, console::ERROR_CONTEXT_LINES),
+                processes: postmortem::report(run.path(), children),
+                console: console::tail(&console_log, console::ERROR_CONTEXT_LINES),
             });
         }
         tokio::time::sleep(delay).await;

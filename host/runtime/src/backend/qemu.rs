@@ -85,9 +85,10 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         .stderr(log_file(&vhost_log)?);
     let mut daemon =
         Supervised::spawn("vhost-device-vsock", daemon_cmd).map_err(io(format!("start {}", vhost.display())))?;
-    // QEMU needs the vhost-user socket to exist when it starts.
+    // QEMU connects to the vhost-user socket once, when it starts: the socket must listen, not
+    // merely exist (the file appears at bind(), before listen()).
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !vhost_sock.exists() {
+    while !umbra_sys::unix_socket_listening(&vhost_sock) {
         if let Some(status) = daemon.try_exited() {
             return Err(VmError::HelperFailed {
                 helper: "vhost-device-vsock",
@@ -98,7 +99,7 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         if Instant::now() > deadline {
             return Err(VmError::HelperFailed {
                 helper: "vhost-device-vsock",
-                status: "did not create its socket within 5 s".into(),
+                status: "did not listen on its socket within 5 s".into(),
                 log: std::fs::read_to_string(&vhost_log).unwrap_or_default(),
             });
         }

@@ -30,9 +30,8 @@ pub struct Virtiofsd {
 }
 
 impl Virtiofsd {
-    /// Starts virtiofsd (unsandboxed, with `extra_args`) and returns once its socket listens, as
-    /// `listening` tells (umbra-vmm's `unix_socket_listening`, passed in by the includer).
-    pub fn start(dir: PathBuf, extra_args: &[&str], listening: fn(&Path) -> bool) -> Virtiofsd {
+    /// Starts virtiofsd (unsandboxed, with `extra_args`) and returns once its socket listens.
+    pub fn start(dir: PathBuf, extra_args: &[&str]) -> Virtiofsd {
         let binary = virtiofsd_binary();
         let shared = dir.join("shared");
         std::fs::create_dir(&shared).unwrap();
@@ -50,7 +49,7 @@ impl Virtiofsd {
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
         let mut fs = Virtiofsd { child, dir, shared, socket };
         let started = Instant::now();
-        while !listening(&fs.socket) {
+        while !umbra_sys::unix_socket_listening(&fs.socket) {
             if let Some(status) = fs.child.try_wait().unwrap() {
                 panic!("virtiofsd exited before listening: {status}");
             }

@@ -27,18 +27,4 @@ mod tests;
 
 pub use backend::FsError;
 
-/// Whether a Unix socket at `path` is listening (from /proc/net/unix: the socket file appears at
-/// bind(), before listen(), so its existence alone is not enough). virtiofsd serves exactly one
-/// connection, so probing by connecting is not an option.
-pub fn unix_socket_listening(path: &std::path::Path) -> bool {
-    const SO_ACCEPTCON: u32 = 1 << 16;
-    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else { return false };
-    let path = path.to_string_lossy();
-    table.lines().skip(1).any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        fields.len() >= 8
-            && fields[7] == path
-            && u32::from_str_radix(fields[3], 16).is_ok_and(|flags| flags & SO_ACCEPTCON != 0)
-    })
-}
 pub use device::{FsDevice, MAX_TAG_LEN, NUM_QUEUES, QUEUE_SIZE};

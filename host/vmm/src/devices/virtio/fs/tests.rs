@@ -37,7 +37,7 @@ use virtiofsd::Virtiofsd;
 
 /// A virtiofsd serving a fresh directory, uncached (each FUSE request reaches it).
 fn start_virtiofsd() -> Virtiofsd {
-    Virtiofsd::start(tempdir(), &["--cache", "never", "--no-announce-submounts"], super::unix_socket_listening)
+    Virtiofsd::start(tempdir(), &["--cache", "never", "--no-announce-submounts"])
 }
 
 /// Counts used-buffer interrupts and lets a test wait for the next one.

@@ -1,0 +1,55 @@
+//! Linux facts shared by the host processes (runtime, umbra-vmm, umbra-fsd).
+
+use std::path::Path;
+
+/// Whether the Unix socket at `path` is listening, from /proc/net/unix.
+///
+/// The socket file appears at bind(), before listen(): a client connecting in between is
+/// refused, and QEMU or umbra-vmm connect to a vhost-user socket exactly once. Probing by
+/// connecting is not an option either: virtiofsd and vhost-device-vsock serve one frontend
+/// and would take the probe for it.
+pub fn unix_socket_listening(path: &Path) -> bool {
+    std::fs::read_to_string("/proc/net/unix").is_ok_and(|table| table_lists_listening(&table, path))
+}
+
+/// The `Flags` column holds `__SO_ACCEPTCON` once the socket listens.
+fn table_lists_listening(table: &str, path: &Path) -> bool {
+    const SO_ACCEPTCON: u32 = 1 << 16;
+    let path = path.to_string_lossy();
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() >= 8
+            && fields[7] == path
+            && u32::from_str_radix(fields[3], 16).is_ok_and(|flags| flags & SO_ACCEPTCON != 0)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn parses_the_flags_column() {
+        let table = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+                     0000000000000000: 00000002 00000000 00010000 0001 01 123 /run/a.sock\n\
+                     0000000000000000: 00000002 00000000 00000000 0001 01 124 /run/b.sock\n";
+        assert!(table_lists_listening(table, Path::new("/run/a.sock")));
+        assert!(!table_lists_listening(table, Path::new("/run/b.sock")), "bound, not listening");
+        assert!(!table_lists_listening(table, Path::new("/run/c.sock")));
+        assert!(!table_lists_listening("", Path::new("/run/a.sock")));
+    }
+
+    #[test]
+    fn a_real_listener_is_seen_and_a_removed_one_is_not() {
+        let dir = std::env::temp_dir().join(format!("umbra-sys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("l.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        assert!(unix_socket_listening(&path));
+        drop(listener);
+        std::fs::remove_file(&path).unwrap();
+        assert!(!unix_socket_listening(&path));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
