@@ -20,9 +20,15 @@ pub use messages::*;
 /// The vsock port the agent listens on inside the guest.
 pub const AGENT_VSOCK_PORT: u32 = 1024;
 
+/// The host vsock port the agent connects to (and at once closes) once it listens: the runtime
+/// starts connecting only then. A host connection that reaches a vhost-user vsock backend while
+/// the guest driver is still setting the device up can kill the backend (vhost-device-vsock's
+/// worker thread exits when a queue is not ready yet), so the host waits for the guest.
+pub const AGENT_READY_VSOCK_PORT: u32 = 1025;
+
 /// Protocol version spoken by this build. Peers with a different major refuse each other;
 /// a newer minor only adds optional fields and methods.
-pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 1, minor: 1 };
+pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 1, minor: 2 };
 
 /// Bytes of stdout or stderr the agent may send per stream before the host grants more credit.
 pub const INITIAL_OUTPUT_CREDIT: u32 = 1024 * 1024;

@@ -69,9 +69,21 @@ pub async fn serve(agent: Arc<Agent>, addr: &ListenAddr) -> anyhow::Result<()> {
             let listener = tokio_vsock::VsockListener::bind(addr)
                 .with_context(|| format!("cannot listen on vsock port {port}"))?;
             tracing::info!(port, "listening on vsock");
+            tokio::spawn(announce_ready());
             let listener = &listener;
             accept_forever(&agent, || async move { listener.accept().await.map(|(s, _)| s) }).await
         }
+    }
+}
+
+/// Tells the host the agent listens: a connection to the host's readiness port, closed at once.
+/// A host that does not listen there (an older runtime, another VMM) refuses it; that is fine.
+async fn announce_ready() {
+    let host = tokio_vsock::VsockAddr::new(tokio_vsock::VMADDR_CID_HOST, umbra_proto::AGENT_READY_VSOCK_PORT);
+    match tokio::time::timeout(std::time::Duration::from_secs(10), tokio_vsock::VsockStream::connect(host)).await {
+        Ok(Ok(_)) => tracing::info!("announced readiness to the host"),
+        Ok(Err(e)) => tracing::debug!("readiness announcement refused: {e}"),
+        Err(_) => tracing::debug!("readiness announcement timed out"),
     }
 }
 

@@ -289,6 +289,9 @@ impl Launch {
         let Launch { backend, started, id, run, mut children, folders } = self;
         let GuestProcess { name, binary, mut cmd, log, log_label } = guest;
         let console_log = run.join("console.log");
+        // Listen for the agent's readiness announcement before the guest can make it.
+        let ready_path = run.join(&format!("vsock.sock_{}", umbra_proto::AGENT_READY_VSOCK_PORT));
+        let ready = tokio::net::UnixListener::bind(&ready_path).map_err(io("listen for the agent's readiness"))?;
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file(&log)?);
         let mut process = Supervised::spawn(name, cmd).map_err(io(format!("start {}", binary.display())))?;
         let console_out = process.take_stdout().unwrap_or_else(|| panic!("{name} spawned with a stdout pipe"));
@@ -296,7 +299,9 @@ impl Launch {
             console::ConsoleCopier::start(console_out, console_log.clone()).map_err(io("start the console copier"))?;
         children.push(process);
 
-        let agent = match wait_for_agent(&run, &mut children, &copier, spec.boot_timeout).await {
+        let waited = wait_for_agent(&run, ready, &mut children, &copier, spec.boot_timeout).await;
+        let _ = std::fs::remove_file(&ready_path);
+        let agent = match waited {
             Ok(a) => a,
             Err(VmError::GuestDied { reason, console }) => {
                 // The VMM's own complaint (bad image, KVM refused a step) says more than the console.
@@ -330,18 +335,29 @@ fn exit_reason(name: &str, status: std::process::ExitStatus) -> String {
     }
 }
 
-/// Polls the agent through the hybrid vsock socket with exponential backoff from 2 ms, while
-/// watching that the helpers stay alive.
+/// How long one connection attempt may take once the agent has announced itself.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Waits for the agent: first for its readiness announcement (a guest connection to
+/// [`umbra_proto::AGENT_READY_VSOCK_PORT`]), then connects through the hybrid vsock socket,
+/// retrying with exponential backoff from 2 ms, while watching that the helpers stay alive.
+///
+/// Connecting before the announcement is what the announcement exists to avoid: a host
+/// connection that reaches vhost-device-vsock while the guest driver is still starting the
+/// device finds a queue not ready, and the backend's worker thread exits for good. An agent
+/// that never announces (built before protocol 1.2) is polled after half the timeout.
 async fn wait_for_agent(
     run: &RunDir,
+    ready: tokio::net::UnixListener,
     children: &mut [Supervised],
     copier: &console::ConsoleCopier,
     timeout: Duration,
 ) -> Result<AgentClient, VmError> {
     let (vsock_uds, console_log) = (run.join("vsock.sock"), run.join("console.log"));
     let started = Instant::now();
+    let mut announced = false;
     let mut delay = Duration::from_millis(2);
-    let mut last_error = String::from("no attempt yet");
+    let mut last_error = String::from("the agent has not announced itself yet");
     loop {
         if let Some((name, status)) = children.iter_mut().find_map(|c| c.try_exited().map(|s| (c.name, s))) {
             copier.wait_drained(CONSOLE_DRAIN);
@@ -349,21 +365,35 @@ async fn wait_for_agent(
             let reason = console::diagnose(&console).map(str::to_string).unwrap_or_else(|| exit_reason(name, status));
             return Err(VmError::GuestDied { reason: format!("during boot: {reason}"), console });
         }
-        if vsock_uds.exists() {
-            let attempt = AgentClient::connect_hybrid_vsock(&vsock_uds, umbra_proto::AGENT_VSOCK_PORT);
-            match tokio::time::timeout(Duration::from_secs(2), attempt).await {
-                Ok(Ok(client)) => return Ok(client),
-                Ok(Err(e)) => last_error = e.to_string(),
-                Err(_) => last_error = "handshake timed out".into(),
-            }
-        }
-        if started.elapsed() >= timeout {
+        let elapsed = started.elapsed();
+        if elapsed >= timeout {
             return Err(VmError::BootTimeout {
                 timeout,
                 last_error,
                 processes: postmortem::report(run.path(), children),
                 console: console::tail(&console_log, console::ERROR_CONTEXT_LINES),
             });
+        }
+        if !announced {
+            // Wake often enough to notice a helper that died.
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(50), ready.accept()).await {
+                announced = true;
+            } else if elapsed >= timeout / 2 {
+                announced = true;
+                tracing::debug!("no readiness announcement after {elapsed:?}: polling the agent");
+            }
+            continue;
+        }
+        if vsock_uds.exists() {
+            let attempt = AgentClient::connect_hybrid_vsock(&vsock_uds, umbra_proto::AGENT_VSOCK_PORT);
+            // Once the agent has announced itself an answer takes milliseconds, but a loaded
+            // host may need seconds: be patient rather than abandon CONNECTs in flight.
+            let patience = timeout.saturating_sub(started.elapsed()).clamp(Duration::from_millis(100), ATTEMPT_TIMEOUT);
+            match tokio::time::timeout(patience, attempt).await {
+                Ok(Ok(client)) => return Ok(client),
+                Ok(Err(e)) => last_error = e.to_string(),
+                Err(_) => last_error = "handshake timed out".into(),
+            }
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(100));
