@@ -4,6 +4,8 @@
 //! socket, a console log, and supervised helper processes that die with the VM — or with us.
 //! Readiness is the agent handshake, not "the process started".
 
+#[cfg(test)]
+mod boot_wait_tests;
 mod children;
 pub mod console;
 pub mod fsd;
