@@ -162,6 +162,7 @@ pub struct SpawnRequest {
     pub tty: Option<TtySize>,
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TtySize {
     pub rows: u16,
@@ -223,6 +224,7 @@ pub struct ShareRequest {
 }
 
 /// How a shared folder is mounted in the guest.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ShareMode {
@@ -285,6 +287,7 @@ impl std::str::FromStr for ShareMode {
 }
 
 /// One change of a shadow share, relative to the host folder.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShadowChange {
     /// Relative to the share's root, `/`-separated; never empty, never `..`. Names that are not
@@ -300,6 +303,7 @@ pub struct ShadowChange {
     pub is_dir: bool,
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ChangeKind {
@@ -364,6 +368,7 @@ pub struct Stats {
     pub uptime_ms: u64,
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FileKind {
@@ -373,6 +378,7 @@ pub enum FileKind {
     Other,
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileStat {
     pub kind: FileKind,
@@ -383,6 +389,7 @@ pub struct FileStat {
     pub mtime_ms: i64,
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirEntry {
     pub name: String,

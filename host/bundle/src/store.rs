@@ -40,7 +40,8 @@ pub struct Store {
 }
 
 /// One installed (or warm) bundle, as `vmctl bundle ls` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct InstalledInfo {
     pub version: String,
     pub flavor: String,

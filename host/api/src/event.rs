@@ -1,0 +1,414 @@
+//! [`SessionEvent`]: everything that happens to sessions and their processes, in one type.
+//!
+//! The runtime emits these; `vmctl --json` prints them one per line, umbrad sends them as
+//! JSON-RPC notifications, and the tests assert on them. Lifecycle events go to every
+//! subscriber; a process's output goes only to whoever spawned it (with flow control), so a
+//! fast process never floods an observer.
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use umbra_proto::{ShadowChange, ShareMode};
+
+use crate::error::ApiError;
+use crate::session::SessionStatus;
+
+/// One event. `session` is absent for events about the host (bundle downloads).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionEvent {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Milliseconds since the epoch.
+    pub time_ms: u64,
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+impl SessionEvent {
+    pub fn new(session: Option<&str>, kind: EventKind) -> Self {
+        Self { session: session.map(str::to_string), time_ms: now_ms(), kind }
+    }
+
+    /// The event's name, as it appears in its `event` field.
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// Whether it belongs to a process's own stream (its owner gets it), rather than to the
+    /// lifecycle events every subscriber gets.
+    pub fn is_process_output(&self) -> bool {
+        matches!(self.kind, EventKind::Stdout { .. } | EventKind::Stderr { .. })
+    }
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What happened. The tag is the `event` field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum EventKind {
+    /// The session's status changed.
+    Status {
+        status: SessionStatus,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// The boot waits for a slot: `position` boots are ahead of it (1 = next).
+    BootQueued {
+        position: u32,
+    },
+    /// The VM is up and its agent answers.
+    Ready {
+        backend: String,
+        /// Why this backend (what `auto` saw).
+        why: String,
+        boot_ms: u64,
+        bundle: String,
+    },
+    /// Starting (or restarting) failed.
+    StartupError {
+        error: ApiError,
+    },
+    /// The VM stopped answering or went away; a restart follows unless the session gives up.
+    HeartbeatFailure {
+        reason: String,
+    },
+    /// The VM is being booted again after a failure.
+    Restarting {
+        /// 1 for the first restart in the current window.
+        attempt: u32,
+        reason: String,
+        /// Back-off before this boot.
+        delay_ms: u64,
+    },
+    /// The session gave up after too many failures.
+    Failed {
+        reason: String,
+        /// The last console lines of the VM that failed.
+        console: String,
+    },
+    /// Stopped after `idle_secs` with no running process and no client activity.
+    IdleStop {
+        idle_secs: u64,
+    },
+    FolderMounted {
+        name: String,
+        host_path: PathBuf,
+        guest_path: String,
+        mode: ShareMode,
+    },
+    FolderUnmounted {
+        name: String,
+    },
+    /// Unapplied shadow changes saved before the VM was replaced.
+    ShadowExported {
+        folder: String,
+        /// A tar with the changed files and a list of deletions.
+        path: PathBuf,
+    },
+    /// Unapplied shadow changes could not be saved (the agent did not answer): they are lost.
+    ShadowLost {
+        folder: String,
+        reason: String,
+    },
+    /// What a shadow folder's guest side changed (`vmctl run --shadow-diff`).
+    ShadowDiff {
+        folder: String,
+        changes: Vec<ShadowChange>,
+    },
+    /// A shadow folder's changes were written to the host folder (`vmctl run --shadow-apply`).
+    ShadowApplied {
+        folder: String,
+        report: ShadowApplyReport,
+    },
+    /// A file appeared in the session's outputs folder. `path` is relative to it.
+    OutputsFileCreated {
+        path: String,
+        host_path: PathBuf,
+    },
+    OutputsFileDeleted {
+        path: String,
+        host_path: PathBuf,
+    },
+    /// A process started.
+    Spawned {
+        process: u64,
+        /// Its pid in the guest.
+        pid: u32,
+        argv: Vec<String>,
+    },
+    /// A process could not be started.
+    SpawnFailed {
+        process: u64,
+        error: ApiError,
+    },
+    Stdout {
+        process: u64,
+        #[serde(flatten)]
+        data: Data,
+    },
+    Stderr {
+        process: u64,
+        #[serde(flatten)]
+        data: Data,
+    },
+    /// A process ended. Its output all came before this; nothing about it follows.
+    Exit(ProcessExit),
+    /// A bundle download made progress.
+    DownloadProgress(umbra_bundle::Progress),
+    /// Something failed outside any one request (`vmctl run` reports its own errors so).
+    Error {
+        error: ApiError,
+    },
+}
+
+impl EventKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::Status { .. } => "status",
+            EventKind::BootQueued { .. } => "boot_queued",
+            EventKind::Ready { .. } => "ready",
+            EventKind::StartupError { .. } => "startup_error",
+            EventKind::HeartbeatFailure { .. } => "heartbeat_failure",
+            EventKind::Restarting { .. } => "restarting",
+            EventKind::Failed { .. } => "failed",
+            EventKind::IdleStop { .. } => "idle_stop",
+            EventKind::FolderMounted { .. } => "folder_mounted",
+            EventKind::FolderUnmounted { .. } => "folder_unmounted",
+            EventKind::ShadowExported { .. } => "shadow_exported",
+            EventKind::ShadowLost { .. } => "shadow_lost",
+            EventKind::ShadowDiff { .. } => "shadow_diff",
+            EventKind::ShadowApplied { .. } => "shadow_applied",
+            EventKind::OutputsFileCreated { .. } => "outputs_file_created",
+            EventKind::OutputsFileDeleted { .. } => "outputs_file_deleted",
+            EventKind::Spawned { .. } => "spawned",
+            EventKind::SpawnFailed { .. } => "spawn_failed",
+            EventKind::Stdout { .. } => "stdout",
+            EventKind::Stderr { .. } => "stderr",
+            EventKind::Exit(_) => "exit",
+            EventKind::DownloadProgress(_) => "download_progress",
+            EventKind::Error { .. } => "error",
+        }
+    }
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ProcessExit {
+    pub process: u64,
+    /// The exit code, when it exited by itself.
+    pub code: Option<i32>,
+    /// The signal that ended it. A process whose VM went away is reported killed by SIGKILL (9)
+    /// with `lost` set.
+    pub signal: Option<i32>,
+    pub duration_ms: u64,
+    /// It was stopped because its timeout passed.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// The first signal the host forwarded to it (Ctrl-C in `vmctl`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<i32>,
+    /// Its end was not reported by the guest: the VM failed, restarted or stopped. `reason`
+    /// says which.
+    #[serde(default)]
+    pub lost: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Exit status for a command whose process vanished with its VM (Docker's "the daemon failed").
+pub const EXIT_UMBRA_ERROR: i32 = 125;
+/// Exit status for a command that could not be executed.
+pub const EXIT_CANNOT_RUN: i32 = 126;
+/// Exit status for a command that was not found.
+pub const EXIT_NOT_FOUND: i32 = 127;
+/// Exit status after a timeout, as coreutils `timeout` gives.
+pub const EXIT_TIMED_OUT: i32 = 124;
+
+impl ProcessExit {
+    /// The status a shell would give: the code, or 128 + signal; 124 after a timeout; 128 +
+    /// the forwarded signal when the command failed after being interrupted (as a shell
+    /// reports Ctrl-C); 125 when the process was lost with its VM.
+    pub fn shell_status(&self) -> i32 {
+        if self.lost {
+            return EXIT_UMBRA_ERROR;
+        }
+        if self.timed_out {
+            return EXIT_TIMED_OUT;
+        }
+        let own = match (self.code, self.signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => s.saturating_add(128),
+            (None, None) => EXIT_UMBRA_ERROR,
+        };
+        match self.interrupted {
+            Some(s) if own != 0 => s.saturating_add(128),
+            _ => own,
+        }
+    }
+}
+
+/// The status a shell gives for a command that could not be started with this error.
+pub fn spawn_failure_status(error: &ApiError) -> i32 {
+    match error.code {
+        crate::ErrorCode::NotFound => EXIT_NOT_FOUND,
+        crate::ErrorCode::PermissionDenied | crate::ErrorCode::SpawnFailed => EXIT_CANNOT_RUN,
+        _ => EXIT_UMBRA_ERROR,
+    }
+}
+
+/// Bytes in JSON: UTF-8 text as it is, anything else in base64. A chunk boundary can split a
+/// multi-byte character, so one stream may mix both; decoding each chunk and concatenating
+/// gives the exact bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Data {
+    pub data: String,
+    #[serde(default, skip_serializing_if = "Encoding::is_utf8")]
+    pub encoding: Encoding,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    #[default]
+    Utf8,
+    Base64,
+}
+
+impl Encoding {
+    fn is_utf8(&self) -> bool {
+        *self == Encoding::Utf8
+    }
+}
+
+impl Data {
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Self { data: text.to_string(), encoding: Encoding::Utf8 },
+            Err(_) => {
+                Self { data: base64::engine::general_purpose::STANDARD.encode(bytes), encoding: Encoding::Base64 }
+            }
+        }
+    }
+
+    /// Always base64 (for file contents, where text-or-not guessing buys nothing).
+    pub fn base64(bytes: &[u8]) -> Self {
+        Self { data: base64::engine::general_purpose::STANDARD.encode(bytes), encoding: Encoding::Base64 }
+    }
+
+    pub fn to_bytes(&self) -> Result<Vec<u8>, ApiError> {
+        match self.encoding {
+            Encoding::Utf8 => Ok(self.data.clone().into_bytes()),
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(&self.data)
+                .map_err(|e| ApiError::invalid_params(format!("data is not valid base64: {e}"))),
+        }
+    }
+
+    /// Bytes the data decodes to, without decoding.
+    pub fn decoded_len(&self) -> usize {
+        match self.encoding {
+            Encoding::Utf8 => self.data.len(),
+            Encoding::Base64 => self.data.len() / 4 * 3,
+        }
+    }
+}
+
+/// What applying a shadow folder's changes did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ShadowApplyReport {
+    /// Paths written to (or deleted from) the host folder.
+    pub applied: Vec<String>,
+    /// Paths the host changed since the share started: left alone.
+    pub conflicts: Vec<ShadowConflict>,
+    pub errors: Vec<ShadowApplyError>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ShadowConflict {
+    pub path: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ShadowApplyError {
+    pub path: String,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_have_their_name_as_tag_and_round_trip() {
+        let ev = SessionEvent::new(Some("s1"), EventKind::Stdout { process: 3, data: Data::from_bytes(b"hi\n") });
+        let json = serde_json::to_string(&ev).unwrap();
+        assert!(json.contains("\"event\":\"stdout\""), "{json}");
+        assert!(json.contains("\"data\":\"hi\\n\""), "{json}");
+        assert!(!json.contains("encoding"), "utf-8 is the default: {json}");
+        assert_eq!(serde_json::from_str::<SessionEvent>(&json).unwrap(), ev);
+
+        let exit = SessionEvent::new(
+            None,
+            EventKind::Exit(ProcessExit {
+                process: 1,
+                code: Some(7),
+                signal: None,
+                duration_ms: 5,
+                timed_out: false,
+                interrupted: None,
+                lost: false,
+                reason: None,
+            }),
+        );
+        let json = serde_json::to_string(&exit).unwrap();
+        assert!(json.contains("\"event\":\"exit\"") && json.contains("\"code\":7"), "{json}");
+        assert!(!json.contains("session"), "{json}");
+        assert_eq!(serde_json::from_str::<SessionEvent>(&json).unwrap(), exit);
+    }
+
+    #[test]
+    fn binary_output_survives_as_base64_even_split_mid_character() {
+        let text = "héllo".as_bytes();
+        let (a, b) = text.split_at(2); // inside the two-byte é
+        let chunks = [Data::from_bytes(a), Data::from_bytes(b)];
+        assert!(chunks.iter().all(|c| c.encoding == Encoding::Base64));
+        let joined: Vec<u8> = chunks.iter().flat_map(|c| c.to_bytes().unwrap()).collect();
+        assert_eq!(joined, text);
+        assert!(Data { data: "!!".into(), encoding: Encoding::Base64 }.to_bytes().is_err());
+    }
+
+    #[test]
+    fn shell_status_mapping() {
+        let base = ProcessExit {
+            process: 1,
+            code: None,
+            signal: None,
+            duration_ms: 0,
+            timed_out: false,
+            interrupted: None,
+            lost: false,
+            reason: None,
+        };
+        let with = |f: &dyn Fn(&mut ProcessExit)| {
+            let mut e = base.clone();
+            f(&mut e);
+            e.shell_status()
+        };
+        assert_eq!(with(&|e| e.code = Some(3)), 3);
+        assert_eq!(with(&|e| e.signal = Some(15)), 143);
+        assert_eq!(with(&|e| (e.signal, e.timed_out) = (Some(15), true)), 124);
+        assert_eq!(with(&|e| (e.code, e.interrupted) = (Some(1), Some(2))), 130);
+        assert_eq!(with(&|e| (e.code, e.interrupted) = (Some(0), Some(2))), 0, "a clean exit after Ctrl-C is clean");
+        assert_eq!(with(&|e| (e.signal, e.lost) = (Some(9), true)), 125);
+        assert_eq!(with(&|e| e.signal = Some(i32::MAX)), i32::MAX, "a hostile signal number saturates");
+        assert_eq!(spawn_failure_status(&ApiError::new(crate::ErrorCode::NotFound, "x")), 127);
+    }
+}

@@ -1,0 +1,521 @@
+//! Every method umbrad serves: its name, its params and its result, as Rust types.
+//!
+//! A [`Method`] ties the three together, so the daemon's dispatcher and the typed client
+//! cannot disagree, and the JSON Schema in `host/api/schema/` is generated from the same
+//! declarations (a test fails when the checked-in file is stale).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use umbra_proto::{DirEntry, FileStat, ShadowChange, ShareMode, TtySize};
+
+use crate::config::{ConfigPatch, DaemonConfig};
+use crate::event::{Data, SessionEvent, ShadowApplyReport};
+use crate::session::{BackendChoice, FolderInfo, FolderSpec, SessionInfo};
+
+/// A method: its wire name and the types of its params and result.
+pub trait Method {
+    const NAME: &'static str;
+    type Params: Serialize + DeserializeOwned + JsonSchema;
+    type Result: Serialize + DeserializeOwned + JsonSchema;
+}
+
+/// Params of methods that take none (`{}` or absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NoParams {}
+
+/// The result of methods that only succeed or fail (`{}`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Done {}
+
+// ---- daemon, config, bundles -------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct DaemonInfo {
+    /// umbrad's version.
+    pub version: String,
+    /// The IPC contract's version (`major.minor`); a client refuses a different major.
+    pub api_version: String,
+    pub pid: u32,
+    pub uid: u32,
+    pub socket: PathBuf,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct BundleStatus {
+    /// The version sessions boot from `current`, if one is installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<String>,
+    pub installed: Vec<umbra_bundle::InstalledInfo>,
+    /// A download in progress (its latest progress event).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downloading: Option<umbra_bundle::Progress>,
+    /// The configured bundle URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Where the store lives.
+    pub root: PathBuf,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct DownloadParams {
+    /// `http(s)://` or `file://` of a bundle's `manifest.json` (or its directory); default: the
+    /// configured `bundle_url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Into the warm slot: the next session start promotes it.
+    #[serde(default)]
+    pub warm: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Downloaded {
+    pub version: String,
+    pub how: umbra_bundle::PulledHow,
+    /// Compressed bytes transferred.
+    pub downloaded: u64,
+}
+
+// ---- sessions ----------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StartParams {
+    /// `[A-Za-z0-9._-]`, at most 64 bytes.
+    pub name: String,
+    #[serde(default)]
+    pub folders: Vec<FolderSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_size_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_interval_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_timeout_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendChoice>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionRef {
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionList {
+    pub sessions: Vec<SessionInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LogsParams {
+    pub name: String,
+    /// Lines of each log to return (default 100, at most 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lines: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionLogs {
+    /// The session's recent lifecycle events (status, restarts, folders, process starts and
+    /// exits), oldest first.
+    pub events: Vec<SessionEvent>,
+    /// The last lines of the running (or last) VM's console.
+    pub console: Vec<String>,
+}
+
+// ---- processes ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SpawnParams {
+    pub session: String,
+    /// The command; `argv[0]` is looked up in the guest's PATH.
+    pub argv: Vec<String>,
+    /// Working directory in the guest (absolute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Run on a pseudo-terminal of this size (output then arrives as stdout only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty: Option<TtySize>,
+    /// SIGTERM after this many seconds, SIGKILL 3 s later; the exit says `timed_out`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Spawned {
+    /// The process's id in this daemon (events name it).
+    pub process: u64,
+    /// Its pid in the guest.
+    pub pid: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ProcessRef {
+    pub session: String,
+    pub process: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StdinParams {
+    pub session: String,
+    pub process: u64,
+    #[serde(flatten)]
+    pub data: Data,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct KillParams {
+    pub session: String,
+    pub process: u64,
+    /// Default 15 (SIGTERM).
+    #[serde(default = "sigterm")]
+    pub signal: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct KillAllParams {
+    pub session: String,
+    /// Default 9 (SIGKILL).
+    #[serde(default = "sigkill")]
+    pub signal: i32,
+}
+
+fn sigterm() -> i32 {
+    15
+}
+fn sigkill() -> i32 {
+    9
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ResizeParams {
+    pub session: String,
+    pub process: u64,
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// Which output stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Flow control: the client has consumed `bytes` of a process's output and can take that much
+/// more. Each stream starts with [`OUTPUT_WINDOW`] bytes of credit; without acks the process
+/// blocks in the guest once its credit is spent. Usually sent as a notification (no id).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AckParams {
+    pub session: String,
+    pub process: u64,
+    pub stream: Stream,
+    pub bytes: u64,
+}
+
+/// Bytes of each output stream umbrad sends a client before it waits for acks.
+pub const OUTPUT_WINDOW: u64 = 1024 * 1024;
+
+// ---- folders, files, shadow --------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MountParams {
+    pub session: String,
+    #[serde(flatten)]
+    pub folder: FolderSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct UnmountParams {
+    pub session: String,
+    pub name: String,
+}
+
+/// A path in the session: a guest path (`/sessions/<name>/mnt/<folder>/…` or anywhere else in
+/// the guest), or a host path inside one of its shared folders, which is translated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PathParams {
+    pub session: String,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ReadParams {
+    pub session: String,
+    pub path: String,
+    #[serde(default)]
+    pub offset: u64,
+    /// At most [`MAX_FILE_CHUNK`] bytes (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub len: Option<u32>,
+}
+
+/// Largest read or write in one request.
+pub const MAX_FILE_CHUNK: u32 = umbra_proto::MAX_FILE_CHUNK as u32;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct FileData {
+    #[serde(flatten)]
+    pub data: Data,
+    /// The read reached the end of the file.
+    pub eof: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WriteParams {
+    pub session: String,
+    pub path: String,
+    #[serde(flatten)]
+    pub data: Data,
+    /// Append instead of replacing the file.
+    #[serde(default)]
+    pub append: bool,
+    /// Write at this offset instead (the file is not truncated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    #[serde(default)]
+    pub create_dirs: bool,
+    /// Permission bits of a file this creates (default 0644).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Written {
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ListParams {
+    pub session: String,
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct DirList {
+    pub entries: Vec<DirEntry>,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ShadowParams {
+    pub session: String,
+    /// The shadow folder's name.
+    pub folder: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ShadowDiffResult {
+    pub changes: Vec<ShadowChange>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ExportParams {
+    pub session: String,
+    pub folder: String,
+    /// A host path for the tar; default: a new file in the session's storage directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dest: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Exported {
+    pub path: PathBuf,
+    pub bytes: u64,
+}
+
+// ---- events ------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SubscribeParams {
+    /// Only this session's events (default: every session's, and the host's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Subscribed {
+    pub subscription: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct UnsubscribeParams {
+    pub subscription: u64,
+}
+
+/// Declares the method marker types and the list the schema and docs are generated from.
+macro_rules! methods {
+    ($( $(#[doc = $doc:literal])* $ty:ident = $name:literal ($params:ty) -> $result:ty; )*) => {
+        $(
+            $(#[doc = $doc])*
+            #[derive(Debug, Clone, Copy)]
+            pub struct $ty;
+            impl Method for $ty {
+                const NAME: &'static str = $name;
+                type Params = $params;
+                type Result = $result;
+            }
+        )*
+
+        /// Every method, in documentation order: name, one-line summary, params and result
+        /// schemas.
+        pub fn all(gen: &mut schemars::SchemaGenerator) -> Vec<MethodSchema> {
+            vec![$(
+                MethodSchema {
+                    name: $name,
+                    summary: concat!($($doc),*),
+                    params: gen.subschema_for::<$params>(),
+                    result: gen.subschema_for::<$result>(),
+                },
+            )*]
+        }
+
+        /// Every method name.
+        pub const NAMES: &[&str] = &[$($name),*];
+    };
+}
+
+/// A method's schemas, for the generated schema document.
+pub struct MethodSchema {
+    pub name: &'static str,
+    pub summary: &'static str,
+    pub params: schemars::Schema,
+    pub result: schemars::Schema,
+}
+
+methods! {
+    /// What this daemon is: versions, pid, uid and socket.
+    DaemonInfoMethod = "daemon.info" (NoParams) -> DaemonInfo;
+    /// The configuration (session defaults, bundle source).
+    ConfigGet = "config.get" (NoParams) -> DaemonConfig;
+    /// Changes some settings; returns the whole new configuration.
+    ConfigSet = "config.set" (ConfigPatch) -> DaemonConfig;
+    /// Installed bundles, the current one and any download in progress.
+    BundleStatusMethod = "bundle.status" (NoParams) -> BundleStatus;
+    /// Downloads, verifies and installs a bundle (progress as `download_progress` events).
+    BundleDownload = "bundle.download" (DownloadParams) -> Downloaded;
+    /// Removes the current bundle and downloads it again.
+    BundleDeleteAndReinstall = "bundle.delete_and_reinstall" (DownloadParams) -> Downloaded;
+    /// Creates and boots a session; returns once it is ready. Starting a session that is
+    /// already starting waits for that start.
+    SessionStart = "session.start" (StartParams) -> SessionInfo;
+    /// Boots a stopped or failed session again, with its folders, outputs and disk.
+    SessionResume = "session.resume" (SessionRef) -> SessionInfo;
+    /// Ends a session's processes and destroys its VM; its folders, outputs and disk stay.
+    SessionStop = "session.stop" (SessionRef) -> SessionInfo;
+    /// Stops a session and removes it with its outputs, uploads and disk.
+    SessionDelete = "session.delete" (SessionRef) -> Done;
+    /// Every session.
+    SessionListMethod = "session.list" (NoParams) -> SessionList;
+    /// One session.
+    SessionGet = "session.get" (SessionRef) -> SessionInfo;
+    /// A session's recent lifecycle events and console lines.
+    SessionLogsMethod = "session.logs" (LogsParams) -> SessionLogs;
+    /// Starts a process; its output and exit arrive as `process.event` notifications.
+    ProcessSpawn = "process.spawn" (SpawnParams) -> Spawned;
+    /// Writes to a process's stdin (waits while the guest has no room).
+    ProcessStdin = "process.stdin" (StdinParams) -> Done;
+    /// Closes a process's stdin after what was written.
+    ProcessCloseStdin = "process.close_stdin" (ProcessRef) -> Done;
+    /// Signals a process's process group.
+    ProcessKill = "process.kill" (KillParams) -> Done;
+    /// Signals every process of a session.
+    ProcessKillAll = "process.kill_all" (KillAllParams) -> Done;
+    /// Resizes a process's pseudo-terminal.
+    ProcessResize = "process.resize" (ResizeParams) -> Done;
+    /// Grants more output credit (see `OUTPUT_WINDOW`); usually a notification.
+    ProcessAck = "process.ack" (AckParams) -> Done;
+    /// Shares a host folder with a running session.
+    FolderMount = "folder.mount" (MountParams) -> FolderInfo;
+    /// Stops sharing a folder.
+    FolderUnmount = "folder.unmount" (UnmountParams) -> Done;
+    /// Reads part of a file.
+    FileRead = "file.read" (ReadParams) -> FileData;
+    /// Writes (or appends to) a file.
+    FileWrite = "file.write" (WriteParams) -> Written;
+    /// A file's metadata.
+    FileStatMethod = "file.stat" (PathParams) -> FileStat;
+    /// A directory's entries.
+    FileList = "file.list" (ListParams) -> DirList;
+    /// What the guest changed in a shadow folder.
+    ShadowDiff = "shadow.diff" (ShadowParams) -> ShadowDiffResult;
+    /// Writes a shadow folder's changes to the host folder (conflicts are left alone).
+    ShadowApply = "shadow.apply" (ShadowParams) -> ShadowApplyReport;
+    /// Writes a shadow folder's changes to a tar on the host.
+    ShadowExport = "shadow.export" (ExportParams) -> Exported;
+    /// Throws away a shadow folder's changes.
+    ShadowReset = "shadow.reset" (ShadowParams) -> Done;
+    /// Receive lifecycle events (as `event` notifications) of one session or all.
+    EventsSubscribe = "events.subscribe" (SubscribeParams) -> Subscribed;
+    /// Stops a subscription.
+    EventsUnsubscribe = "events.unsubscribe" (UnsubscribeParams) -> Done;
+}
+
+/// A share mode in a path-style spec (`HOST_PATH[:NAME][:MODE]`), as `vmctl` takes it.
+pub fn parse_folder_spec(s: &str) -> Result<FolderSpec, String> {
+    let mut parts: Vec<&str> = s.split(':').collect();
+    let mut mode = ShareMode::Rw;
+    if parts.len() > 1 {
+        if let Ok(m) = parts[parts.len() - 1].parse::<ShareMode>() {
+            mode = m;
+            parts.pop();
+        }
+    }
+    let name = match parts.len() {
+        1 => None,
+        2 => Some(parts[1].to_string()),
+        _ => return Err(format!("{s:?}: expected HOST_PATH[:NAME][:MODE] with MODE one of ro, rw, rwd, shadow")),
+    };
+    if parts[0].is_empty() {
+        return Err(format!("{s:?}: empty host path"));
+    }
+    Ok(FolderSpec { path: PathBuf::from(parts[0]), name, mode })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_names_are_unique() {
+        let mut names = NAMES.to_vec();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), NAMES.len());
+    }
+
+    #[test]
+    fn folder_specs() {
+        let f = parse_folder_spec("/a/b").unwrap();
+        assert_eq!((f.path.to_str(), f.name, f.mode), (Some("/a/b"), None, ShareMode::Rw));
+        let f = parse_folder_spec("/a:shadow").unwrap();
+        assert_eq!((f.name, f.mode), (None, ShareMode::Shadow));
+        let f = parse_folder_spec("/a:work:ro").unwrap();
+        assert_eq!((f.name.as_deref(), f.mode), (Some("work"), ShareMode::Ro));
+        assert!(parse_folder_spec("/x:a:b:c").is_err());
+        assert!(parse_folder_spec(":ro").is_err());
+    }
+
+    #[test]
+    fn stdin_and_file_data_flatten_their_bytes() {
+        let p = StdinParams { session: "s".into(), process: 1, data: Data::from_bytes(b"abc") };
+        let v = serde_json::to_value(&p).unwrap();
+        assert_eq!(v, serde_json::json!({"session": "s", "process": 1, "data": "abc"}));
+        let back: StdinParams = serde_json::from_value(v).unwrap();
+        assert_eq!(back, p);
+    }
+}

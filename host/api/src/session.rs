@@ -1,0 +1,149 @@
+//! What a session is, as clients see it: its status, settings, folders and identity.
+
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use umbra_proto::ShareMode;
+
+/// Where a session is in its life. `starting → ready → (restarting → ready)* → stopping →
+/// stopped | failed`; a stopped or failed session can be resumed (back to `starting`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// Waiting for a boot slot, booting, or mounting its folders.
+    Starting,
+    /// The agent answers and every folder is mounted: commands can run.
+    Ready,
+    /// The VM failed (missed heartbeat, lost agent, VMM exit) and is being booted again.
+    Restarting,
+    Stopping,
+    /// No VM; the session's folders, outputs and disk are kept, and it can be resumed.
+    Stopped,
+    /// It could not be (re)started; the last error says why. It can be resumed.
+    Failed,
+}
+
+impl SessionStatus {
+    /// Whether the session has (or is getting) a VM.
+    pub fn is_active(self) -> bool {
+        matches!(self, SessionStatus::Starting | SessionStatus::Ready | SessionStatus::Restarting)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SessionStatus::Starting => "starting",
+            SessionStatus::Ready => "ready",
+            SessionStatus::Restarting => "restarting",
+            SessionStatus::Stopping => "stopping",
+            SessionStatus::Stopped => "stopped",
+            SessionStatus::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for SessionStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which VM backend to use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendChoice {
+    /// The Umbra VMM where the CPU has VT-x/AMD-V, QEMU elsewhere.
+    #[default]
+    Auto,
+    Kvm,
+    Qemu,
+}
+
+/// A host folder to share with a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct FolderSpec {
+    /// Absolute host path of a directory.
+    pub path: PathBuf,
+    /// The name under `/sessions/<session>/mnt/` (default: the folder's own name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `ro`, `rw` (no deletes), `rwd` or `shadow` (copy-on-write in the guest). Default `rw`.
+    #[serde(default = "default_mode")]
+    pub mode: ShareMode,
+}
+
+fn default_mode() -> ShareMode {
+    ShareMode::Rw
+}
+
+/// A folder shared with a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct FolderInfo {
+    pub name: String,
+    pub host_path: PathBuf,
+    pub mode: ShareMode,
+    /// `/sessions/<session>/mnt/<name>`.
+    pub guest_path: String,
+}
+
+/// How a session's VM is sized and watched. Every field has a default from the daemon's
+/// configuration; a session keeps the values it was started with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionSettings {
+    pub memory_mib: u32,
+    pub cpus: u32,
+    /// Stop the session after this long with no running process and no client activity; 0
+    /// never stops it.
+    pub idle_timeout_secs: u64,
+    /// Size of the writable session disk (sparse: only what the guest writes takes space); 0
+    /// keeps the guest's writes in its RAM, lost when the VM ends.
+    pub disk_size_mib: u64,
+    /// How often the agent is pinged.
+    pub heartbeat_interval_secs: u64,
+    /// How long a ping may take before the VM counts as failed and is restarted.
+    pub heartbeat_timeout_secs: u64,
+    /// Which bundle boots it: an installed version, `current`, or a built flavor (`minimal`,
+    /// `standard`) or bundle directory.
+    pub bundle: String,
+    pub backend: BackendChoice,
+}
+
+/// A session as `session.get` and `session.list` report it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionInfo {
+    pub name: String,
+    pub status: SessionStatus,
+    pub settings: SessionSettings,
+    /// The user's folders, then `outputs` and `uploads`.
+    pub folders: Vec<FolderInfo>,
+    /// `$XDG_DATA_HOME/umbra/sessions/<name>`: holds `outputs/`, `uploads/` and `disk.img`.
+    pub storage_dir: PathBuf,
+    /// The running VM, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<VmInfo>,
+    /// Processes running in the session now.
+    pub processes: u32,
+    /// VM restarts since the session was last started or resumed.
+    pub restarts: u32,
+    /// Milliseconds since the epoch.
+    pub created_ms: u64,
+    /// Why the session last stopped or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// The VM behind a running session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct VmInfo {
+    /// `kvm` or `qemu`.
+    pub backend: String,
+    /// Why `auto` chose it.
+    pub backend_reason: String,
+    pub bundle_version: String,
+    /// Launch → agent ready.
+    pub boot_ms: u64,
+    /// Host pids of the VMM and its helper processes.
+    pub pids: Vec<u32>,
+    /// The VM's private run directory on the host (sockets, console log).
+    pub run_dir: PathBuf,
+}
