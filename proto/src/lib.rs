@@ -26,6 +26,11 @@ pub const AGENT_VSOCK_PORT: u32 = 1024;
 /// worker thread exits when a queue is not ready yet), so the host waits for the guest.
 pub const AGENT_READY_VSOCK_PORT: u32 = 1025;
 
+/// The ext4 volume label of a VM's writable session disk (at most 16 bytes). The host formats
+/// the disk with this label; the agent finds it by it (never by device order), mounts it and
+/// keeps the root overlay's upper and work directories on it.
+pub const SESSION_DISK_LABEL: &str = "umbra-session";
+
 /// Protocol version spoken by this build. Peers with a different major refuse each other;
 /// a newer minor only adds optional fields and methods.
 pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 1, minor: 2 };

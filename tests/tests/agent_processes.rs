@@ -103,6 +103,18 @@ async fn env_and_cwd_are_honoured() {
     let e = client.spawn(SpawnRequest { argv: vec!["no-such-program-umbra".into()], ..Default::default() }).unwrap();
     let e = e.output().await.unwrap_err();
     assert!(e.to_string().contains("no-such-program-umbra"), "{e}");
+    assert_eq!(e.agent_error().expect("agent error").code, ErrorCode::NotFound, "{e}");
+    let missing = dir.0.join("missing-program");
+    let e = client.spawn(SpawnRequest { argv: vec![missing.display().to_string()], ..Default::default() }).unwrap();
+    let e = e.output().await.unwrap_err();
+    assert_eq!(e.agent_error().expect("agent error").code, ErrorCode::NotFound, "{e}");
+    // A file without execute permission cannot be run (EACCES).
+    let not_executable = dir.0.join("not-executable");
+    std::fs::write(&not_executable, "#!/bin/sh\necho ran\n").unwrap();
+    let e = client.spawn(SpawnRequest { argv: vec![not_executable.display().to_string()], ..Default::default() });
+    let e = e.unwrap().output().await.unwrap_err();
+    assert_eq!(e.agent_error().expect("agent error").code, ErrorCode::PermissionDenied, "{e}");
+    assert!(e.to_string().contains("not-executable"), "{e}");
 
     // Paths must be absolute: a relative cwd (or unmount path) is a bad request.
     let mut req = sh("true");

@@ -31,6 +31,17 @@ fn share_error(e: ShareError) -> ErrorBody {
     ErrorBody::new(e.code(), crate::text::clip(e.to_string()))
 }
 
+/// The protocol's code for a failed spawn: a missing program (or working directory) is
+/// `not_found`, one the caller may not run is `permission_denied`, anything else
+/// `spawn_failed`.
+fn spawn_error_code(e: &std::io::Error) -> ErrorCode {
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => ErrorCode::NotFound,
+        Some(libc::EACCES | libc::EPERM) => ErrorCode::PermissionDenied,
+        _ => ErrorCode::SpawnFailed,
+    }
+}
+
 fn parse_signal(signal: i32) -> Result<Signal, ErrorBody> {
     Signal::try_from(signal)
         .map_err(|_| ErrorBody::new(ErrorCode::BadRequest, format!("{signal} is not a signal number")))
@@ -113,14 +124,19 @@ impl Connection {
         let protected = self.agent.shares.protected_paths();
         let started = Instant::now();
         let spawned = tokio::task::spawn_blocking(move || {
-            let ruleset =
-                landlock::deny_removal_beneath(&protected).map_err(|e| std::io::Error::other(e.to_string()))?;
-            spawn::spawn(&reaper, &req, ruleset.as_ref())
+            let ruleset = landlock::deny_removal_beneath(&protected)
+                .map_err(|e| (ErrorCode::SpawnFailed, std::io::Error::other(e.to_string())))?;
+            spawn::spawn(&reaper, &req, ruleset.as_ref()).map_err(|e| {
+                // The cwd is looked up first: a missing cwd is not a missing program (hosts
+                // turn not_found into "command not found").
+                let cwd_missing = req.cwd.as_deref().is_some_and(|c| std::fs::metadata(c).is_err());
+                (if cwd_missing { ErrorCode::SpawnFailed } else { spawn_error_code(&e) }, e)
+            })
         });
         let child = match spawned.await {
             Ok(Ok(child)) => child,
-            Ok(Err(e)) => {
-                let err = ErrorBody::new(ErrorCode::SpawnFailed, format!("cannot run {argv0}{cwd}: {e}"));
+            Ok(Err((code, e))) => {
+                let err = ErrorBody::new(code, format!("cannot run {argv0}{cwd}: {e}"));
                 return self.respond(id, Err(err)).await;
             }
             Err(e) => {
@@ -237,5 +253,20 @@ impl Connection {
             drop(permit);
         });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spawn_errors_map_to_codes() {
+        let code = |errno| spawn_error_code(&std::io::Error::from_raw_os_error(errno));
+        assert_eq!(code(libc::ENOENT), ErrorCode::NotFound);
+        assert_eq!(code(libc::EACCES), ErrorCode::PermissionDenied);
+        assert_eq!(code(libc::EPERM), ErrorCode::PermissionDenied);
+        assert_eq!(code(libc::ENOEXEC), ErrorCode::SpawnFailed);
+        assert_eq!(spawn_error_code(&std::io::Error::other("landlock")), ErrorCode::SpawnFailed);
     }
 }
