@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use umbra_runtime::agent::AgentClient;
 use umbra_runtime::backend::{BackendKind, KvmKind};
 
+pub mod daemon;
+
 /// Path of a workspace binary built next to the running test executable.
 pub fn workspace_bin(name: &str) -> PathBuf {
     if let Ok(p) = std::env::var(format!("{}_BIN", name.to_uppercase().replace('-', "_"))) {

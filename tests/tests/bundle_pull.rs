@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bundle_support::*;
 use umbra_bundle::testserver::Fault;
-use umbra_bundle::{BundleError, ManifestError, Phase, PulledHow};
+use umbra_bundle::{BundleError, ManifestError, Phase, PullOptions, PulledHow};
 
 #[test]
 fn a_good_bundle_installs_becomes_current_and_verifies() {
@@ -383,5 +383,24 @@ fn a_manifest_with_an_absurd_size_is_refused() {
     assert!(matches!(e, BundleError::Manifest(ManifestError::Invalid { .. })), "{e}");
     assert!(e.to_string().contains("compressed_size") && e.to_string().contains("allowed"), "{e}");
     assert_eq!(env.server.count(&env.path("v2", "kernel.zst")), 0, "refused before any artifact");
+    assert_untouched(&env.store, "v1", &before);
+}
+
+#[test]
+fn a_reinstall_downloads_again_and_a_failed_one_keeps_the_old_copy() {
+    let env = Env::new("bundle-reinstall");
+    let before = install_previous(&env);
+    let reinstall = PullOptions { reinstall: true, ..fast() };
+    let m = env.store.get("v1").unwrap().manifest;
+    let k = m.artifacts.iter().find(|a| a.name == "kernel").unwrap();
+    env.server.push_fault(&env.path("v1", "kernel.zst"), Fault::CorruptByte(k.compressed_size / 2));
+    let e = env.store.pull(&env.url("v1"), &reinstall, &mut |_| {}).unwrap_err();
+    assert!(matches!(e, BundleError::DigestMismatch { .. }), "{e}");
+    assert_untouched(&env.store, "v1", &before);
+
+    let n = env.server.count(&env.path("v1", "kernel.zst"));
+    let pulled = env.store.pull(&env.url("v1"), &reinstall, &mut |_| {}).unwrap();
+    assert_eq!(pulled.how, PulledHow::Downloaded, "downloaded again, not found installed");
+    assert_eq!(env.server.count(&env.path("v1", "kernel.zst")), n + 1);
     assert_untouched(&env.store, "v1", &before);
 }

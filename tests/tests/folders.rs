@@ -4,6 +4,7 @@
 
 use umbra_proto::{ChangeKind, MountRequest, ShareMode, SpawnRequest};
 use umbra_runtime::backend::{BackendKind, BootImage, Vm, VmSpec};
+use umbra_runtime::share::SharedFolders;
 use umbra_tests::{backends, cache_dir, test_bundle, TempDir};
 
 fn sh(script: &str) -> SpawnRequest {
@@ -139,8 +140,9 @@ async fn rw_denies_deletion_and_rwd_allows_it() {
             std::fs::write(d.join("keep"), b"x").unwrap();
         }
         let mut vm = boot_sharing(backend).await;
-        let rw_path = vm.share_folder(SESSION, &rw, None, ShareMode::Rw).await.unwrap();
-        let rwd_path = vm.share_folder(SESSION, &rwd, None, ShareMode::Rwd).await.unwrap();
+        let mut folders = SharedFolders::new();
+        let rw_path = folders.share(&mut vm, SESSION, &rw, None, ShareMode::Rw).await.unwrap();
+        let rwd_path = folders.share(&mut vm, SESSION, &rwd, None, ShareMode::Rwd).await.unwrap();
         assert_eq!(rw_path, "/sessions/s1/mnt/rw");
 
         let (code, _, err) = run(&vm, &format!("echo new > {rw_path}/new && echo more >> {rw_path}/keep")).await;
@@ -192,7 +194,8 @@ async fn shadow_changes_stay_in_the_guest_until_applied_and_conflicts_are_kept()
         std::fs::write(proj.join("contested"), b"v1\n").unwrap();
         let before = tree(&proj);
         let mut vm = boot_sharing(backend).await;
-        let g = vm.share_folder(SESSION, &proj, None, ShareMode::Shadow).await.unwrap();
+        let mut folders = SharedFolders::new();
+        let g = folders.share(&mut vm, SESSION, &proj, None, ShareMode::Shadow).await.unwrap();
 
         let script = format!(
             "cd {g} && echo added > new.txt && mkdir -p docs && echo guide > docs/guide.md \
@@ -203,7 +206,7 @@ async fn shadow_changes_stay_in_the_guest_until_applied_and_conflicts_are_kept()
         assert_eq!(tree(&proj), before, "{backend:?}: the host folder is untouched");
 
         let mut diff: Vec<(String, ChangeKind, Option<u64>)> =
-            vm.shadow_diff(SESSION, "proj").await.unwrap().into_iter().map(|c| (c.path, c.kind, c.size)).collect();
+            folders.shadow_diff(&vm, "proj").await.unwrap().into_iter().map(|c| (c.path, c.kind, c.size)).collect();
         diff.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(
             diff,
@@ -221,7 +224,7 @@ async fn shadow_changes_stay_in_the_guest_until_applied_and_conflicts_are_kept()
         // The host edits one of those files meanwhile: a conflict, not an overwrite.
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(proj.join("contested"), b"v2-host\n").unwrap();
-        let report = vm.shadow_apply(SESSION, "proj").await.unwrap();
+        let report = folders.shadow_apply(&vm, "proj").await.unwrap();
         let conflicts: Vec<&str> = report.conflicts.iter().map(|c| c.path.as_str()).collect();
         assert_eq!(conflicts, vec!["contested"], "{backend:?}: {report:?}");
         assert!(report.errors.is_empty(), "{backend:?}: {report:?}");
@@ -233,7 +236,7 @@ async fn shadow_changes_stay_in_the_guest_until_applied_and_conflicts_are_kept()
         assert_eq!(std::fs::read(proj.join("README")).unwrap(), b"readme\n");
 
         // Reset throws the guest's changes away.
-        vm.shadow_reset(SESSION, "proj").await.unwrap();
+        folders.shadow_reset(&vm, "proj").await.unwrap();
         // virtiofsd's default cache policy lets the guest keep attributes for 1 s.
         tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
         let (_, out, _) = run(&vm, &format!("cat {g}/contested; ls {g}")).await;

@@ -288,12 +288,13 @@ impl Encoding {
 }
 
 impl Data {
+    /// Text when the bytes are UTF-8 that JSON carries without bloat; base64 otherwise (JSON
+    /// escapes each control character as six bytes, so mostly-binary text is smaller in base64).
     pub fn from_bytes(bytes: &[u8]) -> Self {
+        let controls = bytes.iter().filter(|&&b| b < 0x20 && !matches!(b, b'\n' | b'\r' | b'\t')).count();
         match std::str::from_utf8(bytes) {
-            Ok(text) => Self { data: text.to_string(), encoding: Encoding::Utf8 },
-            Err(_) => {
-                Self { data: base64::engine::general_purpose::STANDARD.encode(bytes), encoding: Encoding::Base64 }
-            }
+            Ok(text) if controls * 16 <= bytes.len() => Self { data: text.to_string(), encoding: Encoding::Utf8 },
+            _ => Self::base64(bytes),
         }
     }
 
@@ -311,11 +312,14 @@ impl Data {
         }
     }
 
-    /// Bytes the data decodes to, without decoding.
-    pub fn decoded_len(&self) -> usize {
+    /// How many bytes the data decodes to, without decoding (exact for well-formed base64).
+    pub fn byte_len(&self) -> usize {
         match self.encoding {
             Encoding::Utf8 => self.data.len(),
-            Encoding::Base64 => self.data.len() / 4 * 3,
+            Encoding::Base64 => {
+                let padding = self.data.bytes().rev().take(2).filter(|&b| b == b'=').count();
+                (self.data.len() / 4 * 3).saturating_sub(padding)
+            }
         }
     }
 }
@@ -380,9 +384,15 @@ mod tests {
         let (a, b) = text.split_at(2); // inside the two-byte é
         let chunks = [Data::from_bytes(a), Data::from_bytes(b)];
         assert!(chunks.iter().all(|c| c.encoding == Encoding::Base64));
+        assert_eq!(Data::from_bytes(&[0u8; 64]).encoding, Encoding::Base64, "NULs would cost six bytes each");
+        assert_eq!(Data::from_bytes(b"\x1b[1mbold\x1b[0m, then plain text\n").encoding, Encoding::Utf8);
         let joined: Vec<u8> = chunks.iter().flat_map(|c| c.to_bytes().unwrap()).collect();
         assert_eq!(joined, text);
         assert!(Data { data: "!!".into(), encoding: Encoding::Base64 }.to_bytes().is_err());
+        for n in 0..7 {
+            let bytes = vec![0xffu8; n];
+            assert_eq!(Data::base64(&bytes).byte_len(), n);
+        }
     }
 
     #[test]

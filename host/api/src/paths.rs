@@ -25,17 +25,19 @@ fn home() -> PathBuf {
     std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/tmp".into())
 }
 
+/// An XDG base directory: the variable when it holds an absolute path (the spec says to
+/// ignore a relative one), else its fallback under `$HOME`.
 fn xdg(var: &str, fallback: &str) -> PathBuf {
-    match std::env::var_os(var) {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => home().join(fallback),
-    }
+    std::env::var_os(var).map(PathBuf::from).filter(|p| p.is_absolute()).unwrap_or_else(|| home().join(fallback))
 }
 
-/// `${XDG_DATA_HOME:-~/.local/share}/umbra`: bundles, and each session's outputs, uploads
-/// and disk.
+/// `$UMBRA_DATA_DIR`, else `${XDG_DATA_HOME:-~/.local/share}/umbra`: bundles (as the bundle
+/// store finds them), and each session's outputs, uploads and disk.
 pub fn data_dir() -> PathBuf {
-    xdg("XDG_DATA_HOME", ".local/share").join("umbra")
+    match std::env::var_os("UMBRA_DATA_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => xdg("XDG_DATA_HOME", ".local/share").join("umbra"),
+    }
 }
 
 /// `${XDG_STATE_HOME:-~/.local/state}/umbra`: what umbrad knows about its sessions.

@@ -35,11 +35,14 @@ pub struct PullOptions {
     /// How long one connect, header wait or read may be silent before it counts as a network
     /// error (and is retried).
     pub idle_timeout: Duration,
+    /// Download even if this version is installed (or warm), and replace the installed copy
+    /// only once the new one is verified: a failed reinstall leaves the old copy current.
+    pub reinstall: bool,
 }
 
 impl Default for PullOptions {
     fn default() -> Self {
-        Self { warm: false, retry: RetryPolicy::default(), idle_timeout: Duration::from_secs(30) }
+        Self { warm: false, retry: RetryPolicy::default(), idle_timeout: Duration::from_secs(30), reinstall: false }
     }
 }
 
@@ -118,14 +121,14 @@ impl Store {
 
         let installed = self.version_dir(&version);
         let warm = self.warm_dir(&version);
-        if self.is_complete(&installed, &manifest) {
+        if !opts.reinstall && self.is_complete(&installed, &manifest) {
             if !opts.warm {
                 self.point_current(&version)?;
                 self.drop_other_warm(&version);
             }
             return done(self, PulledHow::AlreadyInstalled, &mut meter, 0);
         }
-        if self.is_complete(&warm, &manifest) {
+        if !opts.reinstall && self.is_complete(&warm, &manifest) {
             if opts.warm {
                 return done(self, PulledHow::Warmed, &mut meter, 0);
             }

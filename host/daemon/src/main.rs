@@ -1,1 +1,119 @@
-fn main() {}
+//! umbrad: Umbra's sessions, served to desktop apps (and `vmctl session`) over JSON-RPC 2.0 on a
+//! Unix socket. A foreground process with tracing logs on stderr; run it under a supervisor
+//! (`host/daemon/umbrad.service` is a systemd user unit). Protocol: `docs/ipc.md`.
+//!
+//! - [`server`]: the socket, its lock, who may connect and how many;
+//! - [`connection`]: one client, with bounded queues everywhere;
+//! - [`dispatch`]: thin handlers from method names to the runtime's session layer;
+//! - [`processes`]: a client's processes, their output credit and ordered stdin;
+//! - [`bundles`]: downloads with progress; [`settings`]: the configuration file.
+
+mod bundles;
+mod connection;
+mod dispatch;
+mod processes;
+mod server;
+mod settings;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::signal::unix::{signal, SignalKind};
+use umbra_runtime::session::{ManagerOptions, SessionManager};
+
+use crate::server::{Daemon, ServerOptions};
+
+/// How long a shutdown may spend stopping sessions before it lets their VMs be killed.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Umbra's daemon: microVM sessions over JSON-RPC 2.0 on a Unix socket (docs/ipc.md)")]
+struct Args {
+    /// The socket [default: $UMBRA_SOCKET, else $XDG_RUNTIME_DIR/umbra/umbrad.sock]
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// The configuration file [default: $XDG_CONFIG_HOME/umbra/umbrad.json]
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Also serve root (uid 0), not only this daemon's own uid.
+    #[arg(long)]
+    allow_root: bool,
+    /// Clients connected at once; more are refused with `busy`.
+    #[arg(long, default_value_t = 64)]
+    max_clients: usize,
+    /// Longest request line in bytes (a 1 MiB file write is about 1.4 MiB of base64).
+    #[arg(long, default_value_t = 4 << 20)]
+    max_request_bytes: usize,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("umbrad").build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("umbrad: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = match runtime.block_on(run(args)) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("umbrad: error: {e:#}");
+            1
+        }
+    };
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    std::process::exit(code);
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let options = ServerOptions {
+        socket: args.socket.unwrap_or_else(umbra_api::paths::default_socket),
+        allow_root: args.allow_root,
+        max_clients: args.max_clients.max(1),
+        max_request_bytes: args.max_request_bytes.max(1024),
+        config_path: args.config.unwrap_or_else(settings::default_path),
+    };
+    let config = settings::load(&options.config_path)?;
+    let listening = server::bind(&options.socket)?;
+    let manager = SessionManager::new(ManagerOptions::persistent(config));
+    let known = manager.list().len();
+    tracing::info!(
+        socket = %options.socket.display(),
+        config = %options.config_path.display(),
+        sessions = known,
+        "umbrad {} listening",
+        env!("CARGO_PKG_VERSION")
+    );
+    let socket = options.socket.clone();
+    let daemon = Arc::new(Daemon::new(manager, options));
+    daemon.bundles.warm_in_background(daemon.clone());
+
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let stop = async move {
+        tokio::select! {
+            _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = sigint.recv() => tracing::info!("SIGINT: stopping"),
+        }
+    };
+    server::serve(daemon.clone(), listening, stop).await;
+    let _ = std::fs::remove_file(&socket);
+    // Sessions are stopped, not deleted: their records say stopped, and a new umbrad can
+    // resume them.
+    if tokio::time::timeout(SHUTDOWN_GRACE, daemon.manager.shutdown()).await.is_err() {
+        tracing::warn!("sessions did not stop within {SHUTDOWN_GRACE:?}; their VMs are killed");
+    }
+    Ok(())
+}

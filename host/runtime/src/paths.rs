@@ -1,7 +1,10 @@
-//! Where Umbra keeps things on this host; one definition shared by vmctl, the tests and
-//! (by the same rule) `scripts/build-kernel`.
+//! Where Umbra keeps things on this host; one definition shared by vmctl, umbrad, the tests and
+//! (by the same rule) `scripts/build-kernel`. Per-user state (sockets, sessions, config) follows
+//! `umbra_api::paths`, which clients use too.
 
 use std::path::PathBuf;
+
+pub use umbra_api::paths::{config_dir, data_dir, runtime_dir, state_dir};
 
 /// `$UMBRA_CACHE_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/umbra`: kernel builds, built bundles,
 /// extractions.
@@ -11,4 +14,14 @@ pub fn cache_dir() -> PathBuf {
     }
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/tmp".into());
     std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home.join(".cache")).join("umbra")
+}
+
+/// Bundles built by `vmctl bundle build`, one directory per flavor.
+pub fn built_bundles_dir() -> PathBuf {
+    cache_dir().join("bundles")
+}
+
+/// Verified, decompressed bundles, one directory per bundle version.
+pub fn extracted_dir() -> PathBuf {
+    cache_dir().join("extracted")
 }

@@ -17,7 +17,6 @@ use umbra_proto::{MountRequest, SpawnRequest};
 use umbra_runtime::backend::{Vm, VmSpec};
 
 use crate::bench::ms;
-use crate::run::{choose_backend, BackendChoice};
 
 #[derive(Args, Debug)]
 pub struct FsBenchArgs {
@@ -60,7 +59,7 @@ fn ratio(guest: Duration, native: Duration) -> String {
 }
 
 pub async fn fs(args: FsBenchArgs) -> anyhow::Result<()> {
-    let (backend, why) = choose_backend(BackendChoice::Auto)?;
+    let (backend, why) = umbra_runtime::backend::select::choose(umbra_api::BackendChoice::Auto)?;
     let image = crate::bundle_store::boot_image(&args.bundle)?;
     let mut spec = VmSpec::new(image);
     spec.folder_sharing = true;

@@ -8,13 +8,11 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
 use clap::Args;
 use indicatif::HumanBytes;
 use umbra_runtime::backend::BootImage;
 
 use crate::bundle_pull::{json_line, store};
-use crate::paths;
 
 #[derive(Args, Debug)]
 pub struct LsArgs {
@@ -145,33 +143,12 @@ pub fn gc(args: GcArgs) -> i32 {
     }
 }
 
-/// What `vmctl run --bundle SPEC` boots: a packed bundle directory or built flavor (verified
-/// and extracted into the cache), else an installed version or `current` from the store.
+/// What `--bundle SPEC` boots (see `umbra_runtime::image`); says so when a warm download is
+/// promoted on the way.
 pub fn boot_image(spec: &str) -> anyhow::Result<BootImage> {
-    let packed_err = match crate::run::bundle_dir(spec) {
-        Ok(dir) => {
-            return BootImage::from_bundle_dir(&dir, &paths::extracted_dir()).context("the bundle failed verification")
-        }
-        Err(e) => e,
-    };
-    let store = store();
-    if spec == "current" {
-        if let Some(b) = store.promote_warm().context("cannot promote the warm bundle")? {
-            eprintln!("vmctl: promoted the warm bundle {}", b.manifest.bundle_version);
-        }
+    let resolved = umbra_runtime::image::resolve_default(spec)?;
+    if let Some(version) = resolved.promoted_warm {
+        eprintln!("vmctl: promoted the warm bundle {version}");
     }
-    let Ok(b) = store.get(spec) else {
-        // Neither: the packed-bundle error says where it looked and how to build one.
-        anyhow::bail!(
-            "{packed_err:#}; nor is a bundle {spec:?} installed in {} (`vmctl bundle pull URL`)",
-            store.root().display()
-        );
-    };
-    Ok(BootImage {
-        version: b.manifest.bundle_version.clone(),
-        kernel: b.kernel(),
-        initrd: b.path(umbra_bundle::ArtifactRole::Initrd),
-        rootfs: b.path(umbra_bundle::ArtifactRole::Rootfs),
-        cmdline: b.manifest.boot.cmdline.clone(),
-    })
+    Ok(resolved.image)
 }

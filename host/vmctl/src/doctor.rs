@@ -9,7 +9,6 @@ use umbra_runtime::backend::host::find_binary;
 use umbra_runtime::backend::KvmKind;
 
 use crate::paths;
-use crate::run::{choose_backend, BackendChoice};
 
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
@@ -85,7 +84,7 @@ fn dirs_with(root: &Path, file: &str) -> Vec<String> {
 pub fn run(args: DoctorArgs) -> i32 {
     let (kvm, kvm_check) = kvm_check();
     let kernels = dirs_with(&paths::cache_dir().join("kernel"), "vmlinux");
-    let built = dirs_with(&paths::bundles_dir(), "manifest.json");
+    let built = dirs_with(&paths::built_bundles_dir(), "manifest.json");
     let store = umbra_bundle::Store::new(umbra_bundle::Store::default_root());
     let installed: Vec<String> = store
         .list()
@@ -143,7 +142,7 @@ pub fn run(args: DoctorArgs) -> i32 {
             fix: bundles.is_empty().then(|| "vmctl bundle build --flavor minimal, or vmctl bundle pull URL".into()),
         },
     ];
-    let (backend, why) = match choose_backend(BackendChoice::Auto) {
+    let (backend, why) = match umbra_runtime::backend::select::choose(umbra_api::BackendChoice::Auto) {
         Ok((b, why)) => (format!("{b:?}").to_lowercase(), why),
         Err(e) => ("none".into(), e.to_string()),
     };

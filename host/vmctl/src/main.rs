@@ -10,6 +10,7 @@ mod bundle_store;
 mod doctor;
 mod paths;
 mod run;
+mod session;
 mod tty;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +26,11 @@ struct Cli {
 enum Command {
     /// Boot a sandbox, run one command in it, and exit with its status.
     Run(run::RunArgs),
+    /// Sessions through umbrad: start, exec, ls, stop, resume, rm, logs.
+    Session {
+        #[command(subcommand)]
+        command: session::SessionCommand,
+    },
     /// Explain which backend this host can use and what is missing.
     Doctor(doctor::DoctorArgs),
     /// Benchmarks with an anchor measured in the same run.
@@ -121,6 +127,7 @@ fn main() {
             }
         }),
         Command::Run(args) => async_main(run::run(args)),
+        Command::Session { command } => async_main(session::run(command)),
     };
     std::process::exit(code);
 }
@@ -137,7 +144,7 @@ fn async_main(f: impl std::future::Future<Output = i32>) -> i32 {
         }
         Err(e) => {
             eprintln!("vmctl: error: cannot start the async runtime: {e}");
-            run::EXIT_UMBRA_ERROR
+            umbra_api::event::EXIT_UMBRA_ERROR
         }
     }
 }

@@ -1,33 +1,44 @@
-//! `vmctl run`: boot a sandbox, run one command in it, stream its output, exit with its status,
-//! and tear the VM down — also on Ctrl-C, and on any error.
+//! `vmctl run`: one session, one command — a thin front end over the runtime's session layer.
+//! It boots a session named `run`, streams the command's output, passes on the user's signals,
+//! exits with the command's status, and tears the VM down — also on Ctrl-C, and on any error.
+//! The exec lifecycle (timeout, SIGTERM→SIGKILL escalation, the exit status) and the events
+//! are the runtime's; this file renders them.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use tokio::signal::unix::{signal, SignalKind};
-use umbra_proto::{ChangeKind, ShareMode, SpawnRequest, TtySize};
-use umbra_runtime::agent::{Process, ProcessEvent};
-use umbra_runtime::backend::{kvm, BackendKind, KvmKind, Vm, VmSpec};
+use umbra_api::event::{spawn_failure_status, EXIT_UMBRA_ERROR};
+use umbra_api::methods::StartParams;
+use umbra_api::{ApiError, DaemonConfig, EventKind, FolderSpec, SessionEvent};
+use umbra_proto::{ShareMode, TtySize};
+use umbra_runtime::session::{Exec, ExecRequest, ManagerOptions, Session, SessionManager};
 
-use crate::paths;
 use crate::tty::RawTerminal;
 
-/// vmctl's own failures (boot, connection) exit with this, as `docker run` does.
-pub const EXIT_UMBRA_ERROR: i32 = 125;
-const EXIT_CANNOT_RUN: i32 = 126;
-const EXIT_NOT_FOUND: i32 = 127;
-/// How long a command may take to stop after SIGINT/SIGTERM before it is SIGKILLed.
-const KILL_GRACE: Duration = Duration::from_secs(3);
+/// The session name `vmctl run` uses: its folders appear at `/sessions/run/mnt/<name>`.
+const SESSION: &str = "run";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
     Auto,
     Qemu,
     Kvm,
+}
+
+impl From<BackendChoice> for umbra_api::BackendChoice {
+    fn from(c: BackendChoice) -> Self {
+        match c {
+            BackendChoice::Auto => umbra_api::BackendChoice::Auto,
+            BackendChoice::Qemu => umbra_api::BackendChoice::Qemu,
+            BackendChoice::Kvm => umbra_api::BackendChoice::Kvm,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -50,8 +61,8 @@ pub struct RunArgs {
     workdir: Option<String>,
     /// Share a host folder: HOST_PATH[:NAME][:MODE], MODE = ro | rw | rwd | shadow (default rw).
     /// It appears at /sessions/run/mnt/NAME (NAME defaults to the folder's name). Repeatable.
-    #[arg(long = "mount", value_name = "HOST_PATH[:NAME][:MODE]", value_parser = parse_mount)]
-    mounts: Vec<MountArg>,
+    #[arg(long = "mount", value_name = "HOST_PATH[:NAME][:MODE]", value_parser = umbra_api::methods::parse_folder_spec)]
+    mounts: Vec<FolderSpec>,
     /// For shadow mounts: print what the command changed (added, modified, deleted) when it ends.
     #[arg(long)]
     shadow_diff: bool,
@@ -68,43 +79,12 @@ pub struct RunArgs {
     /// Run on a pseudo-terminal (raw host terminal, window size forwarded).
     #[arg(long)]
     tty: bool,
-    /// Print one JSON event per line instead of the command's output.
+    /// Print the session's events, one JSON object per line, instead of the command's output.
     #[arg(long)]
     json: bool,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     command: Vec<String>,
-}
-
-/// The session name `vmctl run` uses for its shares: `/sessions/run/mnt/<name>`.
-const SESSION: &str = "run";
-
-#[derive(Debug, Clone)]
-pub struct MountArg {
-    host: PathBuf,
-    name: Option<String>,
-    mode: ShareMode,
-}
-
-/// `HOST_PATH[:NAME][:MODE]`: the mode is recognised by value, so `path:shadow` works too.
-fn parse_mount(s: &str) -> Result<MountArg, String> {
-    let mut parts: Vec<&str> = s.split(':').collect();
-    let mut mode = ShareMode::Rw;
-    if parts.len() > 1 {
-        if let Ok(m) = parts[parts.len() - 1].parse::<ShareMode>() {
-            mode = m;
-            parts.pop();
-        }
-    }
-    let name = match parts.len() {
-        1 => None,
-        2 => Some(parts[1].to_string()),
-        _ => return Err(format!("{s:?}: expected HOST_PATH[:NAME][:MODE] with MODE one of ro, rw, rwd, shadow")),
-    };
-    if parts[0].is_empty() {
-        return Err(format!("{s:?}: empty host path"));
-    }
-    Ok(MountArg { host: PathBuf::from(parts[0]), name, mode })
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -115,169 +95,167 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
     Ok((k.to_string(), v.to_string()))
 }
 
-/// Which backend `auto` picks on this host, and why.
-pub fn choose_backend(choice: BackendChoice) -> anyhow::Result<(BackendKind, String)> {
-    let kvm = KvmKind::detect();
-    let vmm = kvm::find_vmm();
-    match choice {
-        BackendChoice::Qemu => Ok((BackendKind::Qemu, "requested".into())),
-        BackendChoice::Kvm => {
-            if kvm == KvmKind::Absent {
-                bail!("--backend kvm needs /dev/kvm, and this host has no usable one; use --backend qemu");
-            }
-            if vmm.is_none() {
-                bail!("--backend kvm needs umbra-vmm next to vmctl, on PATH or in UMBRA_VMM_BIN");
-            }
-            let note =
-                if kvm == KvmKind::Pvm { " (warning: /dev/kvm is kvm_pvm, which cannot boot Linux)" } else { "" };
-            Ok((BackendKind::Kvm, format!("requested{note}")))
-        }
-        BackendChoice::Auto => Ok(match (kvm, vmm) {
-            (KvmKind::Hardware, Some(_)) => (BackendKind::Kvm, "hardware KVM (VT-x/AMD-V): the Umbra VMM".into()),
-            (KvmKind::Hardware, None) => (
-                BackendKind::Qemu,
-                "hardware KVM found but umbra-vmm is missing (build it next to vmctl); qemu with -accel kvm".into(),
-            ),
-            (KvmKind::Pvm, _) => (
-                BackendKind::Qemu,
-                "/dev/kvm is kvm_pvm, which cannot boot a Linux guest; qemu with TCG emulation".into(),
-            ),
-            (KvmKind::Absent, _) => (BackendKind::Qemu, "no usable /dev/kvm; qemu with TCG emulation".into()),
-        }),
-    }
-}
-
-pub fn bundle_dir(spec: &str) -> anyhow::Result<PathBuf> {
-    let as_path = PathBuf::from(spec);
-    let dir = if as_path.join("manifest.json").exists() { as_path } else { paths::bundles_dir().join(spec) };
-    if !dir.join("manifest.json").exists() {
-        bail!(
-            "no bundle {spec:?} (looked in {} and {}); build one with `vmctl bundle build --flavor minimal`",
-            spec,
-            dir.display()
-        );
-    }
-    Ok(dir)
-}
-
-struct Output {
-    json: bool,
+/// Prints events (`--json`) or the command's output.
+pub struct Output {
+    pub json: bool,
 }
 
 impl Output {
-    fn event(&self, value: serde_json::Value) {
+    pub fn event(&self, event: &SessionEvent) {
         if self.json {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{value}");
+            let _ = writeln!(out, "{}", serde_json::to_string(event).expect("events serialize"));
             let _ = out.flush();
         }
+    }
+
+    fn bytes(&self, event: &SessionEvent, data: &umbra_api::Data, sink: &mut dyn Write) {
+        if self.json {
+            self.event(event);
+        } else {
+            let _ = sink.write_all(&data.to_bytes().unwrap_or_default());
+            let _ = sink.flush();
+        }
+    }
+
+    /// Prints a bus event that `--json` shows: not status changes (the `ready` event says
+    /// more), not process events (the command's own stream has them).
+    fn lifecycle(&self, event: &SessionEvent) {
+        match event.kind {
+            EventKind::Status { .. }
+            | EventKind::Spawned { .. }
+            | EventKind::SpawnFailed { .. }
+            | EventKind::Exit(_)
+            | EventKind::Stdout { .. }
+            | EventKind::Stderr { .. } => {}
+            _ => self.event(event),
+        }
+    }
+
+    fn error(&self, e: &anyhow::Error) {
+        let error = ApiError::new(umbra_api::ErrorCode::Internal, format!("{e:#}"));
+        self.event(&SessionEvent::new(Some(SESSION), EventKind::Error { error }));
+        eprintln!("vmctl: error: {e:#}");
     }
 }
 
 pub async fn run(args: RunArgs) -> i32 {
     let out = Output { json: args.json };
-    match run_inner(args, &out).await {
+    let config = DaemonConfig {
+        memory_mib: args.memory,
+        cpus: args.cpus,
+        bundle: args.bundle.clone(),
+        backend: args.backend.into(),
+        boot_timeout_secs: args.boot_timeout.max(1),
+        ..DaemonConfig::default()
+    };
+    let manager = SessionManager::new(ManagerOptions::ephemeral(config));
+    let result = run_in(&manager, &args, &out).await;
+    manager.shutdown().await;
+    match result {
         Ok(code) => code,
         Err(e) => {
-            out.event(serde_json::json!({"event": "error", "message": format!("{e:#}")}));
-            eprintln!("vmctl: error: {e:#}");
+            out.error(&e);
             EXIT_UMBRA_ERROR
         }
     }
 }
 
-async fn run_inner(args: RunArgs, out: &Output) -> anyhow::Result<i32> {
-    let (backend, why) = choose_backend(args.backend)?;
-    let image = crate::bundle_store::boot_image(&args.bundle)?;
-    let mut spec = VmSpec::new(image);
-    spec.cpus = args.cpus;
-    spec.memory_mib = args.memory;
-    spec.boot_timeout = Duration::from_secs(args.boot_timeout);
-    spec.folder_sharing = !args.mounts.is_empty();
+async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyhow::Result<i32> {
     if (args.shadow_diff || args.shadow_apply) && !args.mounts.iter().any(|m| m.mode == ShareMode::Shadow) {
         bail!("--shadow-diff and --shadow-apply need a --mount with mode shadow");
     }
-
+    let mut bus = manager.subscribe();
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let launch = Vm::launch(backend, &spec);
-    let mut vm = tokio::select! {
-        vm = launch => vm.context("the sandbox did not start")?,
+    let start = manager.start(StartParams {
+        name: SESSION.into(),
+        folders: args.mounts.clone(),
+        // The daemon's defaults keep a session alive and watched; one command needs neither.
+        disk_size_mib: Some(0),
+        idle_timeout_secs: Some(0),
+        ..Default::default()
+    });
+    let session = tokio::select! {
+        s = start => s.context("the sandbox did not start")?,
         _ = sigint.recv() => bail!("interrupted during boot"),
         _ = sigterm.recv() => bail!("terminated during boot"),
     };
-    out.event(serde_json::json!({"event": "ready", "backend": format!("{backend:?}").to_lowercase(),
-        "why": why, "boot_ms": vm.boot_time.as_millis() as u64, "bundle": spec.image.version}));
-
-    let mut guest_paths = Vec::new();
-    for m in &args.mounts {
-        let path = vm.share_folder(SESSION, &m.host, m.name.as_deref(), m.mode).await?;
-        out.event(serde_json::json!({"event": "mounted", "host": m.host, "guest": path, "mode": m.mode}));
-        guest_paths.push(path);
+    while let Ok(ev) = bus.try_recv() {
+        out.lifecycle(&ev);
     }
-    let cwd = match (&args.workdir, guest_paths.as_slice()) {
+    let folders = session.info().folders;
+    let cwd = match (&args.workdir, folders.as_slice()) {
         (Some(w), _) => Some(w.clone()),
-        (None, [only]) => Some(only.clone()),
+        (None, [only]) => Some(only.guest_path.clone()),
         _ => None,
     };
 
     let raw = if args.tty { RawTerminal::enable().ok() } else { None };
-    let request = SpawnRequest {
+    let request = ExecRequest {
         argv: args.command.clone(),
         cwd,
         env: args.env.iter().cloned().collect::<BTreeMap<_, _>>(),
-        uid: None,
-        gid: None,
         tty: args.tty.then(|| crate::tty::size().unwrap_or(TtySize { rows: 24, cols: 80 })),
+        timeout: args.timeout.map(Duration::from_secs),
     };
-    let process = vm.agent().spawn(request)?;
-    let result = drive(&mut vm, process, &args, out, &mut sigint, &mut sigterm).await;
+    let exec = match session.spawn(request).await {
+        Ok(exec) => exec,
+        Err(e) => {
+            let error = ApiError::from(e);
+            let failed = SessionEvent::new(Some(SESSION), EventKind::SpawnFailed { process: 0, error: error.clone() });
+            out.event(&failed);
+            eprintln!("vmctl: cannot run {:?}: {}", args.command[0], error.message);
+            return Ok(spawn_failure_status(&error));
+        }
+    };
+    let result = drive(&session, exec, args, out, &mut bus, &mut sigint, &mut sigterm).await;
     drop(raw);
-    let shadow = if result.is_ok() { shadow_report(&vm, &args, out).await } else { Ok(()) };
-    vm.shutdown().await;
-    shadow?;
+    if result.is_ok() {
+        shadow_report(&session, args, out).await?;
+    }
     result
 }
 
 /// After the command: the diff of each shadow mount and, if asked, its application.
-async fn shadow_report(vm: &Vm, args: &RunArgs, out: &Output) -> anyhow::Result<()> {
-    for shared in vm.shared_folders().iter().filter(|s| s.mode == ShareMode::Shadow) {
-        let name = shared.name.clone();
+async fn shadow_report(session: &Arc<Session>, args: &RunArgs, out: &Output) -> anyhow::Result<()> {
+    let shadows = session.info().folders.into_iter().filter(|f| f.mode == ShareMode::Shadow);
+    for folder in shadows {
+        let name = folder.name.clone();
         if args.shadow_diff {
-            let changes = vm.shadow_diff(SESSION, &name).await?;
-            out.event(serde_json::json!({"event": "shadow_diff", "mount": name, "changes": changes}));
+            let changes = session.shadow_diff(&name).await?;
             if !out.json {
                 eprintln!("shadow {name}: {} change(s)", changes.len());
                 for c in &changes {
                     let size = c.size.map(|s| format!(" ({s} bytes)")).unwrap_or_default();
                     let kind = match c.kind {
-                        ChangeKind::Added => "added",
-                        ChangeKind::Modified => "modified",
-                        ChangeKind::Deleted => "deleted",
+                        umbra_proto::ChangeKind::Added => "added",
+                        umbra_proto::ChangeKind::Modified => "modified",
+                        umbra_proto::ChangeKind::Deleted => "deleted",
                     };
                     eprintln!("  {kind:<8} {}{}{size}", c.path, if c.is_dir { "/" } else { "" });
                 }
             }
+            out.event(&SessionEvent::new(Some(SESSION), EventKind::ShadowDiff { folder: name.clone(), changes }));
         }
         if args.shadow_apply {
-            let report = vm.shadow_apply(SESSION, &name).await?;
-            let conflicts: Vec<String> =
-                report.conflicts.iter().map(|c| format!("{} ({:?})", c.path, c.reason)).collect();
-            let errors: Vec<String> = report.errors.iter().map(|e| format!("{e:?}")).collect();
-            out.event(serde_json::json!({"event": "shadow_apply", "mount": name, "applied": report.applied,
-                "conflicts": conflicts, "errors": errors}));
+            let report = session.shadow_apply(&name).await?;
             if !out.json {
                 eprintln!(
                     "shadow {name}: applied {} change(s) to {}; {} conflict(s), {} error(s)",
                     report.applied.len(),
-                    shared.host_path.display(),
-                    conflicts.len(),
-                    errors.len()
+                    folder.host_path.display(),
+                    report.conflicts.len(),
+                    report.errors.len()
                 );
-                for c in conflicts.iter().chain(&errors) {
-                    eprintln!("  not applied: {c}");
+                for c in &report.conflicts {
+                    eprintln!("  not applied: {} ({})", c.path, c.reason);
+                }
+                for e in &report.errors {
+                    eprintln!("  not applied: {} ({})", e.path, e.message);
                 }
             }
+            out.event(&SessionEvent::new(Some(SESSION), EventKind::ShadowApplied { folder: name, report }));
         }
     }
     Ok(())
@@ -285,108 +263,76 @@ async fn shadow_report(vm: &Vm, args: &RunArgs, out: &Output) -> anyhow::Result<
 
 /// Streams one process until it exits; returns vmctl's exit status.
 async fn drive(
-    vm: &mut Vm,
-    mut process: Process,
+    session: &Arc<Session>,
+    mut exec: Exec,
     args: &RunArgs,
     out: &Output,
+    bus: &mut tokio::sync::broadcast::Receiver<SessionEvent>,
     sigint: &mut tokio::signal::unix::Signal,
     sigterm: &mut tokio::signal::unix::Signal,
 ) -> anyhow::Result<i32> {
-    let stdin = process.stdin();
+    let control = exec.control();
+    let stdin_control = control.clone();
     let mut host_stdin = host_stdin_reader();
     let stdin_task = tokio::spawn(async move {
         while let Some(chunk) = host_stdin.recv().await {
-            match chunk {
-                Some(bytes) => {
-                    if stdin.write(bytes).await.is_err() {
-                        return;
-                    }
-                }
+            let sent = match chunk {
+                Some(bytes) => stdin_control.write_stdin(bytes).await,
                 None => {
-                    let _ = stdin.close().await;
+                    let _ = stdin_control.close_stdin().await;
                     return;
                 }
+            };
+            if sent.is_err() {
+                return;
             }
         }
     });
     let mut winch = signal(SignalKind::window_change())?;
-    let deadline = args.timeout.map(|s| Instant::now() + Duration::from_secs(s));
     let mut sighup = signal(SignalKind::hangup())?;
-    let mut timed_out = false;
-    let mut interrupted: Option<i32> = None;
-    // After asking the command to stop, SIGKILL it if it has not ended by then; if even that
-    // gets no exit event, the guest is unresponsive and vmctl gives up on it.
-    let mut escalate_at: Option<Instant> = None;
-    let mut give_up_at: Option<Instant> = None;
-    // The agent connection normally reports a dead VM; this catches a VM that hangs instead.
-    let mut alive_check = tokio::time::interval(Duration::from_millis(500));
+    let mut bus_open = true;
     let code = loop {
-        let until =
-            |t: Option<Instant>| t.map(|d| d.saturating_duration_since(Instant::now())).unwrap_or(Duration::MAX);
         let event = tokio::select! {
-            ev = process.next_event() => ev,
+            ev = exec.next_event() => ev,
             sig = forwarded_signal(sigint, sigterm, &mut sighup) => {
-                interrupted = Some(sig);
-                send_signal(&process, sig).await;
-                escalate_at.get_or_insert(Instant::now() + KILL_GRACE);
-                continue
-            }
-            _ = alive_check.tick() => {
-                if let Err(e) = vm.check_alive() {
-                    stdin_task.abort();
-                    bail!("{e}");
-                }
+                control.interrupt(sig);
                 continue
             }
             _ = winch.recv(), if args.tty => {
-                if let Some(sz) = crate::tty::size() { let _ = process.resize(sz.rows, sz.cols).await; }
+                if let Some(sz) = crate::tty::size() {
+                    let _ = control.resize(sz.rows, sz.cols).await;
+                }
                 continue
             }
-            _ = tokio::time::sleep(until(deadline)), if deadline.is_some() && !timed_out => {
-                timed_out = true;
-                send_signal(&process, libc::SIGTERM).await;
-                escalate_at.get_or_insert(Instant::now() + KILL_GRACE);
+            ev = bus.recv(), if bus_open => {
+                match ev {
+                    Ok(ev) => out.lifecycle(&ev),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => bus_open = false,
+                }
                 continue
-            }
-            _ = tokio::time::sleep(until(escalate_at)), if escalate_at.is_some() => {
-                send_signal(&process, libc::SIGKILL).await;
-                escalate_at = None;
-                give_up_at = Some(Instant::now() + KILL_GRACE);
-                continue
-            }
-            _ = tokio::time::sleep(until(give_up_at)), if give_up_at.is_some() => {
-                stdin_task.abort();
-                bail!("the command did not end {KILL_GRACE:?} after SIGKILL: the guest is not responding");
             }
         };
-        match event {
-            Some(ProcessEvent::Spawned { pid }) => out.event(serde_json::json!({"event": "spawned", "pid": pid})),
-            Some(ProcessEvent::Stdout(b)) => write_stream(out, "stdout", &b, &mut std::io::stdout()),
-            Some(ProcessEvent::Stderr(b)) => write_stream(out, "stderr", &b, &mut std::io::stderr()),
-            Some(ProcessEvent::Exit(status)) => {
-                out.event(serde_json::json!({"event": "exit", "code": status.code, "signal": status.signal,
-                    "duration_ms": status.duration_ms}));
-                break if timed_out { 124 } else { status.shell_code() };
-            }
-            Some(ProcessEvent::SpawnFailed(e)) => {
-                out.event(serde_json::json!({"event": "spawn_failed", "message": e.message}));
-                eprintln!("vmctl: cannot run {:?}: {}", args.command[0], e.message);
-                break if e.message.contains("No such file") { EXIT_NOT_FOUND } else { EXIT_CANNOT_RUN };
-            }
-            Some(ProcessEvent::Error(msg)) => {
-                // The connection dropped: find out from the VM why.
-                let why = vm.wait(Duration::from_secs(3)).await;
-                stdin_task.abort();
-                match why {
-                    Some(e) => bail!("{e}"),
-                    None => bail!("{msg}"),
+        let Some(event) = event else { bail!("the process's event stream ended without an exit") };
+        match &event.kind {
+            EventKind::Spawned { .. } => out.event(&event),
+            EventKind::Stdout { data, .. } => out.bytes(&event, data, &mut std::io::stdout()),
+            EventKind::Stderr { data, .. } => out.bytes(&event, data, &mut std::io::stderr()),
+            EventKind::Exit(exit) => {
+                out.event(&event);
+                if exit.lost {
+                    stdin_task.abort();
+                    let reason = exit.reason.clone().unwrap_or_else(|| "the VM went away".into());
+                    let console = session.console_tail(Session::CONSOLE_LINES).await;
+                    bail!("{reason}; last console lines:\n{console}");
                 }
+                break exit.shell_status();
             }
-            None => bail!("the agent connection ended without an exit event"),
+            _ => {}
         }
     };
     stdin_task.abort();
-    Ok(interrupted.map(|s| 128 + s).filter(|_| code != 0).unwrap_or(code))
+    Ok(code)
 }
 
 /// The next of SIGINT, SIGTERM or SIGHUP delivered to vmctl: each is passed on to the command.
@@ -402,15 +348,10 @@ async fn forwarded_signal(
     }
 }
 
-/// Signals the command without letting an unresponsive agent stall the event loop.
-async fn send_signal(process: &Process, signal: i32) {
-    let _ = tokio::time::timeout(Duration::from_secs(2), process.kill(signal)).await;
-}
-
 /// Host stdin as chunks (`None` = end of input), read on a plain thread: a blocking read of a
 /// terminal cannot be cancelled, and on tokio's blocking pool it would keep the runtime — and
 /// so vmctl — alive after the command ended until the user pressed Enter.
-fn host_stdin_reader() -> tokio::sync::mpsc::Receiver<Option<bytes::Bytes>> {
+pub fn host_stdin_reader() -> tokio::sync::mpsc::Receiver<Option<bytes::Bytes>> {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin().lock();
@@ -432,11 +373,10 @@ fn host_stdin_reader() -> tokio::sync::mpsc::Receiver<Option<bytes::Bytes>> {
     rx
 }
 
-fn write_stream(out: &Output, name: &str, data: &[u8], sink: &mut dyn Write) {
-    if out.json {
-        out.event(serde_json::json!({"event": name, "data": String::from_utf8_lossy(data)}));
-    } else {
-        let _ = sink.write_all(data);
-        let _ = sink.flush();
-    }
+/// A packed bundle directory (or built flavor) by name, for the benchmarks that boot one
+/// directly.
+pub fn bundle_dir(spec: &str) -> anyhow::Result<PathBuf> {
+    umbra_runtime::image::packed_dir(spec).with_context(|| {
+        format!("no bundle {spec:?} (a directory with manifest.json, or a flavor built by `vmctl bundle build`)")
+    })
 }

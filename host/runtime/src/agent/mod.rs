@@ -289,6 +289,16 @@ impl AgentClient {
         Ok(Process::new(self.clone(), id, events_rx, confirm_rx, stdin_credit))
     }
 
+    /// Sends `signal` to the process group of process `id` (a [`Process::id`]).
+    pub async fn kill_process(&self, id: u32, signal: i32) -> Result<(), ClientError> {
+        self.call(&Request::Kill { process: id, signal }).await.map(drop)
+    }
+
+    /// Resizes the pseudo-terminal of process `id`.
+    pub async fn resize_process(&self, id: u32, rows: u16, cols: u16) -> Result<(), ClientError> {
+        self.call(&Request::Resize { process: id, size: umbra_proto::TtySize { rows, cols } }).await.map(drop)
+    }
+
     pub async fn kill_all(&self, signal: i32) -> Result<(), ClientError> {
         self.call(&Request::KillAll { signal }).await.map(drop)
     }

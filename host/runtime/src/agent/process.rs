@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Semaphore};
-use umbra_proto::{Channel, ErrorBody, ExitStatus, Request, TtySize, MAX_DATA_CHUNK};
+use umbra_proto::{Channel, ErrorBody, ExitStatus, Request, MAX_DATA_CHUNK};
 
 use super::{AgentClient, ClientError};
 
@@ -99,11 +99,11 @@ impl Process {
 
     /// Sends `signal` to the process's group in the guest.
     pub async fn kill(&self, signal: i32) -> Result<(), ClientError> {
-        self.client.call(&Request::Kill { process: self.id, signal }).await.map(drop)
+        self.client.kill_process(self.id, signal).await
     }
 
     pub async fn resize(&self, rows: u16, cols: u16) -> Result<(), ClientError> {
-        self.client.call(&Request::Resize { process: self.id, size: TtySize { rows, cols } }).await.map(drop)
+        self.client.resize_process(self.id, rows, cols).await
     }
 
     /// Collects all output until the process exits.

@@ -4,11 +4,41 @@
 //! SIGKILL it when its parent dies (PR_SET_PDEATHSIG — covers our SIGKILL), it runs in its own
 //! process group (so a kill reaches anything it forked), and dropping the handle kills and
 //! reaps it (covers normal teardown and errors).
+//!
+//! PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process. In a
+//! multi-threaded daemon a helper spawned from a pool thread that is later retired would be
+//! killed with it, so every helper is forked by one keeper thread that lives as long as the
+//! process.
 
 use std::io;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus};
+use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+type SpawnJob = (Command, mpsc::SyncSender<io::Result<Child>>);
+
+/// Forks `cmd` on the keeper thread (see the module docs) and returns the child.
+fn spawn_on_keeper(cmd: Command) -> io::Result<Child> {
+    static KEEPER: OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = OnceLock::new();
+    let keeper = KEEPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name("umbra-spawner".into())
+            .spawn(move || {
+                // Never returns while the process lives: senders are kept in the static.
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("start the helper-spawning thread");
+        Mutex::new(tx)
+    });
+    let (reply, result) = mpsc::sync_channel(1);
+    let gone = || io::Error::other("the helper-spawning thread is gone");
+    keeper.lock().unwrap_or_else(|e| e.into_inner()).send((cmd, reply)).map_err(|_| gone())?;
+    result.recv().map_err(|_| gone())?
+}
 
 pub struct Supervised {
     pub name: &'static str,
@@ -37,7 +67,7 @@ impl Supervised {
                 Ok(())
             });
         }
-        Ok(Self { name, child: cmd.spawn()?, exited: None })
+        Ok(Self { name, child: spawn_on_keeper(cmd)?, exited: None })
     }
 
     /// The child's stdout pipe, if it was spawned with one.

@@ -12,7 +12,8 @@ pub const CONSOLE_LOG_CAP: u64 = 8 << 20;
 /// A running console copier; lets a reader wait until everything the VMM printed is in the
 /// file (the copier ends when the VMM's end of the pipe closes).
 pub struct ConsoleCopier {
-    done: std::sync::mpsc::Receiver<()>,
+    /// In a mutex so a VM can be shared between tasks (a Receiver alone is not Sync).
+    done: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
 }
 
 impl ConsoleCopier {
@@ -22,12 +23,12 @@ impl ConsoleCopier {
             let _ = copy_capped(source, &path, CONSOLE_LOG_CAP);
             drop(tx);
         })?;
-        Ok(Self { done })
+        Ok(Self { done: std::sync::Mutex::new(done) })
     }
 
     /// After the VMM exited: waits (briefly) until its last console bytes are in the file.
     pub fn wait_drained(&self, max: std::time::Duration) {
-        let _ = self.done.recv_timeout(max);
+        let _ = self.done.lock().unwrap_or_else(|e| e.into_inner()).recv_timeout(max);
     }
 }
 

@@ -95,7 +95,7 @@ impl FolderServer {
         let reply = self.reply(&log).await?;
         match reply.get("ok") {
             Some(serde_json::Value::Bool(true)) => Ok(()),
-            _ => Err(VmError::Share(reply["error"].as_str().unwrap_or("unknown error").to_string())),
+            _ => Err(VmError::FolderServer(reply["error"].as_str().unwrap_or("unknown error").to_string())),
         }
     }
 

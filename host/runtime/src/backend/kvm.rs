@@ -13,7 +13,9 @@ use super::{io, start_folder_server, BackendKind, GuestProcess, Launch, Vm, VmEr
 
 /// `reboot=k`: the guest's reboot (how the agent ends the VM) pulses the i8042 reset line,
 /// which umbra-vmm reports as a clean exit; a triple fault then always means a crash.
-pub const KVM_CMDLINE: &str = "console=ttyS0 reboot=k quiet panic=-1";
+/// `no_timer_check`: a starved vCPU can fail the kernel's IO-APIC timer check, which then
+/// panics ("IO-APIC + timer doesn't work!"); the check only matters on broken real hardware.
+pub const KVM_CMDLINE: &str = "console=ttyS0 reboot=k quiet panic=-1 no_timer_check";
 const GUEST_CID: u64 = 3;
 
 /// umbra-vmm: `UMBRA_VMM_BIN`, then next to the running executable (vmctl and umbra-vmm ship
@@ -38,6 +40,11 @@ pub fn vm_config(spec: &VmSpec, vsock_uds: &Path, fs_socket: Option<&Path>) -> s
     let mut disks = Vec::new();
     if let Some(rootfs) = &spec.image.rootfs {
         disks.push(serde_json::json!({ "path": rootfs, "read_only": true }));
+    }
+    // After the rootfs, so the image's `root=/dev/vda` still names it; the agent finds the
+    // session disk by its label, not by its position.
+    if let Some(disk) = &spec.disk {
+        disks.push(serde_json::json!({ "path": disk, "read_only": false }));
     }
     let cmdline = format!("{KVM_CMDLINE} {}", spec.image.cmdline);
     let mut cfg = serde_json::json!({
@@ -90,4 +97,36 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     cmd.arg("--config").arg(&config);
     let guest = GuestProcess { name: "umbra-vmm", binary: &vmm, cmd, log: run.join("umbra-vmm.log"), log_label: "" };
     Launch { backend: BackendKind::Kvm, started, id, run, children, folders }.finish(spec, guest).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::backend::BootImage;
+
+    #[test]
+    fn the_session_disk_follows_the_rootfs_and_is_writable() {
+        let mut spec = VmSpec::new(BootImage {
+            version: "test".into(),
+            kernel: PathBuf::from("/k/vmlinux"),
+            initrd: None,
+            rootfs: Some(PathBuf::from("/b/root.erofs")),
+            cmdline: "root=/dev/vda".into(),
+        });
+        let cfg = vm_config(&spec, Path::new("/r/vsock.sock"), None);
+        assert_eq!(cfg["disks"], serde_json::json!([{ "path": "/b/root.erofs", "read_only": true }]));
+        assert!(cfg["cmdline"].as_str().unwrap().contains("no_timer_check"));
+
+        spec.disk = Some(PathBuf::from("/s/session.img"));
+        let cfg = vm_config(&spec, Path::new("/r/vsock.sock"), None);
+        assert_eq!(
+            cfg["disks"],
+            serde_json::json!([
+                { "path": "/b/root.erofs", "read_only": true },
+                { "path": "/s/session.img", "read_only": false },
+            ])
+        );
+    }
 }

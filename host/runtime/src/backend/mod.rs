@@ -8,12 +8,14 @@
 mod boot_wait_tests;
 mod children;
 pub mod console;
+pub mod disk;
 pub mod fsd;
 pub mod host;
 pub mod kvm;
 mod postmortem;
 mod qemu;
 mod rundir;
+pub mod select;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -33,7 +35,10 @@ pub const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(30);
 const CONSOLE_DRAIN: Duration = Duration::from_secs(1);
 /// Every guest kernel gets these; `reboot=t` ends the VM on a guest reboot without waiting on
 /// an i8042 that microVMs lack, `panic=-1` reboots (and so ends the VM) on a panic.
-pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=t quiet panic=-1";
+/// `no_timer_check`: on a starved emulated vCPU (dozens of guests booting at once under TCG)
+/// the IO-APIC timer check fails and the kernel panics ("IO-APIC + timer doesn't work!"); the
+/// check only matters on broken real hardware.
+pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=t quiet panic=-1 no_timer_check";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
@@ -75,13 +80,18 @@ impl BootImage {
     /// Verifies and extracts the bundle in `bundle_dir` (cached under `cache_root`).
     pub fn from_bundle_dir(bundle_dir: &Path, cache_root: &Path) -> Result<Self, BundleError> {
         let b = ExtractedBundle::from_dir(bundle_dir, cache_root, env!("CARGO_PKG_VERSION"))?;
-        Ok(Self {
+        Ok(Self::from_extracted(&b))
+    }
+
+    /// The image of a bundle already verified and extracted (an installed one).
+    pub fn from_extracted(b: &ExtractedBundle) -> Self {
+        Self {
             version: b.manifest.bundle_version.clone(),
             kernel: b.kernel(),
             initrd: b.path(ArtifactRole::Initrd),
             rootfs: b.path(ArtifactRole::Rootfs),
             cmdline: b.manifest.boot.cmdline.clone(),
-        })
+        }
     }
 }
 
@@ -94,11 +104,21 @@ pub struct VmSpec {
     /// Start the folder server (umbra-fsd + virtiofsd) and attach a virtio-fs device, so
     /// folders can be shared with the running VM.
     pub folder_sharing: bool,
+    /// A writable session disk (ext4, see [`disk`]) that holds the guest's overlay upper layer;
+    /// `None` keeps guest writes in RAM.
+    pub disk: Option<PathBuf>,
 }
 
 impl VmSpec {
     pub fn new(image: BootImage) -> Self {
-        Self { image, cpus: 1, memory_mib: 512, boot_timeout: boot_timeout_from_env(), folder_sharing: false }
+        Self {
+            image,
+            cpus: 1,
+            memory_mib: 512,
+            boot_timeout: boot_timeout_from_env(),
+            folder_sharing: false,
+            disk: None,
+        }
     }
 }
 
@@ -117,14 +137,18 @@ fn boot_timeout_from_env() -> Duration {
 pub enum VmError {
     #[error("{what} not found: {fix}")]
     Missing { what: &'static str, fix: &'static str },
+    /// The requested backend cannot run on this host.
+    #[error("{0}")]
+    BackendUnavailable(String),
     #[error("cannot {what}: {source}")]
     Io { what: String, source: std::io::Error },
     #[error("{helper} exited during start-up ({status}); its log:\n{log}")]
     HelperFailed { helper: &'static str, status: String, log: String },
     #[error("the guest did not answer within {timeout:?} (agent not reachable: {last_error}); its processes:\n{processes}last console lines:\n{console}")]
     BootTimeout { timeout: Duration, last_error: String, processes: String, console: String },
-    #[error("cannot share the folder: {0}")]
-    Share(String),
+    /// The folder server (umbra-fsd) refused a request.
+    #[error("the folder server refused: {0}")]
+    FolderServer(String),
     #[error("the VM ended ({reason}); last console lines:\n{console}")]
     GuestDied { reason: String, console: String },
 }
@@ -143,8 +167,6 @@ pub struct Vm {
     run_dir: RunDir,
     /// The folder server, when the VM was launched with folder sharing.
     folders: Option<fsd::FolderServer>,
-    /// Folders shared so far (see `share::session`).
-    pub(crate) shared: Vec<crate::share::session::Shared>,
 }
 
 impl Vm {
@@ -213,6 +235,11 @@ impl Vm {
 
     /// Asks the guest to shut down, waits for the VMM to exit, then kills what is left.
     pub async fn shutdown(mut self) {
+        self.shutdown_in_place().await;
+    }
+
+    /// [`Vm::shutdown`] for a VM owned by something that outlives it.
+    pub async fn shutdown_in_place(&mut self) {
         let asked = tokio::time::timeout(Duration::from_secs(2), self.agent.shutdown()).await;
         // Only wait for a guest that accepted the request; a dead or deaf one is just killed.
         if matches!(asked, Ok(Ok(()))) {
@@ -324,7 +351,6 @@ impl Launch {
             boot_time: started.elapsed(),
             run_dir: run,
             folders,
-            shared: Vec::new(),
         })
     }
 }

@@ -39,8 +39,19 @@ pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool, f
     }
     if let Some(rootfs) = &spec.image.rootfs {
         cmd.arg("-drive")
-            .arg(format!("id=rootfs,file={},format=raw,if=none,readonly=on", rootfs.display()))
+            .arg(format!("id=rootfs,file={},format=raw,if=none,readonly=on", option_value(rootfs)))
             .args(["-device", "virtio-blk-device,drive=rootfs"]);
+    }
+    // The session disk comes after the rootfs, so the image's `root=/dev/vda` still names the
+    // rootfs (the agent finds the session disk by its label). `cache=writeback` (QEMU's default,
+    // spelled out): writes go through the host page cache and the guest's flushes (ext4 journal
+    // commits) become fdatasync, so a killed VM leaves a consistent filesystem. `discard=unmap`
+    // turns the guest's discards into holes in the sparse file, so deleted files give the host
+    // its space back. QEMU locks the image: a second VM cannot open the same disk.
+    if let Some(disk) = &spec.disk {
+        cmd.arg("-drive")
+            .arg(format!("id=session,file={},format=raw,if=none,cache=writeback,discard=unmap", option_value(disk)))
+            .args(["-device", "virtio-blk-device,drive=session"]);
     }
     cmd.arg("-chardev")
         .arg(format!("socket,id=vsock,path={}", run.join("vhost-vsock.sock").display()))
@@ -54,6 +65,11 @@ pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool, f
     let cmdline = format!("{BASE_CMDLINE} {}", spec.image.cmdline);
     cmd.arg("-append").arg(cmdline.trim());
     cmd
+}
+
+/// A path as a QEMU option value: commas are doubled, or QEMU would read the rest as options.
+fn option_value(path: &Path) -> String {
+    path.display().to_string().replace(',', ",,")
 }
 
 pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
@@ -113,4 +129,53 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let guest =
         GuestProcess { name: "qemu-system-x86_64", binary: &qemu, cmd, log: run.join("qemu.log"), log_label: "qemu: " };
     Launch { backend: BackendKind::Qemu, started, id, run, children, folders }.finish(spec, guest).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::backend::BootImage;
+
+    fn spec(rootfs: Option<&str>, disk: Option<&str>) -> VmSpec {
+        let mut spec = VmSpec::new(BootImage {
+            version: "test".into(),
+            kernel: PathBuf::from("/k/vmlinux"),
+            initrd: None,
+            rootfs: rootfs.map(PathBuf::from),
+            cmdline: "root=/dev/vda".into(),
+        });
+        spec.disk = disk.map(PathBuf::from);
+        spec
+    }
+
+    fn args(spec: &VmSpec) -> Vec<String> {
+        let run = RunDir::create(&new_vm_id()).unwrap();
+        let cmd = qemu_command(Path::new("qemu"), spec, &run, false, None);
+        cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect()
+    }
+
+    #[test]
+    fn the_session_disk_is_a_writable_second_block_device() {
+        let a = args(&spec(Some("/b/root.erofs"), Some("/s/a,b.img")));
+        let drives: Vec<_> = a.iter().enumerate().filter(|(_, x)| *x == "-drive").map(|(i, _)| &a[i + 1]).collect();
+        assert_eq!(
+            drives,
+            [
+                "id=rootfs,file=/b/root.erofs,format=raw,if=none,readonly=on",
+                "id=session,file=/s/a,,b.img,format=raw,if=none,cache=writeback,discard=unmap",
+            ]
+        );
+        let devices: Vec<_> = a.iter().enumerate().filter(|(_, x)| *x == "-device").map(|(i, _)| &a[i + 1]).collect();
+        assert_eq!(devices[..2], ["virtio-blk-device,drive=rootfs", "virtio-blk-device,drive=session"]);
+        let cmdline = &a[a.iter().position(|x| x == "-append").unwrap() + 1];
+        assert!(cmdline.contains("no_timer_check"), "{cmdline}");
+    }
+
+    #[test]
+    fn no_session_disk_no_second_drive() {
+        let a = args(&spec(None, None));
+        assert!(!a.iter().any(|x| x == "-drive"), "{a:?}");
+    }
 }

@@ -8,17 +8,9 @@ pub struct RunDir {
     path: PathBuf,
 }
 
-fn runtime_root() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d).join("umbra"),
-        // SAFETY: getuid cannot fail and has no memory effects.
-        _ => std::env::temp_dir().join(format!("umbra-{}", unsafe { libc::getuid() })),
-    }
-}
-
 impl RunDir {
     pub fn create(id: &str) -> std::io::Result<Self> {
-        let vms = runtime_root().join("vms");
+        let vms = crate::paths::runtime_dir().join("vms");
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&vms)?;
         sweep_dead(&vms);
         let path = vms.join(id);

@@ -1,16 +1,57 @@
-//! Sharing folders with a running VM: the host side binds the folder into the VM's folder
+//! The folders shared with one running VM: the host side binds each folder into the VM's folder
 //! server (read-only on the host unless the mode lets the guest write through), then the agent
 //! mounts it at `/sessions/<session>/mnt/<name>`. Shadow shares record a baseline of the host
 //! folder first, so an apply can refuse files the host changed meanwhile.
+//!
+//! [`SharedFolders`] is kept beside the [`Vm`] by whoever owns it (a session): the VM knows
+//! nothing of folders beyond its folder server, so this module depends on `backend` and never
+//! the other way round.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use umbra_proto::{ChangeKind, ShadowChange, ShareMode, ShareRequest, MAX_FILE_CHUNK};
 
-use super::paths::{default_folder_name, validate_folder_name, validate_session_name, OUTPUTS, UPLOADS};
-use super::shadow::{self, ApplyReport, Baseline};
+use super::paths::{default_folder_name, validate_folder_name, validate_session_name, PathError, OUTPUTS, UPLOADS};
+use super::shadow::{self, ApplyReport, Baseline, ShadowError};
+use crate::agent::ClientError;
 use crate::backend::{Vm, VmError};
+
+/// Why sharing (or a shadow operation) failed, with its cause kept whole so a caller can tell
+/// a bad name from a missing folder from a guest that refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ShareError {
+    #[error(transparent)]
+    Path(#[from] PathError),
+    #[error("{}: {source}", path.display())]
+    HostPath { path: PathBuf, source: std::io::Error },
+    #[error("a folder named {0:?} is already shared with this session")]
+    AlreadyShared(String),
+    #[error("no folder {0:?} is shared with this session")]
+    NotShared(String),
+    #[error("{0:?} is not a shadow folder")]
+    NotShadow(String),
+    #[error("the VM was launched without folder sharing")]
+    NoFolderServer,
+    /// The folder server (umbra-fsd) failed or refused.
+    #[error(transparent)]
+    Server(VmError),
+    #[error("the guest could not mount {name}: {source}")]
+    GuestMount { name: String, source: ClientError },
+    #[error("the guest failed: {0}")]
+    Guest(#[from] ClientError),
+    #[error(transparent)]
+    Shadow(#[from] ShadowError),
+    #[error("the diff of {name} is too large to list ({shown} entries shown)")]
+    DiffTooLarge { name: String, shown: usize },
+    #[error("cannot {what}: {source}")]
+    Io { what: String, source: std::io::Error },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ShareError {
+    let what = what.into();
+    move |source| ShareError::Io { what, source }
+}
 
 /// A folder shared with the VM.
 pub struct Shared {
@@ -23,70 +64,88 @@ pub struct Shared {
     baseline: Option<Baseline>,
 }
 
-fn share_error(e: impl std::fmt::Display) -> VmError {
-    VmError::Share(e.to_string())
+/// Every folder shared with one VM.
+#[derive(Default)]
+pub struct SharedFolders {
+    shared: Vec<Shared>,
 }
 
-impl Vm {
-    /// Shares `host_path` with the running VM as `name` (default: its basename) in `mode`;
+impl SharedFolders {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Shares `host_path` with the running `vm` as `name` (default: its basename) in `mode`;
     /// returns the guest path. Needs a VM launched with `folder_sharing`.
-    pub async fn share_folder(
+    pub async fn share(
         &mut self,
+        vm: &mut Vm,
         session: &str,
         host_path: &Path,
         name: Option<&str>,
         mode: ShareMode,
-    ) -> Result<String, VmError> {
-        validate_session_name(session).map_err(share_error)?;
-        let host_path =
-            host_path.canonicalize().map_err(|e| VmError::Share(format!("{}: {e}", host_path.display())))?;
+    ) -> Result<String, ShareError> {
+        validate_session_name(session)?;
+        let host_path = host_path
+            .canonicalize()
+            .map_err(|source| ShareError::HostPath { path: host_path.to_path_buf(), source })?;
+        if !host_path.is_dir() {
+            return Err(PathError::NotADirectory(host_path).into());
+        }
         let name = match name {
             Some(n) => n.to_string(),
-            None => default_folder_name(&host_path).map_err(share_error)?,
+            None => default_folder_name(&host_path)?,
         };
-        validate_folder_name(&name).map_err(share_error)?;
-        self.share_as(session, &host_path, &name, mode).await
+        validate_folder_name(&name)?;
+        self.share_as(vm, session, &host_path, &name, mode).await
     }
 
     /// Shares the session's own `outputs` (read-write-delete) and `uploads` (read-only) folders
     /// from `storage_dir`, creating them.
-    pub async fn share_session_dirs(&mut self, session: &str, storage_dir: &Path) -> Result<(), VmError> {
-        validate_session_name(session).map_err(share_error)?;
+    pub async fn share_session_dirs(
+        &mut self,
+        vm: &mut Vm,
+        session: &str,
+        storage_dir: &Path,
+    ) -> Result<Vec<String>, ShareError> {
+        validate_session_name(session)?;
+        let mut guest_paths = Vec::new();
         for (name, mode) in [(OUTPUTS, ShareMode::Rwd), (UPLOADS, ShareMode::Ro)] {
             let dir = storage_dir.join(name);
-            std::fs::create_dir_all(&dir).map_err(|e| VmError::Share(format!("{}: {e}", dir.display())))?;
-            self.share_as(session, &dir, name, mode).await?;
+            std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+            guest_paths.push(self.share_as(vm, session, &dir, name, mode).await?);
         }
-        Ok(())
+        Ok(guest_paths)
     }
 
     async fn share_as(
         &mut self,
+        vm: &mut Vm,
         session: &str,
         host_path: &Path,
         name: &str,
         mode: ShareMode,
-    ) -> Result<String, VmError> {
+    ) -> Result<String, ShareError> {
         if self.shared.iter().any(|s| s.name == name) {
-            return Err(VmError::Share(format!("{name:?} is already shared with this VM")));
+            return Err(ShareError::AlreadyShared(name.into()));
         }
         let baseline = match mode {
-            ShareMode::Shadow => Some(Baseline::record(host_path).map_err(share_error)?),
+            ShareMode::Shadow => {
+                Some(Baseline::record(host_path).map_err(io(format!("record {}", host_path.display())))?)
+            }
             _ => None,
         };
-        // The bind's name in the share root is the folder name (one session per VM, DESIGN §7).
-        let bind = name;
-        let server =
-            self.folder_server().ok_or_else(|| VmError::Share("the VM was launched without folder sharing".into()))?;
-        server.add(bind, host_path, !mode.host_writable()).await?;
+        // The bind's name in the share root is the folder name (one session per VM).
+        let server = vm.folder_server().ok_or(ShareError::NoFolderServer)?;
+        server.add(name, host_path, !mode.host_writable()).await.map_err(ShareError::Server)?;
         let request = ShareRequest { session: session.into(), name: name.into(), mode };
-        let guest_path = match self.agent().share(request).await {
+        let guest_path = match vm.agent().share(request).await {
             Ok(p) => p,
-            Err(e) => {
-                if let Some(server) = self.folder_server() {
-                    let _ = server.remove(bind).await;
+            Err(source) => {
+                if let Some(server) = vm.folder_server() {
+                    let _ = server.remove(name).await;
                 }
-                return Err(VmError::Share(format!("the guest could not mount {name}: {e}")));
+                return Err(ShareError::GuestMount { name: name.into(), source });
             }
         };
         self.shared.push(Shared {
@@ -100,96 +159,115 @@ impl Vm {
         Ok(guest_path)
     }
 
-    pub fn shared_folders(&self) -> &[Shared] {
+    /// Unmounts folder `name` in the guest and removes it from the folder server.
+    pub async fn unshare(&mut self, vm: &mut Vm, name: &str) -> Result<(), ShareError> {
+        let i = self.shared.iter().position(|s| s.name == name).ok_or_else(|| ShareError::NotShared(name.into()))?;
+        let session = self.shared[i].session.clone();
+        vm.agent().unshare(&session, name).await?;
+        let server = vm.folder_server().ok_or(ShareError::NoFolderServer)?;
+        server.remove(name).await.map_err(ShareError::Server)?;
+        self.shared.remove(i);
+        Ok(())
+    }
+
+    pub fn list(&self) -> &[Shared] {
         &self.shared
     }
 
-    fn shadow(&self, session: &str, name: &str) -> Result<&Shared, VmError> {
-        self.shared
-            .iter()
-            .find(|s| s.session == session && s.name == name && s.mode == ShareMode::Shadow)
-            .ok_or_else(|| VmError::Share(format!("no shadow share {name:?} in session {session:?}")))
+    fn shadow(&self, name: &str) -> Result<&Shared, ShareError> {
+        let shared = self.shared.iter().find(|s| s.name == name).ok_or_else(|| ShareError::NotShared(name.into()))?;
+        if shared.mode != ShareMode::Shadow {
+            return Err(ShareError::NotShadow(name.into()));
+        }
+        Ok(shared)
     }
 
     /// What the guest changed in a shadow share (added, modified, deleted, with sizes).
-    pub async fn shadow_diff(&self, session: &str, name: &str) -> Result<Vec<ShadowChange>, VmError> {
-        self.shadow(session, name)?;
-        let (changes, truncated) = self.agent().shadow_diff(session, name).await.map_err(share_error)?;
+    pub async fn shadow_diff(&self, vm: &Vm, name: &str) -> Result<Vec<ShadowChange>, ShareError> {
+        let shared = self.shadow(name)?;
+        let (changes, truncated) = vm.agent().shadow_diff(&shared.session, name).await?;
         if truncated {
-            return Err(VmError::Share(format!(
-                "the diff of {name} is too large to list ({} entries shown)",
-                changes.len()
-            )));
+            return Err(ShareError::DiffTooLarge { name: name.into(), shown: changes.len() });
         }
         Ok(changes)
     }
 
-    /// Copies a guest file (through the merged shadow view) into `dest`.
-    async fn fetch_guest_file(&self, guest_path: &str, dest: &Path) -> Result<(), VmError> {
-        let mut out = std::fs::File::create(dest).map_err(|e| VmError::Share(format!("{}: {e}", dest.display())))?;
-        let mut offset = 0u64;
-        loop {
-            let (bytes, eof) =
-                self.agent().read_file(guest_path, offset, MAX_FILE_CHUNK as u32).await.map_err(share_error)?;
-            out.write_all(&bytes).map_err(share_error)?;
-            offset += bytes.len() as u64;
-            if eof || bytes.is_empty() {
-                return Ok(());
-            }
-        }
+    /// Applies a shadow share's changes to the host folder, file by file atomically; files the
+    /// host changed since the share started are reported as conflicts and left alone.
+    pub async fn shadow_apply(&self, vm: &Vm, name: &str) -> Result<ApplyReport, ShareError> {
+        let shared = self.shadow(name)?;
+        let changes = self.shadow_diff(vm, name).await?;
+        let spool = Spool::fetch(vm, &shared.guest_path, &changes).await?;
+        let baseline = shared.baseline.as_ref().expect("shadow shares record a baseline");
+        Ok(shadow::apply(&shared.host_path, baseline, &changes, spool.opener(&changes)))
     }
 
-    /// Fetches every added or modified file of `changes` into a spool directory (index = change).
-    async fn spool(&self, shared_guest_path: &str, changes: &[ShadowChange]) -> Result<PathBuf, VmError> {
-        let spool = self.run_dir().join(format!("spool-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&spool);
-        std::fs::create_dir_all(&spool).map_err(share_error)?;
+    /// Writes a shadow share's changes as a tar (added/modified files plus a deletion list).
+    pub async fn shadow_export<W: Write>(&self, vm: &Vm, name: &str, out: W) -> Result<W, ShareError> {
+        let shared = self.shadow(name)?;
+        let changes = self.shadow_diff(vm, name).await?;
+        let spool = Spool::fetch(vm, &shared.guest_path, &changes).await?;
+        Ok(shadow::export_tar(&changes, spool.opener(&changes), out)?)
+    }
+
+    /// Throws away the guest's changes in a shadow share.
+    pub async fn shadow_reset(&self, vm: &Vm, name: &str) -> Result<(), ShareError> {
+        let shared = self.shadow(name)?;
+        Ok(vm.agent().shadow_reset(&shared.session, name).await?)
+    }
+}
+
+/// Guest files of a shadow diff copied to the host (file `i` holds change `i`), so the apply
+/// can replace host files atomically. Removed when dropped.
+struct Spool {
+    dir: PathBuf,
+}
+
+impl Spool {
+    /// Fetches every added or modified file of `changes`. The directory is unique per call: two
+    /// applies or exports may run at once (the daemon serves several clients).
+    async fn fetch(vm: &Vm, shared_guest_path: &str, changes: &[ShadowChange]) -> Result<Spool, ShareError> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dir = vm.run_dir().join(format!("spool-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+        let spool = Spool { dir };
         for (i, c) in changes.iter().enumerate() {
             if c.kind != ChangeKind::Deleted && !c.is_dir {
-                self.fetch_guest_file(&format!("{shared_guest_path}/{}", c.path), &spool.join(i.to_string())).await?;
+                let guest = format!("{shared_guest_path}/{}", c.path);
+                fetch_guest_file(vm, &guest, &spool.dir.join(i.to_string())).await?;
             }
         }
         Ok(spool)
     }
 
-    fn spooled<'a>(
-        spool: &'a Path,
-        changes: &'a [ShadowChange],
-    ) -> impl FnMut(&str) -> std::io::Result<std::fs::File> + 'a {
+    fn opener<'a>(&'a self, changes: &'a [ShadowChange]) -> impl FnMut(&str) -> std::io::Result<std::fs::File> + 'a {
         move |path: &str| {
             let i = changes
                 .iter()
                 .position(|c| c.path == path && c.kind != ChangeKind::Deleted)
                 .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{path} was not fetched")))?;
-            std::fs::File::open(spool.join(i.to_string()))
+            std::fs::File::open(self.dir.join(i.to_string()))
         }
     }
+}
 
-    /// Applies a shadow share's changes to the host folder, file by file atomically; files the
-    /// host changed since the share started are reported as conflicts and left alone.
-    pub async fn shadow_apply(&self, session: &str, name: &str) -> Result<ApplyReport, VmError> {
-        let shared = self.shadow(session, name)?;
-        let changes = self.shadow_diff(session, name).await?;
-        let spool = self.spool(&shared.guest_path, &changes).await?;
-        let baseline = shared.baseline.as_ref().expect("shadow shares record a baseline");
-        let report = shadow::apply(&shared.host_path, baseline, &changes, Self::spooled(&spool, &changes));
-        let _ = std::fs::remove_dir_all(&spool);
-        Ok(report)
+impl Drop for Spool {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
 
-    /// Writes a shadow share's changes as a tar (added/modified files plus a deletion list).
-    pub async fn shadow_export<W: Write>(&self, session: &str, name: &str, out: W) -> Result<W, VmError> {
-        let shared = self.shadow(session, name)?;
-        let changes = self.shadow_diff(session, name).await?;
-        let spool = self.spool(&shared.guest_path, &changes).await?;
-        let result = shadow::export_tar(&changes, Self::spooled(&spool, &changes), out).map_err(share_error);
-        let _ = std::fs::remove_dir_all(&spool);
-        result
-    }
-
-    /// Throws away the guest's changes in a shadow share.
-    pub async fn shadow_reset(&self, session: &str, name: &str) -> Result<(), VmError> {
-        self.shadow(session, name)?;
-        self.agent().shadow_reset(session, name).await.map_err(share_error)
+/// Copies a guest file (through the merged shadow view) into `dest`.
+async fn fetch_guest_file(vm: &Vm, guest_path: &str, dest: &Path) -> Result<(), ShareError> {
+    let mut out = std::fs::File::create(dest).map_err(io(format!("create {}", dest.display())))?;
+    let mut offset = 0u64;
+    loop {
+        let (bytes, eof) = vm.agent().read_file(guest_path, offset, MAX_FILE_CHUNK as u32).await?;
+        out.write_all(&bytes).map_err(io(format!("write {}", dest.display())))?;
+        offset += bytes.len() as u64;
+        if eof || bytes.is_empty() {
+            return Ok(());
+        }
     }
 }

@@ -2,11 +2,13 @@
 //!
 //! [`paths`] translates between guest paths (`/sessions/<session>/mnt/<folder>/…`) and host paths
 //! and opens guest-named files on the host without leaving the share; [`shadow`] is the host side
-//! of shadow mode (baseline, conflict-checked apply, export); [`session`] shares folders with a
-//! running VM (host bind through its folder server, then the guest mount). `beneath` holds the fd-relative
-//! syscalls both rely on, so the `unsafe` lives in one place.
+//! of shadow mode (baseline, conflict-checked apply, export); [`folders`] shares folders with a
+//! running VM (host bind through its folder server, then the guest mount). `beneath` holds the
+//! fd-relative syscalls both rely on, so the `unsafe` lives in one place.
 
 mod beneath;
+pub mod folders;
 pub mod paths;
-pub mod session;
 pub mod shadow;
+
+pub use folders::{ShareError, Shared, SharedFolders};

@@ -1,0 +1,156 @@
+//! The socket: a private directory, one daemon per socket, who may connect, and how many.
+//!
+//! The socket lives in a directory only its owner can enter (0700) and is itself 0600; on top
+//! of that every connection's peer credentials (SO_PEERCRED) are checked before a byte of it is
+//! read: only the daemon's own uid is served, and root only with `--allow-root`. A refused
+//! client gets one JSON-RPC error and the connection closes; the refusal is logged.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use umbra_api::rpc::Response;
+use umbra_api::{ApiError, ErrorCode};
+use umbra_runtime::session::SessionManager;
+
+use crate::bundles::Bundles;
+
+/// How the daemon serves.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub socket: PathBuf,
+    /// Serve root as well as the daemon's own uid.
+    pub allow_root: bool,
+    pub max_clients: usize,
+    /// Longest request line, in bytes.
+    pub max_request_bytes: usize,
+    pub config_path: PathBuf,
+}
+
+/// What every connection shares.
+pub struct Daemon {
+    pub manager: SessionManager,
+    pub options: ServerOptions,
+    pub bundles: Bundles,
+    pub uid: u32,
+    next_connection: AtomicU64,
+}
+
+impl Daemon {
+    pub fn new(manager: SessionManager, options: ServerOptions) -> Self {
+        // SAFETY: getuid cannot fail and has no memory effects.
+        let uid = unsafe { libc::getuid() };
+        Self { manager, options, bundles: Bundles::default(), uid, next_connection: AtomicU64::new(1) }
+    }
+
+    fn allowed(&self, uid: u32) -> bool {
+        uid == self.uid || (uid == 0 && self.options.allow_root)
+    }
+}
+
+/// Holds the daemon's lock for as long as it lives: a second umbrad on the same socket refuses
+/// to start instead of stealing it.
+pub struct Listening {
+    pub listener: UnixListener,
+    _lock: std::fs::File,
+}
+
+/// Creates the socket's private directory, takes the lock, removes a stale socket and listens.
+pub fn bind(socket: &Path) -> anyhow::Result<Listening> {
+    let dir = socket.parent().context("the socket path has no directory")?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    let meta = std::fs::metadata(dir).with_context(|| format!("cannot stat {}", dir.display()))?;
+    // SAFETY: getuid cannot fail and has no memory effects.
+    let uid = unsafe { libc::getuid() };
+    if std::os::unix::fs::MetadataExt::uid(&meta) != uid {
+        bail!("{} belongs to another user; refusing to put the socket there", dir.display());
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot make {} private", dir.display()))?;
+    }
+    let lock_path = socket.with_extension("lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open {}", lock_path.display()))?;
+    // SAFETY: flock on an fd we own; no memory is involved.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!("another umbrad is serving {} (it holds {})", socket.display(), lock_path.display());
+    }
+    // We hold the lock, so a socket file left there is stale.
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot remove the stale {}", socket.display())),
+    }
+    let listener = UnixListener::bind(socket).with_context(|| format!("cannot listen on {}", socket.display()))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot restrict {}", socket.display()))?;
+    Ok(Listening { listener, _lock: lock })
+}
+
+/// Accepts clients until `shutdown` resolves.
+pub async fn serve(daemon: Arc<Daemon>, listening: Listening, shutdown: impl std::future::Future<Output = ()>) {
+    let clients = Arc::new(Semaphore::new(daemon.options.max_clients));
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listening.listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // EMFILE and friends: keep serving the clients we have.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        let uid = match stream.peer_cred() {
+            Ok(cred) => cred.uid(),
+            Err(e) => {
+                tracing::warn!("refused a client whose credentials could not be read: {e}");
+                continue;
+            }
+        };
+        if !daemon.allowed(uid) {
+            tracing::warn!(uid, "refused a client of uid {uid}: only uid {} is served", daemon.uid);
+            let why = format!(
+                "uid {uid} may not use this umbrad (it serves uid {}{})",
+                daemon.uid,
+                if daemon.options.allow_root { " and root" } else { "" }
+            );
+            tokio::spawn(refuse(stream, ApiError::new(ErrorCode::Unauthorized, why)));
+            continue;
+        }
+        let Ok(permit) = clients.clone().try_acquire_owned() else {
+            tracing::warn!("refused a client: {} clients are connected", daemon.options.max_clients);
+            let why = format!("too many clients (at most {})", daemon.options.max_clients);
+            tokio::spawn(refuse(stream, ApiError::new(ErrorCode::Busy, why)));
+            continue;
+        };
+        let id = daemon.next_connection.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(crate::connection::run(daemon.clone(), stream, id, permit));
+    }
+}
+
+/// Tells a refused client why, then closes the connection.
+async fn refuse(mut stream: UnixStream, error: ApiError) {
+    let mut line = serde_json::to_vec(&Response::err(None, &error)).expect("responses serialize");
+    line.push(b'\n');
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&line)).await;
+    let _ = stream.shutdown().await;
+}

@@ -1,0 +1,146 @@
+//! What can go wrong with a session, each case with the stable [`ErrorCode`] a client acts on.
+
+use umbra_api::{ApiError, ErrorCode, SessionStatus};
+
+use crate::agent::ClientError;
+use crate::backend::VmError;
+use crate::image::ImageError;
+use crate::share::paths::PathError;
+use crate::share::ShareError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("no session {0:?}")]
+    NotFound(String),
+    #[error("session {name:?} already exists and is {status}; resume it or delete it first")]
+    Exists { name: String, status: SessionStatus },
+    #[error("session {name:?} is {status}: cannot {what}")]
+    InvalidState { name: String, status: SessionStatus, what: &'static str },
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    Image(#[from] ImageError),
+    /// The VM did not start (the message carries the console's last lines).
+    #[error("session {name:?} did not start: {source}")]
+    Boot { name: String, source: VmError },
+    /// The session failed while starting (or restarting) and gave up.
+    #[error("session {name:?} failed: {reason}")]
+    Failed { name: String, reason: String },
+    #[error(transparent)]
+    Share(#[from] ShareError),
+    #[error("{}", agent_message(.0))]
+    Agent(#[from] ClientError),
+    #[error("process {0} is not running in this session")]
+    NoSuchProcess(u64),
+    #[error("cannot {what}: {source}")]
+    Io { what: String, source: std::io::Error },
+}
+
+impl SessionError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            SessionError::NotFound(_) => ErrorCode::SessionNotFound,
+            SessionError::Exists { .. } => ErrorCode::SessionExists,
+            SessionError::InvalidState { .. } => ErrorCode::InvalidState,
+            SessionError::InvalidArgument(_) => ErrorCode::InvalidParams,
+            SessionError::Image(_) => ErrorCode::BundleError,
+            SessionError::Boot { source, .. } => match source {
+                VmError::Io { .. } => ErrorCode::Io,
+                _ => ErrorCode::BootFailed,
+            },
+            SessionError::Failed { .. } => ErrorCode::BootFailed,
+            SessionError::Share(e) => share_code(e),
+            SessionError::Agent(e) => client_code(e),
+            SessionError::NoSuchProcess(_) => ErrorCode::NotFound,
+            SessionError::Io { source, .. } => io_code(source),
+        }
+    }
+
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SessionError {
+        let what = what.into();
+        move |source| SessionError::Io { what, source }
+    }
+}
+
+impl From<SessionError> for ApiError {
+    fn from(e: SessionError) -> Self {
+        ApiError::new(e.code(), e.to_string())
+    }
+}
+
+impl From<PathError> for SessionError {
+    fn from(e: PathError) -> Self {
+        SessionError::Share(ShareError::Path(e))
+    }
+}
+
+/// What the agent said, without the client's framing when the agent itself refused.
+fn agent_message(e: &ClientError) -> String {
+    match e {
+        ClientError::Agent(body) => body.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The code of an agent-client failure.
+pub fn client_code(e: &ClientError) -> ErrorCode {
+    match e {
+        ClientError::Agent(body) => ErrorCode::from_agent(body.code),
+        ClientError::ConnectionLost(_) | ClientError::Connect { .. } | ClientError::HybridVsock { .. } => {
+            ErrorCode::SessionLost
+        }
+        ClientError::Timeout(_) => ErrorCode::Timeout,
+        ClientError::TooLarge(_) => ErrorCode::TooLarge,
+        ClientError::Handshake(_) | ClientError::IncompatibleVersion(_) | ClientError::Protocol(_) => {
+            ErrorCode::GuestError
+        }
+    }
+}
+
+fn io_code(e: &std::io::Error) -> ErrorCode {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => ErrorCode::NotFound,
+        std::io::ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
+        _ => ErrorCode::Io,
+    }
+}
+
+fn share_code(e: &ShareError) -> ErrorCode {
+    match e {
+        ShareError::Path(p) => match p {
+            PathError::Io { source, .. } => io_code(source),
+            PathError::NotShared(_) => ErrorCode::NotFound,
+            PathError::BlockedExtension { .. } | PathError::ReadOnly { .. } => ErrorCode::PermissionDenied,
+            _ => ErrorCode::InvalidParams,
+        },
+        ShareError::HostPath { source, .. } => io_code(source),
+        ShareError::AlreadyShared(_) => ErrorCode::AlreadyExists,
+        ShareError::NotShared(_) => ErrorCode::NotFound,
+        ShareError::NotShadow(_) => ErrorCode::InvalidParams,
+        ShareError::NoFolderServer => ErrorCode::Unsupported,
+        ShareError::Server(_) => ErrorCode::Io,
+        ShareError::GuestMount { source, .. } | ShareError::Guest(source) => client_code(source),
+        ShareError::Shadow(_) => ErrorCode::Io,
+        ShareError::DiffTooLarge { .. } => ErrorCode::TooLarge,
+        ShareError::Io { source, .. } => io_code(source),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_follow_the_cause_not_the_message() {
+        let not_found = ClientError::Agent(umbra_proto::ErrorBody::new(umbra_proto::ErrorCode::NotFound, "whatever"));
+        assert_eq!(SessionError::Agent(not_found).code(), ErrorCode::NotFound);
+        let lost = ClientError::ConnectionLost("eof".into());
+        assert_eq!(SessionError::Agent(lost).code(), ErrorCode::SessionLost);
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let e = SessionError::Share(ShareError::HostPath { path: "/nope".into(), source: missing });
+        assert_eq!(e.code(), ErrorCode::NotFound);
+        assert_eq!(SessionError::Share(ShareError::AlreadyShared("a".into())).code(), ErrorCode::AlreadyExists);
+        let api: ApiError = SessionError::NotFound("x".into()).into();
+        assert_eq!((api.code, api.message.as_str()), (ErrorCode::SessionNotFound, "no session \"x\""));
+    }
+}

@@ -1,0 +1,318 @@
+//! A process running in a session, and the lifecycle around it: output delivered to its owner
+//! under flow control, a timeout (SIGTERM, then SIGKILL after a grace period), forwarded
+//! signals with the same escalation, and an exit event that always comes — with the reason
+//! when the VM went away instead of the process ending.
+//!
+//! One pump task per process reads the agent's events only when its owner has room for the
+//! next one. The agent's output credit is granted back as events are read, so an owner that
+//! stops reading stops the process (it blocks writing to its pipe in the guest) and nothing
+//! else. Signals and resizes go straight to the agent, so they work even then.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+use tokio::time::sleep_until;
+use umbra_api::{Data, EventKind, ProcessExit, SessionEvent};
+use umbra_proto::TtySize;
+
+use super::error::SessionError;
+use super::events::EventBus;
+use crate::agent::{AgentClient, Process, ProcessEvent, ProcessStdin};
+
+/// How long a process may take to stop after SIGTERM (a timeout, a forwarded signal) before it
+/// is SIGKILLed, and after SIGKILL before the guest counts as not responding.
+pub const KILL_GRACE: Duration = Duration::from_secs(3);
+/// Events queued for an owner ahead of its reading: with 64 KiB chunks, at most this many
+/// times 64 KiB of output waits on the host per process (the agent's credit bounds the rest).
+const OWNER_QUEUE: usize = 4;
+/// How long a process whose connection dropped waits to learn why from its session.
+const REASON_WAIT: Duration = Duration::from_secs(5);
+
+const SIGTERM: i32 = 15;
+const SIGKILL: i32 = 9;
+
+/// What to run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    pub cwd: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub tty: Option<TtySize>,
+    /// SIGTERM after this long (then SIGKILL after [`KILL_GRACE`]); the exit says `timed_out`.
+    pub timeout: Option<Duration>,
+}
+
+/// A running process, owned by whoever spawned it: its events (`spawned`, then `stdout` /
+/// `stderr`, then `exit`) and its controls. Dropping it kills the process.
+pub struct Exec {
+    id: u64,
+    pid: u32,
+    events: mpsc::Receiver<SessionEvent>,
+    control: ExecControl,
+}
+
+/// Controls a running process; cheap to clone, usable while another task reads its events.
+#[derive(Clone)]
+pub struct ExecControl {
+    id: u64,
+    proto_id: u32,
+    agent: AgentClient,
+    stdin: ProcessStdin,
+    interrupts: mpsc::UnboundedSender<i32>,
+}
+
+/// Everything a process printed, and how it ended (for callers that just want the result).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub exit: ProcessExit,
+}
+
+impl Exec {
+    /// The process's id in the session manager (events name it).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Its pid in the guest.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn control(&self) -> ExecControl {
+        self.control.clone()
+    }
+
+    /// The next event; `None` after the exit.
+    pub async fn next_event(&mut self) -> Option<SessionEvent> {
+        self.events.recv().await
+    }
+
+    /// Collects the output until the process ends.
+    pub async fn output(mut self) -> ExecOutput {
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        while let Some(ev) = self.next_event().await {
+            match ev.kind {
+                EventKind::Stdout { data, .. } => stdout.extend(data.to_bytes().unwrap_or_default()),
+                EventKind::Stderr { data, .. } => stderr.extend(data.to_bytes().unwrap_or_default()),
+                EventKind::Exit(exit) => return ExecOutput { stdout, stderr, exit },
+                _ => {}
+            }
+        }
+        // The pump always ends with an exit; only a runtime shutting down gets here.
+        let exit = ProcessExit {
+            process: self.id,
+            code: None,
+            signal: None,
+            duration_ms: 0,
+            timed_out: false,
+            interrupted: None,
+            lost: true,
+            reason: Some("the runtime shut down before the process ended".into()),
+        };
+        ExecOutput { stdout, stderr, exit }
+    }
+}
+
+impl ExecControl {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Sends `signal` to the process's group.
+    pub async fn signal(&self, signal: i32) -> Result<(), SessionError> {
+        Ok(self.agent.kill_process(self.proto_id, signal).await?)
+    }
+
+    /// Passes on a signal the user sent (Ctrl-C): the process gets it, then SIGKILL if it has not
+    /// ended [`KILL_GRACE`] later; the exit reports it as `interrupted`.
+    pub fn interrupt(&self, signal: i32) {
+        let _ = self.interrupts.send(signal);
+    }
+
+    pub async fn resize(&self, rows: u16, cols: u16) -> Result<(), SessionError> {
+        Ok(self.agent.resize_process(self.proto_id, rows, cols).await?)
+    }
+
+    /// Queues bytes for stdin; waits while the guest has no room for them.
+    pub async fn write_stdin(&self, data: impl Into<Bytes>) -> Result<(), SessionError> {
+        Ok(self.stdin.write(data).await?)
+    }
+
+    /// Ends stdin after what was written.
+    pub async fn close_stdin(&self) -> Result<(), SessionError> {
+        Ok(self.stdin.close().await?)
+    }
+}
+
+/// What a pump needs from its session.
+pub(super) struct PumpContext {
+    pub session: String,
+    pub bus: Arc<EventBus>,
+    /// Why the VM this process runs in ended, once it has.
+    pub ended: watch::Receiver<Option<String>>,
+    /// Called once the process has ended (the session stops counting it).
+    pub on_exit: Box<dyn FnOnce() + Send>,
+}
+
+/// Starts the pump for a process whose spawn the agent confirmed.
+pub(super) fn start(
+    id: u64,
+    pid: u32,
+    argv: Vec<String>,
+    process: Process,
+    agent: AgentClient,
+    timeout: Option<Duration>,
+    ctx: PumpContext,
+) -> Exec {
+    let (out, events) = mpsc::channel(OWNER_QUEUE);
+    let (interrupts, interrupts_rx) = mpsc::unbounded_channel();
+    let control = ExecControl { id, proto_id: process.id(), agent: agent.clone(), stdin: process.stdin(), interrupts };
+    let spawned = SessionEvent::new(Some(&ctx.session), EventKind::Spawned { process: id, pid, argv });
+    ctx.bus.emit(spawned.clone());
+    out.try_send(spawned).expect("a new queue has room");
+    let pump = Pump { id, process, agent, out, started: Instant::now(), timeout };
+    tokio::spawn(pump.run(ctx, interrupts_rx));
+    Exec { id, pid, events, control }
+}
+
+struct Pump {
+    id: u64,
+    process: Process,
+    agent: AgentClient,
+    out: mpsc::Sender<SessionEvent>,
+    started: Instant,
+    timeout: Option<Duration>,
+}
+
+impl Pump {
+    /// Signals the process without letting an unresponsive agent stall the pump.
+    fn send_signal(&self, signal: i32) {
+        let (agent, id) = (self.agent.clone(), self.process.id());
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(2), agent.kill_process(id, signal)).await;
+        });
+    }
+
+    fn exit(&self, code: Option<i32>, signal: Option<i32>) -> ProcessExit {
+        ProcessExit {
+            process: self.id,
+            code,
+            signal,
+            duration_ms: self.started.elapsed().as_millis() as u64,
+            timed_out: false,
+            interrupted: None,
+            lost: false,
+            reason: None,
+        }
+    }
+
+    async fn run(mut self, mut ctx: PumpContext, mut interrupts: mpsc::UnboundedReceiver<i32>) {
+        let session = ctx.session.clone();
+        let output = |kind: fn(u64, Data) -> EventKind, id: u64, bytes: &[u8]| {
+            SessionEvent::new(Some(&session), kind(id, Data::from_bytes(bytes)))
+        };
+        // An event read from the agent and waiting for room in the owner's queue.
+        let mut next: Option<SessionEvent> = None;
+        let mut owner_gone = false;
+        let mut interrupts_open = true;
+        let (mut timed_out, mut interrupted) = (false, None::<i32>);
+        let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
+        let (mut escalate_at, mut give_up_at) = (None::<tokio::time::Instant>, None::<tokio::time::Instant>);
+        let far = || tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
+        let mut exit = loop {
+            tokio::select! {
+                permit = self.out.reserve(), if next.is_some() && !owner_gone => match permit {
+                    Ok(p) => p.send(next.take().expect("checked")),
+                    Err(_) => {
+                        // The owner is gone: nobody can see this process any more.
+                        owner_gone = true;
+                        next = None;
+                        self.send_signal(SIGKILL);
+                    }
+                },
+                ev = self.process.next_event(), if next.is_none() => match ev {
+                    Some(ProcessEvent::Stdout(b)) => {
+                        if !owner_gone {
+                            next = Some(output(|process, data| EventKind::Stdout { process, data }, self.id, &b));
+                        }
+                    }
+                    Some(ProcessEvent::Stderr(b)) => {
+                        if !owner_gone {
+                            next = Some(output(|process, data| EventKind::Stderr { process, data }, self.id, &b));
+                        }
+                    }
+                    Some(ProcessEvent::Exit(status)) => break self.exit(status.code, status.signal),
+                    Some(ProcessEvent::Spawned { .. }) => {}
+                    Some(ProcessEvent::SpawnFailed(e)) => {
+                        let mut exit = self.exit(None, Some(SIGKILL));
+                        (exit.lost, exit.reason) = (true, Some(format!("the agent reported a failed spawn late: {e}")));
+                        break exit;
+                    }
+                    other => {
+                        let msg = match other {
+                            Some(ProcessEvent::Error(m)) => m,
+                            _ => "the agent connection ended".to_string(),
+                        };
+                        let reason = wait_for_reason(&mut ctx.ended).await.unwrap_or(msg);
+                        let mut exit = self.exit(None, Some(SIGKILL));
+                        (exit.lost, exit.reason) = (true, Some(reason));
+                        break exit;
+                    }
+                },
+                sig = interrupts.recv(), if interrupts_open => match sig {
+                    Some(sig) => {
+                        interrupted.get_or_insert(sig);
+                        self.send_signal(sig);
+                        escalate_at.get_or_insert(tokio::time::Instant::now() + KILL_GRACE);
+                    }
+                    None => interrupts_open = false,
+                },
+                _ = sleep_until(deadline.unwrap_or_else(far)), if deadline.is_some() && !timed_out => {
+                    timed_out = true;
+                    self.send_signal(SIGTERM);
+                    escalate_at.get_or_insert(tokio::time::Instant::now() + KILL_GRACE);
+                }
+                _ = sleep_until(escalate_at.unwrap_or_else(far)), if escalate_at.is_some() => {
+                    self.send_signal(SIGKILL);
+                    escalate_at = None;
+                    give_up_at = Some(tokio::time::Instant::now() + KILL_GRACE);
+                }
+                _ = sleep_until(give_up_at.unwrap_or_else(far)), if give_up_at.is_some() => {
+                    let mut exit = self.exit(None, Some(SIGKILL));
+                    exit.lost = true;
+                    exit.reason = Some(format!(
+                        "the process did not end {KILL_GRACE:?} after SIGKILL: the guest is not responding"
+                    ));
+                    break exit;
+                }
+            }
+        };
+        (exit.timed_out, exit.interrupted) = (timed_out, interrupted);
+        let exit = SessionEvent::new(Some(&ctx.session), EventKind::Exit(exit));
+        // Counted and announced first: an owner that never reads must not keep the session busy.
+        (ctx.on_exit)();
+        ctx.bus.emit(exit.clone());
+        if !owner_gone {
+            if let Some(pending) = next.take() {
+                if self.out.send(pending).await.is_err() {
+                    return;
+                }
+            }
+            let _ = self.out.send(exit).await;
+        }
+    }
+}
+
+/// The reason the VM ended, if its session says so within [`REASON_WAIT`].
+async fn wait_for_reason(ended: &mut watch::Receiver<Option<String>>) -> Option<String> {
+    let found = match tokio::time::timeout(REASON_WAIT, ended.wait_for(Option::is_some)).await {
+        Ok(Ok(reason)) => reason.clone(),
+        _ => None,
+    };
+    found.or_else(|| ended.borrow().clone())
+}

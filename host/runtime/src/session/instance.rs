@@ -1,0 +1,697 @@
+//! A session: one VM at a time (an [`Incarnation`]), its folders, its processes, its settings,
+//! and the state machine that starts, watches, restarts, idles out and stops it.
+//!
+//! `starting → ready → (restarting → ready)* → stopping → stopped | failed`. Transitions are
+//! serialised by the lifecycle lock; a stop first cancels whatever boot or back-off is in
+//! progress, so it never waits out a restart. A supervisor task per running VM sends
+//! heartbeats, checks that the VM's processes live, and stops the session once it has been
+//! idle (no running process, no client activity) for its idle timeout.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use umbra_api::event::ShadowApplyReport;
+use umbra_api::{
+    ApiError, EventKind, FolderInfo, FolderSpec, SessionEvent, SessionInfo, SessionSettings, SessionStatus,
+};
+use umbra_proto::{DirEntry, FileStat, ShadowChange, WriteFileRequest, WriteMode};
+
+use super::context::Context;
+use super::error::SessionError;
+use super::exec::{self, Exec, ExecControl, ExecRequest, PumpContext};
+use super::incarnation::{folder_mounted, BootPlan, Failure, Incarnation, Report};
+use super::store::SessionRecord;
+use crate::backend::console::ERROR_CONTEXT_LINES;
+use crate::share::paths::validate_session_name;
+
+/// How often the supervisor checks that the VM's processes are alive.
+const ALIVE_EVERY: Duration = Duration::from_millis(500);
+/// Back-off before restart attempt n is `RESTART_BASE * 2^(n-1)`, at most `RESTART_MAX`.
+const RESTART_BASE: Duration = Duration::from_secs(1);
+const RESTART_MAX: Duration = Duration::from_secs(30);
+
+/// Why a session stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// A client asked.
+    Requested,
+    /// No process ran and no client did anything for the idle timeout.
+    Idle,
+    /// The owner (daemon, vmctl) is shutting down.
+    Shutdown,
+}
+
+pub struct Session {
+    name: String,
+    ctx: Arc<Context>,
+    state: Mutex<State>,
+    status: watch::Sender<SessionStatus>,
+    /// Serialises start, stop, resume and restart.
+    lifecycle: tokio::sync::Mutex<()>,
+    last_activity: Mutex<Instant>,
+}
+
+struct State {
+    record: SessionRecord,
+    current: Option<Arc<Incarnation>>,
+    /// Cancelled by a stop: ends boots, back-offs and the supervisor of this run.
+    cancel: CancellationToken,
+    restarts: u32,
+    failures: VecDeque<Instant>,
+    processes: HashMap<u64, ExecControl>,
+    /// The console of the last VM, kept after it is gone (for logs and errors).
+    last_console: String,
+}
+
+impl Session {
+    pub(super) fn new(ctx: Arc<Context>, record: SessionRecord) -> Arc<Self> {
+        let (status, _) = watch::channel(record.status);
+        Arc::new(Self {
+            name: record.name.clone(),
+            ctx,
+            state: Mutex::new(State {
+                record,
+                current: None,
+                cancel: CancellationToken::new(),
+                restarts: 0,
+                failures: VecDeque::new(),
+                processes: HashMap::new(),
+                last_console: String::new(),
+            }),
+            status,
+            lifecycle: tokio::sync::Mutex::new(()),
+            last_activity: Mutex::new(Instant::now()),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn status(&self) -> SessionStatus {
+        *self.status.borrow()
+    }
+
+    pub fn settings(&self) -> SessionSettings {
+        self.state.lock().unwrap().record.settings.clone()
+    }
+
+    pub fn storage_dir(&self) -> Option<PathBuf> {
+        self.ctx.storage_dir(&self.name)
+    }
+
+    /// Records client activity: an idle session is one nobody used for its idle timeout.
+    pub fn touch(&self) {
+        *self.last_activity.lock().unwrap() = Instant::now();
+    }
+
+    fn emit(&self, kind: EventKind) {
+        self.ctx.bus.emit(SessionEvent::new(Some(&self.name), kind));
+    }
+
+    fn report(self: &Arc<Self>) -> Report {
+        let me = Arc::downgrade(self);
+        Arc::new(move |kind| {
+            if let Some(me) = me.upgrade() {
+                me.emit(kind);
+            }
+        })
+    }
+
+    fn set_status(&self, status: SessionStatus, reason: Option<String>) {
+        tracing::info!(session = %self.name, %status, reason = reason.as_deref().unwrap_or(""), "status");
+        {
+            let mut state = self.state.lock().unwrap();
+            state.record.status = status;
+            if matches!(status, SessionStatus::Failed | SessionStatus::Stopped) {
+                state.record.last_error = reason.clone();
+            }
+        }
+        self.status.send_replace(status);
+        self.persist();
+        self.emit(EventKind::Status { status, reason });
+    }
+
+    fn persist(&self) {
+        let record = self.state.lock().unwrap().record.clone();
+        if let Err(e) = self.ctx.records.save(&record) {
+            tracing::warn!("session {}: cannot save its record: {e}", self.name);
+        }
+    }
+
+    /// The session as clients see it.
+    pub fn info(&self) -> SessionInfo {
+        let state = self.state.lock().unwrap();
+        let mut folders = match &state.current {
+            Some(inc) => inc.folder_infos.lock().unwrap().clone(),
+            None => Vec::new(),
+        };
+        if state.current.is_none() {
+            // Not running: the folders it will get.
+            folders = state
+                .record
+                .folders
+                .iter()
+                .map(|f| FolderInfo {
+                    name: f.name.clone().unwrap_or_default(),
+                    host_path: f.path.clone(),
+                    mode: f.mode,
+                    guest_path: String::new(),
+                })
+                .collect();
+        }
+        SessionInfo {
+            name: self.name.clone(),
+            status: self.status(),
+            settings: state.record.settings.clone(),
+            folders,
+            storage_dir: self.storage_dir().unwrap_or_default(),
+            vm: state.current.as_ref().map(|inc| inc.info.clone()),
+            processes: state.processes.len() as u32,
+            restarts: state.restarts,
+            created_ms: state.record.created_ms,
+            last_error: state.record.last_error.clone(),
+        }
+    }
+
+    /// The last console lines of the running (or last) VM.
+    pub async fn console_tail(&self, lines: usize) -> String {
+        let current = self.state.lock().unwrap().current.clone();
+        match current {
+            Some(inc) => inc.machine.lock().await.vm.console_tail(lines),
+            None => {
+                let last = self.state.lock().unwrap().last_console.clone();
+                let all: Vec<&str> = last.lines().collect();
+                all[all.len().saturating_sub(lines)..].join("\n")
+            }
+        }
+    }
+
+    // ---- lifecycle ------------------------------------------------------------------------
+
+    /// Boots the session (it must be `starting`: the caller set it so, holding the registry)
+    /// and supervises it. A failure leaves it `failed` with the reason.
+    pub(super) async fn boot(self: &Arc<Self>) -> Result<(), SessionError> {
+        let _lifecycle = self.lifecycle.lock().await;
+        if self.status() != SessionStatus::Starting {
+            return Err(self.invalid_state("start"));
+        }
+        let cancel = {
+            let mut state = self.state.lock().unwrap();
+            state.cancel = CancellationToken::new();
+            state.restarts = 0;
+            state.failures.clear();
+            state.cancel.clone()
+        };
+        self.emit(EventKind::Status { status: SessionStatus::Starting, reason: None });
+        let booted = tokio::select! {
+            r = self.boot_incarnation() => r,
+            _ = cancel.cancelled() => Err(SessionError::Failed { name: self.name.clone(), reason: "stopped while starting".into() }),
+        };
+        match booted {
+            Ok(inc) => {
+                self.install(inc, cancel);
+                Ok(())
+            }
+            Err(e) => {
+                if !cancel.is_cancelled() {
+                    self.emit(EventKind::StartupError { error: ApiError::new(e.code(), e.to_string()) });
+                    self.set_status(SessionStatus::Failed, Some(e.to_string()));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes a stopped or failed session `starting` again; false if it already is active.
+    pub(super) fn begin_resume(&self) -> Result<bool, SessionError> {
+        let status = self.status();
+        match status {
+            SessionStatus::Stopped | SessionStatus::Failed => {
+                self.status.send_replace(SessionStatus::Starting);
+                self.state.lock().unwrap().record.status = SessionStatus::Starting;
+                Ok(true)
+            }
+            SessionStatus::Stopping => Err(self.invalid_state("resume while it is stopping")),
+            _ => Ok(false),
+        }
+    }
+
+    async fn boot_incarnation(self: &Arc<Self>) -> Result<Arc<Incarnation>, SessionError> {
+        let (settings, folders) = {
+            let state = self.state.lock().unwrap();
+            (state.record.settings.clone(), state.record.folders.clone())
+        };
+        let plan = BootPlan {
+            session: self.name.clone(),
+            settings,
+            folders,
+            storage_dir: self.storage_dir(),
+            boot_timeout: Duration::from_secs(self.ctx.config().boot_timeout_secs),
+        };
+        let inc = Incarnation::boot(&plan, &self.ctx, self.report()).await?;
+        Ok(Arc::new(inc))
+    }
+
+    /// Makes `inc` the running VM, announces it, and starts its supervisor.
+    fn install(self: &Arc<Self>, inc: Arc<Incarnation>, cancel: CancellationToken) {
+        self.state.lock().unwrap().current = Some(inc.clone());
+        self.touch();
+        self.emit(EventKind::Ready {
+            backend: inc.info.backend.clone(),
+            why: inc.info.backend_reason.clone(),
+            boot_ms: inc.info.boot_ms,
+            bundle: inc.info.bundle_version.clone(),
+        });
+        self.set_status(SessionStatus::Ready, None);
+        tokio::spawn(self.clone().supervise(inc, cancel));
+    }
+
+    /// Watches one VM until it fails, the session idles out, or a stop cancels it.
+    async fn supervise(self: Arc<Self>, inc: Arc<Incarnation>, cancel: CancellationToken) {
+        let settings = self.settings();
+        let heartbeat_timeout = Duration::from_secs(settings.heartbeat_timeout_secs);
+        let idle_timeout = Duration::from_secs(settings.idle_timeout_secs);
+        let mut alive = tokio::time::interval(ALIVE_EVERY);
+        let mut heartbeat = tokio::time::interval(Duration::from_secs(settings.heartbeat_interval_secs));
+        heartbeat.tick().await; // the first tick is immediate; the boot just proved the agent
+        let failure = loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = alive.tick() => {
+                    if let Err(f) = inc.check_alive() {
+                        break f;
+                    }
+                    if !idle_timeout.is_zero() && self.idle_for() >= idle_timeout {
+                        let idle_secs = idle_timeout.as_secs();
+                        let me = self.clone();
+                        // A separate task: the stop cancels this one.
+                        tokio::spawn(async move {
+                            me.emit(EventKind::IdleStop { idle_secs });
+                            let _ = me.stop(StopReason::Idle).await;
+                        });
+                        return;
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    if let Err(f) = inc.heartbeat(heartbeat_timeout).await {
+                        break f;
+                    }
+                }
+            }
+        };
+        if !cancel.is_cancelled() {
+            self.recover(inc, failure, cancel).await;
+        }
+    }
+
+    /// How long the session has been idle: zero while a process runs.
+    fn idle_for(&self) -> Duration {
+        if !self.state.lock().unwrap().processes.is_empty() {
+            return Duration::ZERO;
+        }
+        self.last_activity.lock().unwrap().elapsed()
+    }
+
+    /// After a failure: ends the VM (its processes learn why), saves unapplied shadow changes if
+    /// the agent still answers, and boots again with back-off, until the restart budget is
+    /// spent and the session is `failed`.
+    async fn recover(self: Arc<Self>, failed: Arc<Incarnation>, failure: Failure, cancel: CancellationToken) {
+        let _lifecycle = tokio::select! {
+            guard = self.lifecycle.lock() => guard,
+            _ = cancel.cancelled() => return,
+        };
+        if cancel.is_cancelled() || self.status() != SessionStatus::Ready {
+            return;
+        }
+        let Failure { mut reason, mut console } = failure;
+        tracing::warn!(session = %self.name, "the VM failed: {reason}");
+        self.emit(EventKind::HeartbeatFailure { reason: reason.clone() });
+        self.set_status(SessionStatus::Restarting, Some(reason.clone()));
+        if let Some(dir) = self.storage_dir() {
+            failed.export_shadows(&dir, &self.report()).await;
+        }
+        let tail = failed.end(&format!("the session's VM failed ({reason}) and was restarted"), false).await;
+        if console.is_empty() {
+            console = tail;
+        }
+        {
+            let mut state = self.state.lock().unwrap();
+            state.current = None;
+            state.last_console = console.clone();
+        }
+        drop(failed);
+        let config = self.ctx.config();
+        let window = Duration::from_secs(config.restart_window_secs);
+        loop {
+            let attempt = {
+                let mut state = self.state.lock().unwrap();
+                let now = Instant::now();
+                state.failures.push_back(now);
+                while state.failures.front().is_some_and(|t| now.duration_since(*t) > window) {
+                    state.failures.pop_front();
+                }
+                state.failures.len() as u32
+            };
+            if attempt > config.max_restarts {
+                let why = format!(
+                    "{reason} ({} failure(s) within {}s; giving up after {} restart(s))",
+                    attempt,
+                    window.as_secs(),
+                    config.max_restarts
+                );
+                self.emit(EventKind::Failed { reason: why.clone(), console });
+                self.set_status(SessionStatus::Failed, Some(why));
+                return;
+            }
+            let delay = RESTART_BASE.saturating_mul(1 << (attempt - 1).min(5)).min(RESTART_MAX);
+            self.emit(EventKind::Restarting { attempt, reason: reason.clone(), delay_ms: delay.as_millis() as u64 });
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = cancel.cancelled() => return,
+            }
+            let booted = tokio::select! {
+                r = self.boot_incarnation() => r,
+                _ = cancel.cancelled() => return,
+            };
+            match booted {
+                Ok(inc) => {
+                    self.state.lock().unwrap().restarts += 1;
+                    self.install(inc, cancel);
+                    return;
+                }
+                Err(e) => {
+                    self.emit(EventKind::StartupError { error: ApiError::new(e.code(), e.to_string()) });
+                    reason = e.to_string();
+                    console = String::new();
+                }
+            }
+        }
+    }
+
+    /// Waits until the session is ready; an error if it fails or stops instead.
+    pub async fn wait_ready(&self) -> Result<(), SessionError> {
+        let mut rx = self.status.subscribe();
+        loop {
+            let status = *rx.borrow_and_update();
+            match status {
+                SessionStatus::Ready => return Ok(()),
+                SessionStatus::Failed | SessionStatus::Stopped | SessionStatus::Stopping => {
+                    let reason = self.state.lock().unwrap().record.last_error.clone();
+                    return Err(SessionError::Failed {
+                        name: self.name.clone(),
+                        reason: reason.unwrap_or_else(|| format!("it is {status}")),
+                    });
+                }
+                SessionStatus::Starting | SessionStatus::Restarting => {}
+            }
+            if rx.changed().await.is_err() {
+                return Err(self.invalid_state("wait for it"));
+            }
+        }
+    }
+
+    /// Ends every process and the VM; folders, outputs and the disk stay. Idempotent.
+    pub async fn stop(self: &Arc<Self>, why: StopReason) -> Result<(), SessionError> {
+        let cancel = self.state.lock().unwrap().cancel.clone();
+        cancel.cancel();
+        let _lifecycle = self.lifecycle.lock().await;
+        if matches!(self.status(), SessionStatus::Stopped | SessionStatus::Failed) {
+            return Ok(());
+        }
+        let text = match why {
+            StopReason::Requested => "the session was stopped".to_string(),
+            StopReason::Idle => format!("the session stopped after {} s idle", self.settings().idle_timeout_secs),
+            StopReason::Shutdown => "the session was stopped because its owner shut down".to_string(),
+        };
+        self.set_status(SessionStatus::Stopping, Some(text.clone()));
+        let current = self.state.lock().unwrap().current.take();
+        if let Some(inc) = current {
+            let console = inc.end(&text, true).await;
+            self.state.lock().unwrap().last_console = console;
+        }
+        self.set_status(SessionStatus::Stopped, Some(text));
+        Ok(())
+    }
+
+    fn invalid_state(&self, what: &'static str) -> SessionError {
+        SessionError::InvalidState { name: self.name.clone(), status: self.status(), what }
+    }
+
+    /// The running VM; waits while the session starts or restarts.
+    async fn running(&self, what: &'static str) -> Result<Arc<Incarnation>, SessionError> {
+        match self.status() {
+            SessionStatus::Ready | SessionStatus::Starting | SessionStatus::Restarting => {}
+            _ => return Err(self.invalid_state(what)),
+        }
+        self.wait_ready().await?;
+        self.state.lock().unwrap().current.clone().ok_or_else(|| self.invalid_state(what))
+    }
+
+    // ---- processes ------------------------------------------------------------------------
+
+    /// Starts a process; returns once the guest confirmed it (or refused: a missing command is
+    /// [`umbra_api::ErrorCode::NotFound`]).
+    pub async fn spawn(self: &Arc<Self>, req: ExecRequest) -> Result<Exec, SessionError> {
+        self.touch();
+        if req.argv.is_empty() || req.argv[0].is_empty() {
+            return Err(SessionError::InvalidArgument("argv must name a command".into()));
+        }
+        let inc = self.running("run a process").await?;
+        let spawn = umbra_proto::SpawnRequest {
+            argv: req.argv.clone(),
+            cwd: req.cwd.clone(),
+            env: req.env.clone(),
+            uid: None,
+            gid: None,
+            tty: req.tty,
+        };
+        let mut process = inc.agent.spawn(spawn)?;
+        let id = self.ctx.next_process_id();
+        let pid = match process.next_event().await {
+            Some(crate::agent::ProcessEvent::Spawned { pid }) => pid,
+            Some(crate::agent::ProcessEvent::SpawnFailed(e)) => {
+                let error = SessionError::Agent(crate::agent::ClientError::Agent(e));
+                self.emit(EventKind::SpawnFailed {
+                    process: id,
+                    error: ApiError::new(error.code(), error.to_string()),
+                });
+                return Err(error);
+            }
+            Some(crate::agent::ProcessEvent::Error(msg)) => {
+                return Err(SessionError::Agent(crate::agent::ClientError::ConnectionLost(msg)))
+            }
+            _ => return Err(SessionError::Agent(crate::agent::ClientError::ConnectionLost("no spawn reply".into()))),
+        };
+        let weak = Arc::downgrade(self);
+        let ctx = PumpContext {
+            session: self.name.clone(),
+            bus: self.ctx.bus.clone(),
+            ended: inc.ended_receiver(),
+            on_exit: Box::new(move || {
+                if let Some(me) = weak.upgrade() {
+                    me.state.lock().unwrap().processes.remove(&id);
+                    me.touch();
+                }
+            }),
+        };
+        let exec = exec::start(id, pid, req.argv, process, inc.agent.clone(), req.timeout, ctx);
+        self.state.lock().unwrap().processes.insert(id, exec.control());
+        Ok(exec)
+    }
+
+    /// A running process of this session.
+    pub fn process(&self, id: u64) -> Result<ExecControl, SessionError> {
+        self.touch();
+        self.state.lock().unwrap().processes.get(&id).cloned().ok_or(SessionError::NoSuchProcess(id))
+    }
+
+    /// Signals every process of the session.
+    pub async fn kill_all(&self, signal: i32) -> Result<(), SessionError> {
+        self.touch();
+        let inc = self.running("signal its processes").await?;
+        Ok(inc.agent.kill_all(signal).await?)
+    }
+
+    // ---- folders --------------------------------------------------------------------------
+
+    /// Shares another host folder with the running session; it is shared again after a
+    /// restart or resume.
+    pub async fn mount(self: &Arc<Self>, spec: FolderSpec) -> Result<FolderInfo, SessionError> {
+        self.touch();
+        let inc = self.running("mount a folder").await?;
+        let mut machine = inc.machine.lock().await;
+        let machine = &mut *machine;
+        let guest_path =
+            machine.folders.share(&mut machine.vm, &self.name, &spec.path, spec.name.as_deref(), spec.mode).await?;
+        let shared = machine.folders.list().last().expect("just shared");
+        let info =
+            FolderInfo { name: shared.name.clone(), host_path: shared.host_path.clone(), mode: spec.mode, guest_path };
+        inc.folder_infos.lock().unwrap().insert(0, info.clone());
+        {
+            let mut state = self.state.lock().unwrap();
+            // Record the canonical path and the name it got, so a restart mounts the same.
+            state.record.folders.push(FolderSpec {
+                path: info.host_path.clone(),
+                name: Some(info.name.clone()),
+                mode: spec.mode,
+            });
+        }
+        self.persist();
+        self.emit(folder_mounted(&info));
+        Ok(info)
+    }
+
+    pub async fn unmount(self: &Arc<Self>, name: &str) -> Result<(), SessionError> {
+        self.touch();
+        if name == crate::share::paths::OUTPUTS || name == crate::share::paths::UPLOADS {
+            return Err(SessionError::InvalidArgument(format!("{name} is the session's own folder")));
+        }
+        let inc = self.running("unmount a folder").await?;
+        let mut machine = inc.machine.lock().await;
+        let machine = &mut *machine;
+        machine.folders.unshare(&mut machine.vm, name).await?;
+        inc.folder_infos.lock().unwrap().retain(|f| f.name != name);
+        {
+            let mut state = self.state.lock().unwrap();
+            state.record.folders.retain(|f| f.name.as_deref() != Some(name) && !default_name_is(&f.path, name));
+        }
+        self.persist();
+        self.emit(EventKind::FolderUnmounted { name: name.into() });
+        Ok(())
+    }
+
+    // ---- files ----------------------------------------------------------------------------
+
+    /// A client's path as a guest path: a host path inside a shared folder is translated; any
+    /// other path must be an absolute, clean guest path.
+    fn guest_path(&self, inc: &Incarnation, path: &str) -> Result<String, SessionError> {
+        let bad = |why: &str| Err(SessionError::InvalidArgument(format!("path {path:?} {why}")));
+        if path.contains('\0') {
+            return bad("contains a NUL byte");
+        }
+        let p = Path::new(path);
+        if !p.is_absolute() {
+            return bad("is not absolute");
+        }
+        if p.components().any(|c| matches!(c, Component::ParentDir)) {
+            return bad("contains a `..` component");
+        }
+        for f in inc.folder_infos.lock().unwrap().iter() {
+            if let Ok(rel) = p.strip_prefix(&f.host_path) {
+                let rel = rel.to_string_lossy();
+                return Ok(if rel.is_empty() { f.guest_path.clone() } else { format!("{}/{rel}", f.guest_path) });
+            }
+        }
+        Ok(path.to_string())
+    }
+
+    pub async fn read_file(&self, path: &str, offset: u64, len: u32) -> Result<(bytes::Bytes, bool), SessionError> {
+        self.touch();
+        let inc = self.running("read a file").await?;
+        let guest = self.guest_path(&inc, path)?;
+        Ok(inc.agent.read_file(&guest, offset, len.min(umbra_proto::MAX_FILE_CHUNK as u32)).await?)
+    }
+
+    pub async fn write_file(
+        &self,
+        path: &str,
+        data: &[u8],
+        mode: WriteMode,
+        create_dirs: bool,
+        permissions: Option<u32>,
+    ) -> Result<u64, SessionError> {
+        self.touch();
+        let inc = self.running("write a file").await?;
+        let guest = self.guest_path(&inc, path)?;
+        let request = WriteFileRequest { path: guest, mode, permissions, create_dirs };
+        Ok(inc.agent.write_file(request, data).await?)
+    }
+
+    pub async fn stat(&self, path: &str) -> Result<FileStat, SessionError> {
+        self.touch();
+        let inc = self.running("stat a file").await?;
+        let guest = self.guest_path(&inc, path)?;
+        Ok(inc.agent.stat(&guest).await?)
+    }
+
+    pub async fn list_dir(&self, path: &str, limit: Option<u32>) -> Result<(Vec<DirEntry>, bool), SessionError> {
+        self.touch();
+        let inc = self.running("list a directory").await?;
+        let guest = self.guest_path(&inc, path)?;
+        Ok(inc.agent.list_dir(&guest, limit).await?)
+    }
+
+    // ---- shadow folders -------------------------------------------------------------------
+
+    pub async fn shadow_diff(&self, folder: &str) -> Result<Vec<ShadowChange>, SessionError> {
+        self.touch();
+        let inc = self.running("diff a shadow folder").await?;
+        let machine = inc.machine.lock().await;
+        Ok(machine.folders.shadow_diff(&machine.vm, folder).await?)
+    }
+
+    pub async fn shadow_apply(&self, folder: &str) -> Result<ShadowApplyReport, SessionError> {
+        self.touch();
+        let inc = self.running("apply a shadow folder").await?;
+        let machine = inc.machine.lock().await;
+        let report = machine.folders.shadow_apply(&machine.vm, folder).await?;
+        Ok(ShadowApplyReport {
+            applied: report.applied,
+            conflicts: report
+                .conflicts
+                .into_iter()
+                .map(|c| umbra_api::event::ShadowConflict { path: c.path, reason: c.reason.to_string() })
+                .collect(),
+            errors: report
+                .errors
+                .into_iter()
+                .map(|e| umbra_api::event::ShadowApplyError { path: e.path, message: e.error.to_string() })
+                .collect(),
+        })
+    }
+
+    /// Writes a shadow folder's changes as a tar to `dest`; returns its size.
+    pub async fn shadow_export(&self, folder: &str, dest: &Path) -> Result<u64, SessionError> {
+        self.touch();
+        let inc = self.running("export a shadow folder").await?;
+        let machine = inc.machine.lock().await;
+        let tmp = dest.with_extension("tar.part");
+        let file = std::fs::File::create(&tmp).map_err(SessionError::io(format!("create {}", tmp.display())))?;
+        let written = machine.folders.shadow_export(&machine.vm, folder, file).await;
+        let file = match written {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e.into());
+            }
+        };
+        file.sync_all().map_err(SessionError::io(format!("write {}", tmp.display())))?;
+        std::fs::rename(&tmp, dest).map_err(SessionError::io(format!("rename to {}", dest.display())))?;
+        Ok(std::fs::metadata(dest).map(|m| m.len()).unwrap_or(0))
+    }
+
+    pub async fn shadow_reset(&self, folder: &str) -> Result<(), SessionError> {
+        self.touch();
+        let inc = self.running("reset a shadow folder").await?;
+        let machine = inc.machine.lock().await;
+        Ok(machine.folders.shadow_reset(&machine.vm, folder).await?)
+    }
+
+    /// The lines of the console the error context uses.
+    pub const CONSOLE_LINES: usize = ERROR_CONTEXT_LINES;
+}
+
+/// Whether a folder recorded without a name got `name` by default.
+fn default_name_is(path: &Path, name: &str) -> bool {
+    crate::share::paths::default_folder_name(path).is_ok_and(|n| n == name)
+}
+
+/// Checks a session name before anything is created for it.
+pub(super) fn check_name(name: &str) -> Result<(), SessionError> {
+    validate_session_name(name).map_err(|e| SessionError::InvalidArgument(e.to_string()))
+}

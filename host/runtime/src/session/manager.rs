@@ -1,0 +1,234 @@
+//! [`SessionManager`]: the named sessions of one owner (umbrad, or one `vmctl run`), and the
+//! shared machinery they use.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::broadcast;
+use umbra_api::methods::StartParams;
+use umbra_api::{ApiError, ConfigPatch, DaemonConfig, FolderSpec, SessionEvent, SessionInfo, SessionStatus};
+
+use super::admission::Admission;
+use super::context::Context;
+use super::error::SessionError;
+use super::events::EventBus;
+use super::instance::{check_name, Session, StopReason};
+use super::store::{RecordStore, SessionRecord};
+use crate::share::paths::{default_folder_name, validate_folder_name, OUTPUTS, UPLOADS};
+
+/// Where a manager keeps things, and its defaults.
+pub struct ManagerOptions {
+    pub config: DaemonConfig,
+    /// Session records and event logs; `None` keeps nothing across runs.
+    pub state_dir: Option<PathBuf>,
+    /// Each session's storage (outputs, uploads, disk) under `<root>/<name>`; `None` gives
+    /// sessions none (no outputs or uploads folders, no disk).
+    pub storage_root: Option<PathBuf>,
+    pub bundles: umbra_bundle::Store,
+}
+
+impl ManagerOptions {
+    /// What a daemon uses: the XDG state and data directories.
+    pub fn persistent(config: DaemonConfig) -> Self {
+        Self {
+            config,
+            state_dir: Some(crate::paths::state_dir().join("sessions")),
+            storage_root: Some(crate::paths::data_dir().join("sessions")),
+            bundles: umbra_bundle::Store::new(umbra_bundle::Store::default_root()),
+        }
+    }
+
+    /// One-off sessions (`vmctl run`): nothing persisted, no storage, no restarts.
+    pub fn ephemeral(mut config: DaemonConfig) -> Self {
+        config.max_restarts = 0;
+        config.disk_size_mib = 0;
+        config.idle_timeout_secs = 0;
+        Self {
+            config,
+            state_dir: None,
+            storage_root: None,
+            bundles: umbra_bundle::Store::new(umbra_bundle::Store::default_root()),
+        }
+    }
+}
+
+pub struct SessionManager {
+    ctx: Arc<Context>,
+    sessions: Mutex<BTreeMap<String, Arc<Session>>>,
+}
+
+impl SessionManager {
+    /// A manager with the sessions recorded in its state directory, all `stopped` (their VMs
+    /// ended with the process that ran them).
+    pub fn new(opts: ManagerOptions) -> Self {
+        let bus = Arc::new(EventBus::new(opts.state_dir.clone()));
+        let admission = Admission::new(opts.config.max_concurrent_boots as usize);
+        let records = RecordStore::new(opts.state_dir);
+        let ctx = Arc::new(Context::new(bus, admission, records, opts.config, opts.storage_root, opts.bundles));
+        let mut sessions = BTreeMap::new();
+        for mut record in ctx.records.load_all() {
+            if !matches!(record.status, SessionStatus::Stopped | SessionStatus::Failed) {
+                record.status = SessionStatus::Stopped;
+                record.last_error = Some("its VM ended when the daemon that ran it stopped".into());
+                if let Err(e) = ctx.records.save(&record) {
+                    tracing::warn!("session {}: cannot save its record: {e}", record.name);
+                }
+            }
+            sessions.insert(record.name.clone(), Session::new(ctx.clone(), record));
+        }
+        Self { ctx, sessions: Mutex::new(sessions) }
+    }
+
+    /// Lifecycle events of every session (and the host's): see [`EventBus`].
+    pub fn subscribe(&self) -> broadcast::Receiver<SessionEvent> {
+        self.ctx.bus.subscribe()
+    }
+
+    /// Publishes an event that is not about a session's VM (a bundle download).
+    pub fn emit(&self, event: SessionEvent) {
+        self.ctx.bus.emit(event);
+    }
+
+    pub fn config(&self) -> DaemonConfig {
+        self.ctx.config()
+    }
+
+    /// Changes the defaults for new sessions (and restart policy, boot timeout).
+    pub fn set_config(&self, patch: &ConfigPatch) -> Result<DaemonConfig, ApiError> {
+        let mut config = self.ctx.config.write().unwrap();
+        config.apply(patch)?;
+        Ok(config.clone())
+    }
+
+    pub fn bundles(&self) -> &umbra_bundle::Store {
+        &self.ctx.bundles
+    }
+
+    /// A session by name.
+    pub fn get(&self, name: &str) -> Result<Arc<Session>, SessionError> {
+        self.sessions.lock().unwrap().get(name).cloned().ok_or_else(|| SessionError::NotFound(name.into()))
+    }
+
+    pub fn list(&self) -> Vec<SessionInfo> {
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().unwrap().values().cloned().collect();
+        sessions.iter().map(|s| s.info()).collect()
+    }
+
+    /// The last `n` lifecycle events of session `name`.
+    pub fn recent_events(&self, name: &str, n: usize) -> Vec<SessionEvent> {
+        self.ctx.bus.recent(name, n)
+    }
+
+    /// Creates session `params.name` and boots it; returns once it is ready. A session of that
+    /// name that is starting (or running) is waited for instead — never booted twice; one that
+    /// is stopped or failed is an error (resume or delete it).
+    pub async fn start(&self, params: StartParams) -> Result<Arc<Session>, SessionError> {
+        check_name(&params.name)?;
+        let config = self.config();
+        let mut settings = config.session_defaults();
+        macro_rules! take {
+            ($($f:ident),*) => { $( if let Some(v) = params.$f.clone() { settings.$f = v; } )* };
+        }
+        take!(
+            memory_mib,
+            cpus,
+            idle_timeout_secs,
+            disk_size_mib,
+            heartbeat_interval_secs,
+            heartbeat_timeout_secs,
+            bundle,
+            backend
+        );
+        settings.validate().map_err(|e| SessionError::InvalidArgument(e.message))?;
+        let folders = check_folders(&params.folders)?;
+        let (session, created) = {
+            let mut sessions = self.sessions.lock().unwrap();
+            match sessions.get(&params.name) {
+                Some(existing) => (existing.clone(), false),
+                None => {
+                    let record = SessionRecord::new(&params.name, settings, folders);
+                    let session = Session::new(self.ctx.clone(), record);
+                    sessions.insert(params.name.clone(), session.clone());
+                    (session, true)
+                }
+            }
+        };
+        if !created {
+            let status = session.status();
+            if !status.is_active() {
+                return Err(SessionError::Exists { name: params.name, status });
+            }
+            session.wait_ready().await?;
+            return Ok(session);
+        }
+        session.boot().await?;
+        Ok(session)
+    }
+
+    /// Boots a stopped or failed session again with its folders, outputs and disk; waits for
+    /// one that is already starting or running.
+    pub async fn resume(&self, name: &str) -> Result<Arc<Session>, SessionError> {
+        let session = self.get(name)?;
+        if session.begin_resume()? {
+            session.boot().await?;
+        } else {
+            session.wait_ready().await?;
+        }
+        Ok(session)
+    }
+
+    pub async fn stop(&self, name: &str) -> Result<Arc<Session>, SessionError> {
+        let session = self.get(name)?;
+        session.stop(StopReason::Requested).await?;
+        Ok(session)
+    }
+
+    /// Stops session `name` and removes it with its outputs, uploads, disk and logs.
+    pub async fn delete(&self, name: &str) -> Result<(), SessionError> {
+        let session = self.get(name)?;
+        session.stop(StopReason::Requested).await?;
+        self.sessions.lock().unwrap().remove(name);
+        self.ctx.records.remove(name);
+        self.ctx.bus.forget(name);
+        if let Some(dir) = session.storage_dir() {
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).map_err(SessionError::io(format!("remove {}", dir.display())))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every session (the owner is going away).
+    pub async fn shutdown(&self) {
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().unwrap().values().cloned().collect();
+        let stops = sessions.iter().map(|s| s.stop(StopReason::Shutdown));
+        futures_util::future::join_all(stops).await;
+    }
+}
+
+/// Checks the folders of a start request before anything boots: each an existing directory,
+/// names valid and distinct (defaults included), none named like the session's own folders.
+fn check_folders(folders: &[FolderSpec]) -> Result<Vec<FolderSpec>, SessionError> {
+    let mut names = Vec::new();
+    let mut out = Vec::new();
+    for f in folders {
+        let path = f.path.canonicalize().map_err(SessionError::io(format!("share {}", f.path.display())))?;
+        if !path.is_dir() {
+            return Err(SessionError::InvalidArgument(format!("{} is not a directory", path.display())));
+        }
+        let name = match &f.name {
+            Some(n) => n.clone(),
+            None => default_folder_name(&path)?,
+        };
+        validate_folder_name(&name)?;
+        if name == OUTPUTS || name == UPLOADS || names.contains(&name) {
+            return Err(SessionError::InvalidArgument(format!(
+                "two folders would be named {name:?}; give one another name"
+            )));
+        }
+        names.push(name.clone());
+        out.push(FolderSpec { path, name: Some(name), mode: f.mode });
+    }
+    Ok(out)
+}

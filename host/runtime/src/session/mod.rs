@@ -1,0 +1,36 @@
+//! Sessions: the spine that `vmctl`, `umbrad` and the tests all drive.
+//!
+//! A [`Session`] is one VM (booted again when it fails) with its folders, its processes, its
+//! writable disk and its settings; a [`SessionManager`] owns many, by name. Everything that
+//! happens is one typed [`umbra_api::SessionEvent`]: lifecycle events on a bus every
+//! subscriber reads ([`EventBus`]), process output only to the process's owner ([`Exec`]).
+//! Errors carry stable codes ([`SessionError::code`]).
+//!
+//! - [`manager`]: the registry; start (a second start of a starting session waits for the
+//!   first), resume, stop, delete; records reloaded as `stopped` after a restart.
+//! - [`instance`]: one session's state machine, supervisor (heartbeat, liveness, idle stop)
+//!   and restart with back-off; its process, folder, file and shadow operations.
+//! - [`incarnation`]: one VM of a session, from boot to teardown.
+//! - [`exec`]: a process's lifecycle (flow-controlled output, timeout and signal escalation,
+//!   an exit that always comes).
+//! - [`admission`]: at most N boots at once, the rest queued in order.
+//! - [`events`], [`store`], [`outputs`]: the bus and event logs, the session records, the
+//!   outputs-folder watcher.
+
+pub mod admission;
+mod context;
+pub mod error;
+pub mod events;
+pub mod exec;
+mod incarnation;
+pub mod instance;
+pub mod manager;
+pub mod outputs;
+pub mod store;
+
+pub use error::SessionError;
+pub use events::EventBus;
+pub use exec::{Exec, ExecControl, ExecOutput, ExecRequest, KILL_GRACE};
+pub use incarnation::DISK_FILE;
+pub use instance::{Session, StopReason};
+pub use manager::{ManagerOptions, SessionManager};

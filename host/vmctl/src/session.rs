@@ -1,0 +1,404 @@
+//! `vmctl session …`: sessions through umbrad, as a desktop app uses them. vmctl is one more
+//! client of the daemon's socket; when umbrad is not running, each command says how to start
+//! it (`vmctl run` needs no daemon).
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::{Args, Subcommand};
+use tokio::signal::unix::{signal, SignalKind};
+use umbra_api::client::{Client, Notifications};
+use umbra_api::event::{spawn_failure_status, EXIT_UMBRA_ERROR};
+use umbra_api::methods::*;
+use umbra_api::rpc::{NOTIFY_EVENT, NOTIFY_LOST, NOTIFY_PROCESS};
+use umbra_api::{ApiError, Data, EventKind, FolderSpec, SessionEvent, SessionInfo};
+use umbra_proto::TtySize;
+
+use crate::tty::RawTerminal;
+
+#[derive(Subcommand, Debug)]
+pub enum SessionCommand {
+    /// Create and boot a session; returns once it is ready.
+    Start(StartArgs),
+    /// Run a command in a session and exit with its status.
+    Exec(ExecArgs),
+    /// List sessions.
+    Ls(LsArgs),
+    /// Stop a session (its folders, outputs and disk stay).
+    Stop(NameArgs),
+    /// Boot a stopped session again.
+    Resume(NameArgs),
+    /// Stop a session and delete it with its outputs, uploads and disk.
+    Rm(NameArgs),
+    /// A session's recent events and console lines.
+    Logs(LogsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct StartArgs {
+    name: String,
+    /// Share a host folder: HOST_PATH[:NAME][:MODE], MODE = ro | rw | rwd | shadow. Repeatable.
+    #[arg(long = "mount", value_name = "HOST_PATH[:NAME][:MODE]", value_parser = parse_folder_spec)]
+    mounts: Vec<FolderSpec>,
+    #[arg(long)]
+    memory: Option<u32>,
+    #[arg(long)]
+    cpus: Option<u32>,
+    /// Stop the session after this many idle seconds (0: never).
+    #[arg(long)]
+    idle_timeout: Option<u64>,
+    /// Size of its writable disk in MiB (0: guest writes stay in RAM).
+    #[arg(long)]
+    disk_size: Option<u64>,
+    /// Bundle (a built flavor, a directory, or an installed version).
+    #[arg(long)]
+    bundle: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    name: String,
+    /// Run on a pseudo-terminal (raw host terminal, window size forwarded).
+    #[arg(long)]
+    tty: bool,
+    #[arg(long)]
+    workdir: Option<String>,
+    /// Environment for the command (repeatable).
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// Kill the command after this many seconds (exit status 124).
+    #[arg(long)]
+    timeout: Option<u64>,
+    #[arg(required = true, last = true)]
+    command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct NameArgs {
+    name: String,
+}
+
+#[derive(Args, Debug)]
+pub struct LogsArgs {
+    name: String,
+    /// Lines of each log.
+    #[arg(long, short = 'n', default_value_t = 100)]
+    lines: u32,
+    /// Keep printing the session's events as they happen.
+    #[arg(long, short = 'f')]
+    follow: bool,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?} is not K=V"))?;
+    if k.is_empty() {
+        return Err(format!("{s:?} has an empty name"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+pub async fn run(command: SessionCommand) -> i32 {
+    let result = match command {
+        SessionCommand::Exec(args) => return exec(args).await,
+        SessionCommand::Start(args) => start(args).await,
+        SessionCommand::Ls(args) => ls(args).await,
+        SessionCommand::Stop(a) => simple::<SessionStop>(SessionRef { name: a.name }, "stopped").await,
+        SessionCommand::Resume(a) => simple::<SessionResume>(SessionRef { name: a.name }, "ready").await,
+        SessionCommand::Rm(a) => rm(a).await,
+        SessionCommand::Logs(args) => logs(args).await,
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("vmctl: error: {}", e.message);
+            1
+        }
+    }
+}
+
+async fn connect() -> Result<Client, ApiError> {
+    Client::connect(None).await.map(|(c, _)| c)
+}
+
+async fn rm(args: NameArgs) -> Result<(), ApiError> {
+    let client = connect().await?;
+    client.call::<SessionDelete>(SessionRef { name: args.name.clone() }).await?;
+    eprintln!("vmctl: deleted session {}", args.name);
+    Ok(())
+}
+
+async fn simple<M: Method<Params = SessionRef, Result = SessionInfo>>(
+    params: SessionRef,
+    word: &str,
+) -> Result<(), ApiError> {
+    let client = connect().await?;
+    let info = client.call::<M>(params).await?;
+    eprintln!("vmctl: session {} {word} ({})", info.name, info.status);
+    Ok(())
+}
+
+async fn start(args: StartArgs) -> Result<(), ApiError> {
+    let (client, mut notes) = Client::connect(None).await?;
+    // Show the boot's progress (queued, mounted, ready) while the start runs.
+    client.call::<EventsSubscribe>(SubscribeParams { session: Some(args.name.clone()) }).await?;
+    let params = StartParams {
+        name: args.name.clone(),
+        folders: args.mounts,
+        memory_mib: args.memory,
+        cpus: args.cpus,
+        idle_timeout_secs: args.idle_timeout,
+        disk_size_mib: args.disk_size,
+        bundle: args.bundle,
+        ..Default::default()
+    };
+    let start = client.call::<SessionStart>(params);
+    tokio::pin!(start);
+    let info = loop {
+        tokio::select! {
+            r = &mut start => break r?,
+            n = notes.recv() => match n {
+                Some(n) if n.method == NOTIFY_EVENT => {
+                    if let Ok(ev) = serde_json::from_value::<SessionEvent>(n.params) {
+                        print_event(&ev, args.json);
+                    }
+                }
+                _ => {}
+            },
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&info).expect("info serializes"));
+    } else {
+        let vm = info.vm.as_ref();
+        eprintln!(
+            "vmctl: session {} ready ({} backend, booted in {} ms)",
+            info.name,
+            vm.map_or("?", |v| v.backend.as_str()),
+            vm.map_or(0, |v| v.boot_ms)
+        );
+        for f in &info.folders {
+            eprintln!("  {:<8} {} -> {}", f.mode, f.host_path.display(), f.guest_path);
+        }
+    }
+    Ok(())
+}
+
+fn print_event(ev: &SessionEvent, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(ev).expect("events serialize"));
+        return;
+    }
+    let line = match &ev.kind {
+        EventKind::Status { status, reason } => {
+            format!("status {status}{}", reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default())
+        }
+        EventKind::BootQueued { position } => format!("boot queued (position {position})"),
+        EventKind::FolderMounted { name, guest_path, mode, .. } => format!("mounted {name} ({mode}) at {guest_path}"),
+        EventKind::Ready { backend, boot_ms, bundle, .. } => {
+            format!("ready: {backend}, bundle {bundle}, booted in {boot_ms} ms")
+        }
+        EventKind::HeartbeatFailure { reason } => format!("heartbeat failure: {reason}"),
+        EventKind::Restarting { attempt, reason, .. } => format!("restarting (attempt {attempt}): {reason}"),
+        EventKind::Failed { reason, .. } => format!("failed: {reason}"),
+        EventKind::IdleStop { idle_secs } => format!("stopped after {idle_secs} s idle"),
+        EventKind::StartupError { error } => format!("start failed: {}", error.message),
+        EventKind::OutputsFileCreated { path, .. } => format!("outputs: created {path}"),
+        EventKind::OutputsFileDeleted { path, .. } => format!("outputs: deleted {path}"),
+        EventKind::Spawned { process, argv, .. } => format!("process {process} started: {}", argv.join(" ")),
+        EventKind::Exit(e) => format!("process {} exited with status {}", e.process, e.shell_status()),
+        other => other.name().to_string(),
+    };
+    let session = ev.session.as_deref().unwrap_or("-");
+    eprintln!("{session}: {line}");
+}
+
+async fn ls(args: LsArgs) -> Result<(), ApiError> {
+    let client = connect().await?;
+    let list = client.call::<SessionListMethod>(NoParams {}).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&list.sessions).expect("sessions serialize"));
+        return Ok(());
+    }
+    if list.sessions.is_empty() {
+        eprintln!("vmctl: no sessions");
+        return Ok(());
+    }
+    println!("{:<24} {:<11} {:>6} {:>5} {:>9}  FOLDERS", "NAME", "STATUS", "MEMORY", "PROCS", "RESTARTS");
+    for s in &list.sessions {
+        let folders: Vec<String> = s.folders.iter().map(|f| format!("{}:{}", f.name, f.mode)).collect();
+        println!(
+            "{:<24} {:<11} {:>5}M {:>5} {:>9}  {}",
+            s.name,
+            s.status.to_string(),
+            s.settings.memory_mib,
+            s.processes,
+            s.restarts,
+            folders.join(",")
+        );
+    }
+    Ok(())
+}
+
+async fn logs(args: LogsArgs) -> Result<(), ApiError> {
+    let (client, mut notes) = Client::connect(None).await?;
+    if args.follow {
+        client.call::<EventsSubscribe>(SubscribeParams { session: Some(args.name.clone()) }).await?;
+    }
+    let logs =
+        client.call::<SessionLogsMethod>(LogsParams { name: args.name.clone(), lines: Some(args.lines) }).await?;
+    println!("== console");
+    for l in &logs.console {
+        println!("{l}");
+    }
+    println!("== events");
+    for ev in &logs.events {
+        print_event(ev, false);
+    }
+    if args.follow {
+        while let Some(n) = notes.recv().await {
+            if let Ok(ev) = serde_json::from_value::<SessionEvent>(n.params) {
+                print_event(&ev, false);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs one command through umbrad; returns its exit status (as `vmctl run` does).
+async fn exec(args: ExecArgs) -> i32 {
+    match exec_inner(args).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("vmctl: error: {e:#}");
+            EXIT_UMBRA_ERROR
+        }
+    }
+}
+
+async fn exec_inner(args: ExecArgs) -> anyhow::Result<i32> {
+    let (client, mut notes) = Client::connect(None).await?;
+    let raw = if args.tty { RawTerminal::enable().ok() } else { None };
+    let params = SpawnParams {
+        session: args.name.clone(),
+        argv: args.command.clone(),
+        cwd: args.workdir.clone(),
+        env: args.env.iter().cloned().collect(),
+        tty: args.tty.then(|| crate::tty::size().unwrap_or(TtySize { rows: 24, cols: 80 })),
+        timeout_secs: args.timeout,
+    };
+    let spawned = match client.call::<ProcessSpawn>(params).await {
+        Ok(s) => s,
+        Err(e) => {
+            drop(raw);
+            eprintln!("vmctl: cannot run {:?}: {}", args.command[0], e.message);
+            return Ok(spawn_failure_status(&e));
+        }
+    };
+    let process = ProcessRef { session: args.name.clone(), process: spawned.process };
+    let stdin_client = client.clone();
+    let stdin_process = process.clone();
+    let mut host_stdin = crate::run::host_stdin_reader();
+    let stdin_task = tokio::spawn(async move {
+        while let Some(chunk) = host_stdin.recv().await {
+            let sent = match chunk {
+                Some(bytes) => {
+                    let data = Data::from_bytes(&bytes);
+                    let p =
+                        StdinParams { session: stdin_process.session.clone(), process: stdin_process.process, data };
+                    stdin_client.call::<ProcessStdin>(p).await
+                }
+                None => stdin_client.call::<ProcessCloseStdin>(stdin_process.clone()).await.map(|_| Done {}),
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    });
+    let code = drive(&client, &mut notes, &process, args.tty).await;
+    stdin_task.abort();
+    drop(raw);
+    code
+}
+
+async fn drive(client: &Client, notes: &mut Notifications, process: &ProcessRef, tty: bool) -> anyhow::Result<i32> {
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let mut winch = signal(SignalKind::window_change())?;
+    let mut escalate: Option<tokio::time::Instant> = None;
+    let mut interrupted = None;
+    let kill = |signal: i32| {
+        let (client, p) = (client.clone(), process.clone());
+        tokio::spawn(async move {
+            let _ = client.call::<ProcessKill>(KillParams { session: p.session, process: p.process, signal }).await;
+        });
+    };
+    let far = || tokio::time::Instant::now() + Duration::from_secs(86400);
+    loop {
+        let sig = tokio::select! {
+            n = notes.recv() => {
+                let Some(n) = n else { bail!("umbrad closed the connection") };
+                if n.method == NOTIFY_LOST {
+                    continue;
+                }
+                if n.method != NOTIFY_PROCESS {
+                    continue;
+                }
+                let ev: SessionEvent = serde_json::from_value(n.params)?;
+                match &ev.kind {
+                    EventKind::Stdout { process: id, data } | EventKind::Stderr { process: id, data } if *id == process.process => {
+                        let bytes = data.to_bytes()?;
+                        let stream = if matches!(ev.kind, EventKind::Stdout { .. }) { Stream::Stdout } else { Stream::Stderr };
+                        let written = match stream {
+                            Stream::Stdout => std::io::stdout().write_all(&bytes).and_then(|()| std::io::stdout().flush()),
+                            Stream::Stderr => std::io::stderr().write_all(&bytes).and_then(|()| std::io::stderr().flush()),
+                        };
+                        if written.is_err() {
+                            kill(libc::SIGPIPE);
+                        }
+                        let ack = AckParams { session: process.session.clone(), process: process.process, stream, bytes: bytes.len() as u64 };
+                        client.notify::<ProcessAck>(ack).await?;
+                    }
+                    EventKind::Exit(e) if e.process == process.process => {
+                        if e.lost {
+                            bail!("{}", e.reason.clone().unwrap_or_else(|| "the session's VM went away".into()));
+                        }
+                        let mut e = e.clone();
+                        e.interrupted = e.interrupted.or(interrupted);
+                        return Ok(e.shell_status());
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            _ = sigint.recv() => libc::SIGINT,
+            _ = sigterm.recv() => libc::SIGTERM,
+            _ = sighup.recv() => libc::SIGHUP,
+            _ = winch.recv(), if tty => {
+                if let Some(sz) = crate::tty::size() {
+                    let p = ResizeParams { session: process.session.clone(), process: process.process, rows: sz.rows, cols: sz.cols };
+                    let _ = client.call::<ProcessResize>(p).await;
+                }
+                continue;
+            }
+            _ = tokio::time::sleep_until(escalate.unwrap_or_else(far)), if escalate.is_some() => {
+                escalate = None;
+                libc::SIGKILL
+            }
+        };
+        interrupted.get_or_insert(sig);
+        kill(sig);
+        if sig != libc::SIGKILL {
+            escalate.get_or_insert(tokio::time::Instant::now() + umbra_runtime::session::KILL_GRACE);
+        }
+    }
+}
