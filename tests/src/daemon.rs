@@ -170,6 +170,14 @@ impl Inbox {
         Self { notes, backlog: Default::default() }
     }
 
+    /// The next notification, whatever it is.
+    pub async fn next_raw(&mut self) -> Option<Notification> {
+        match self.backlog.pop_front() {
+            Some(n) => Some(n),
+            None => self.notes.recv().await,
+        }
+    }
+
     async fn next(&mut self, deadline: tokio::time::Instant) -> Result<Option<Notification>, ()> {
         if let Some(n) = self.backlog.pop_front() {
             return Ok(Some(n));

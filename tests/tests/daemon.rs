@@ -1,6 +1,7 @@
 //! umbrad over its real socket, with real VMs: what a desktop app relies on. Each test runs its
 //! own daemon in private XDG directories (`umbra_tests::daemon`).
 
+use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use umbra_api::methods::*;
@@ -254,4 +255,185 @@ async fn an_idle_session_stops_and_resumes_with_its_outputs_and_disk() {
         .unwrap();
     let (out, _, _) = process_output(&client, &mut notes, "idle", p.process, RUN).await;
     assert_eq!(String::from_utf8_lossy(&out), "report\nstate\n");
+}
+
+/// Sends raw lines and reads one response line per request.
+struct RawClient {
+    stream: tokio::io::BufReader<tokio::net::UnixStream>,
+}
+
+impl RawClient {
+    async fn connect(daemon: &TestDaemon) -> Self {
+        Self { stream: tokio::io::BufReader::new(tokio::net::UnixStream::connect(&daemon.socket).await.unwrap()) }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.stream.get_mut().write_all(bytes).await.unwrap();
+    }
+
+    async fn response(&mut self) -> serde_json::Value {
+        use tokio::io::AsyncBufReadExt;
+        let mut line = String::new();
+        tokio::time::timeout(Duration::from_secs(10), self.stream.read_line(&mut line)).await.unwrap().unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"))
+    }
+}
+
+fn error_code(v: &serde_json::Value) -> (i64, String) {
+    (v["error"]["code"].as_i64().unwrap_or(0), v["error"]["data"]["code"].as_str().unwrap_or("").to_string())
+}
+
+/// umbrad's peak resident memory so far, from /proc.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_and_slow_clients_hurt_neither_the_daemon_nor_other_clients() {
+    let daemon = TestDaemon::start("daemon-hostile", serde_json::json!({}));
+
+    // Another uid is refused before a request is read, even where file modes would let it in.
+    for dir in [daemon.dir.0.join("run"), daemon.dir.0.join("run/umbra")] {
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(&daemon.socket, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let script = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n\
+                  s.sendall(b'{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session.list\"}\\n')\n\
+                  print(s.makefile().readline(), end='')";
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(&daemon.socket)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run python3 as nobody");
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        answer.contains("\"unauthorized\"") && answer.contains("uid 65534"),
+        "{answer} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(daemon.log().contains("refused a client of uid 65534"), "the refusal is logged");
+
+    // Malformed input gets JSON-RPC errors and the connection carries on.
+    let mut raw = RawClient::connect(&daemon).await;
+    raw.send(b"{oops\n").await;
+    assert_eq!(error_code(&raw.response().await), (-32700, "parse_error".into()));
+    let mut huge = vec![b' '; 5 << 20];
+    huge.push(b'\n');
+    raw.send(&huge).await;
+    let r = raw.response().await;
+    assert_eq!(error_code(&r), (-32600, "invalid_request".into()));
+    assert!(r["error"]["message"].as_str().unwrap().contains("longer than"), "{r}");
+    raw.send(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"no.such\"}\n").await;
+    let r = raw.response().await;
+    assert_eq!((error_code(&r), r["id"].as_i64()), ((-32601, "method_not_found".into()), Some(1)));
+    raw.send(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"session.get\",\"params\":{\"nom\":1}}\n").await;
+    assert_eq!(error_code(&raw.response().await), (-32602, "invalid_params".into()));
+    raw.send(b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"daemon.info\"}\n").await;
+    let r = raw.response().await;
+    assert_eq!((r["id"].as_i64(), r["result"]["pid"].as_u64()), (Some(3), Some(daemon.pid() as u64)), "{r}");
+
+    // A subscriber that never reads does not stall a 100 MiB stream to another client.
+    let mut stuck = RawClient::connect(&daemon).await;
+    stuck.send(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"events.subscribe\"}\n").await;
+    let (client, mut notes) = daemon.client().await;
+    client.call::<SessionStart>(StartParams { name: "big".into(), ..Default::default() }).await.unwrap();
+    let before = peak_rss_kib(daemon.pid());
+    let p = client.call::<ProcessSpawn>(sh("big", "head -c 104857600 /dev/zero")).await.unwrap();
+    let started = std::time::Instant::now();
+    let (out, _, exit) = process_output(&client, &mut notes, "big", p.process, Duration::from_secs(600)).await;
+    let took = started.elapsed();
+    assert_eq!((out.len(), exit.code), (100 << 20, Some(0)));
+    assert!(out.iter().all(|&b| b == 0));
+    let after = peak_rss_kib(daemon.pid());
+    eprintln!("100 MiB through umbrad in {took:?}; umbrad peak RSS {before} KiB before, {after} KiB after");
+    assert!(after < before + 64 * 1024, "umbrad's memory stays bounded: peak {before} KiB -> {after} KiB");
+    // The stuck client is still connected, and the daemon still answers everyone.
+    client.call::<SessionStop>(SessionRef { name: "big".into() }).await.unwrap();
+    drop(stuck);
+    let info = client.call::<DaemonInfoMethod>(NoParams {}).await.unwrap();
+    assert_eq!(info.pid, daemon.pid());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_daemon_leaves_no_vm_behind_and_a_new_one_resumes_its_sessions() {
+    let mut daemon = TestDaemon::start("daemon-kill9", serde_json::json!({}));
+    let work = daemon.dir.0.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    {
+        let (client, mut notes) = daemon.client().await;
+        let folder = FolderSpec { path: work.clone(), name: None, mode: ShareMode::Rwd };
+        client
+            .call::<SessionStart>(StartParams { name: "k".into(), folders: vec![folder], ..Default::default() })
+            .await
+            .unwrap();
+        let p = client.call::<ProcessSpawn>(sh("k", "echo before > /root/mark && sync")).await.unwrap();
+        process_output(&client, &mut notes, "k", p.process, RUN).await;
+        let names: Vec<String> = daemon.helpers().into_iter().map(|(_, cmd)| cmd).collect();
+        for helper in ["qemu-system", "vhost-device-vsock", "umbra-fsd", "virtiofsd"] {
+            assert!(names.iter().any(|c| c.contains(helper)), "{helper} runs: {names:#?}");
+        }
+    }
+    daemon.kill9();
+    daemon.assert_no_helpers_within(Duration::from_secs(5));
+
+    daemon.launch();
+    let (client, mut notes) = daemon.client().await;
+    let list = client.call::<SessionListMethod>(NoParams {}).await.unwrap();
+    assert_eq!(list.sessions.len(), 1);
+    let k = &list.sessions[0];
+    assert_eq!((k.name.as_str(), k.status), ("k", SessionStatus::Stopped));
+    assert!(k.last_error.as_deref().unwrap_or("").contains("daemon"), "{:?}", k.last_error);
+    let info = client.call::<SessionResume>(SessionRef { name: "k".into() }).await.unwrap();
+    assert_eq!(info.status, SessionStatus::Ready);
+    assert!(info.folders.iter().any(|f| f.name == "work"), "{:?}", info.folders);
+    let p = client.call::<ProcessSpawn>(sh("k", "cat /root/mark")).await.unwrap();
+    let (out, _, _) = process_output(&client, &mut notes, "k", p.process, RUN).await;
+    assert_eq!(out, b"before\n", "the disk survived");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_32_starts_on_one_connection_all_become_ready() {
+    let daemon = TestDaemon::start("daemon-burst", serde_json::json!({ "memory_mib": 128 }));
+    let (client, mut notes) = daemon.client().await;
+    client.call::<EventsSubscribe>(SubscribeParams { session: None }).await.unwrap();
+    let started = std::time::Instant::now();
+    let starts =
+        (0..32).map(|i| client.call::<SessionStart>(StartParams { name: format!("s{i}"), ..Default::default() }));
+    let results = futures_util::future::join_all(starts).await;
+    let took = started.elapsed();
+    for (i, r) in results.iter().enumerate() {
+        let info = r.as_ref().unwrap_or_else(|e| panic!("s{i}: {e}"));
+        assert_eq!(info.status, SessionStatus::Ready, "s{i}");
+    }
+    eprintln!("32 sessions ready in {took:?}");
+    let mut queued = 0;
+    while let Ok(Some(n)) = tokio::time::timeout(Duration::from_millis(200), notes_next(&mut notes)).await {
+        if n.contains("\"boot_queued\"") {
+            queued += 1;
+        }
+    }
+    assert!(queued > 0, "some starts were queued (and said so)");
+    for i in 0..32 {
+        let s = format!("s{i}");
+        let p = client.call::<ProcessSpawn>(sh(&s, &format!("echo {i}"))).await.unwrap();
+        let (out, _, _) = process_output(&client, &mut notes, &s, p.process, RUN).await;
+        assert_eq!(String::from_utf8_lossy(&out), format!("{i}\n"));
+        let logs = client.call::<SessionLogsMethod>(LogsParams { name: s.clone(), lines: Some(1000) }).await.unwrap();
+        assert!(!logs.console.iter().any(|l| l.contains("Kernel panic")), "{s}: {:?}", logs.console);
+        let info = client.call::<SessionGet>(SessionRef { name: s.clone() }).await.unwrap();
+        assert_eq!(info.restarts, 0, "{s}");
+    }
+}
+
+/// The next notification's raw text (events of all kinds).
+async fn notes_next(inbox: &mut umbra_tests::daemon::Inbox) -> Option<String> {
+    inbox.next_raw().await.map(|n| serde_json::to_string(&n.params).unwrap())
 }

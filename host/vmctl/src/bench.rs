@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use umbra_runtime::backend::host::find_binary;
 use umbra_runtime::backend::{BackendKind, BootImage, KvmKind, Supervised, Vm, VmSpec, BASE_CMDLINE};
 
 use crate::paths;
@@ -71,7 +70,7 @@ async fn anchor_once(qemu: &Path, image: &BootImage, kvm: bool) -> anyhow::Resul
 pub async fn boot(args: BootBenchArgs) -> anyhow::Result<()> {
     let dir = crate::run::bundle_dir(&args.bundle)?;
     let image = BootImage::from_bundle_dir(&dir, &paths::extracted_dir())?;
-    let qemu = find_binary("qemu-system-x86_64", "UMBRA_QEMU").context("qemu-system-x86_64 not found")?;
+    let qemu = umbra_runtime::backend::host::QEMU.require()?;
     let kvm = KvmKind::detect() == KvmKind::Hardware;
     let runs = args.runs.max(1);
     println!("bundle {} · {} runs each · accel {}", image.version, runs, if kvm { "kvm" } else { "tcg" });

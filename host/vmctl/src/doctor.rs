@@ -5,7 +5,7 @@ use std::process::Command;
 
 use clap::Args;
 use serde_json::json;
-use umbra_runtime::backend::host::find_binary;
+use umbra_runtime::backend::host::{Program, PROGRAMS};
 use umbra_runtime::backend::KvmKind;
 
 use crate::paths;
@@ -33,13 +33,28 @@ fn version_of(bin: &Path, arg: &str) -> String {
         .unwrap_or_default()
 }
 
-fn binary(name: &'static str, env: &str, version_arg: &str, fix: &str) -> Check {
-    match find_binary(name, env) {
-        Some(p) => {
-            let v = version_of(&p, version_arg);
-            Check { name, ok: true, detail: format!("{} {v}", p.display()).trim().to_string(), fix: None }
+fn program(p: &Program) -> Check {
+    match p.find() {
+        Some(path) => {
+            // Third-party tools say which version they are; Umbra's own are this build.
+            let v = if p.ships_with_umbra { String::new() } else { version_of(&path, "--version") };
+            Check { name: p.name, ok: true, detail: format!("{} {v}", path.display()).trim().to_string(), fix: None }
         }
-        None => Check { name, ok: false, detail: "not found".into(), fix: Some(fix.into()) },
+        None => Check { name: p.name, ok: false, detail: "not found".into(), fix: Some(p.fix.into()) },
+    }
+}
+
+/// Whether umbrad answers on its socket (informational: `vmctl run` needs no daemon).
+fn daemon_check() -> Check {
+    let socket = umbra_api::paths::default_socket();
+    match std::os::unix::net::UnixStream::connect(&socket) {
+        Ok(_) => Check { name: "umbrad running", ok: true, detail: format!("serving {}", socket.display()), fix: None },
+        Err(e) => Check {
+            name: "umbrad running",
+            ok: false,
+            detail: format!("not at {} ({e}); `vmctl session` needs it, `vmctl run` does not", socket.display()),
+            fix: Some("umbrad (foreground), or systemctl --user start umbrad (host/daemon/umbrad.service)".into()),
+        },
     }
 }
 
@@ -55,18 +70,6 @@ fn kvm_check() -> (KvmKind, Check) {
     };
     let fix = (!ok).then(|| "use a host with VT-x/AMD-V and load kvm-intel or kvm-amd for native speed".to_string());
     (kind, Check { name: "kvm", ok, detail, fix })
-}
-
-fn vmm_check() -> Check {
-    match umbra_runtime::backend::kvm::find_vmm() {
-        Some(p) => Check { name: "umbra-vmm", ok: true, detail: p.display().to_string(), fix: None },
-        None => Check {
-            name: "umbra-vmm",
-            ok: false,
-            detail: "not found next to vmctl, on PATH or in UMBRA_VMM_BIN".into(),
-            fix: Some("cargo build -p umbra-vmm (it ships next to vmctl)".into()),
-        },
-    }
 }
 
 fn dirs_with(root: &Path, file: &str) -> Vec<String> {
@@ -104,27 +107,9 @@ pub fn run(args: DoctorArgs) -> i32 {
         })
         .collect();
     let bundles: Vec<String> = built.iter().map(|b| format!("{b} (built)")).chain(installed).collect();
-    let checks = vec![
-        kvm_check,
-        binary(
-            "qemu-system-x86_64",
-            "UMBRA_QEMU",
-            "--version",
-            "scripts/install-deps (apt-get install qemu-system-x86)",
-        ),
-        vmm_check(),
-        binary(
-            "vhost-device-vsock",
-            "UMBRA_VHOST_VSOCK",
-            "--version",
-            "scripts/install-deps (cargo install --locked vhost-device-vsock@0.3.0)",
-        ),
-        binary(
-            "virtiofsd",
-            "UMBRA_VIRTIOFSD",
-            "--version",
-            "scripts/install-deps (cargo install --locked virtiofsd@1.14.0)",
-        ),
+    let mut checks = vec![kvm_check];
+    checks.extend(PROGRAMS.iter().map(program));
+    checks.extend([
         Check {
             name: "kernel cache",
             ok: !kernels.is_empty(),
@@ -141,18 +126,21 @@ pub fn run(args: DoctorArgs) -> i32 {
             detail: if bundles.is_empty() { "none built".into() } else { bundles.join(", ") },
             fix: bundles.is_empty().then(|| "vmctl bundle build --flavor minimal, or vmctl bundle pull URL".into()),
         },
-    ];
+        daemon_check(),
+    ]);
     let (backend, why) = match umbra_runtime::backend::select::choose(umbra_api::BackendChoice::Auto) {
         Ok((b, why)) => (format!("{b:?}").to_lowercase(), why),
         Err(e) => ("none".into(), e.to_string()),
     };
-    let needed = ["qemu-system-x86_64", "vhost-device-vsock", "bundles"];
-    let runnable = checks.iter().filter(|c| needed.contains(&c.name)).all(|c| c.ok);
+    let ok = |names: &[&str]| checks.iter().filter(|c| names.contains(&c.name)).all(|c| c.ok);
+    // `vmctl run` on QEMU; sessions add folders (umbra-fsd, virtiofsd), the disk and the daemon.
+    let runnable = ok(&["qemu-system-x86_64", "vhost-device-vsock", "bundles"]);
+    let sessions = runnable && ok(&["umbra-fsd", "virtiofsd", "mkfs.ext4", "umbrad"]);
     if args.json {
         let items: Vec<_> =
             checks.iter().map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix})).collect();
         let doc = json!({"kvm": format!("{kvm:?}").to_lowercase(), "checks": items,
-            "auto_backend": backend, "why": why, "can_run": runnable});
+            "auto_backend": backend, "why": why, "can_run": runnable, "can_run_sessions": sessions});
         println!("{doc}");
     } else {
         for c in &checks {
@@ -170,6 +158,9 @@ pub fn run(args: DoctorArgs) -> i32 {
                 "this host cannot run sandboxes yet: apply the fixes above"
             }
         );
+        if runnable && !sessions {
+            println!("sessions (folders, disks, umbrad) need the missing pieces above");
+        }
     }
     if runnable {
         0

@@ -168,7 +168,7 @@ async fn start(args: StartArgs) -> Result<(), ApiError> {
             n = notes.recv() => match n {
                 Some(n) if n.method == NOTIFY_EVENT => {
                     if let Ok(ev) = serde_json::from_value::<SessionEvent>(n.params) {
-                        print_event(&ev, args.json);
+                        print_event(&ev, args.json, false);
                     }
                 }
                 _ => {}
@@ -192,7 +192,8 @@ async fn start(args: StartArgs) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn print_event(ev: &SessionEvent, json: bool) {
+/// Prints an event: JSON on stdout, or a line of text (on stdout for `logs`, stderr otherwise).
+fn print_event(ev: &SessionEvent, json: bool, to_stdout: bool) {
     if json {
         println!("{}", serde_json::to_string(ev).expect("events serialize"));
         return;
@@ -218,7 +219,11 @@ fn print_event(ev: &SessionEvent, json: bool) {
         other => other.name().to_string(),
     };
     let session = ev.session.as_deref().unwrap_or("-");
-    eprintln!("{session}: {line}");
+    if to_stdout {
+        println!("{session}: {line}");
+    } else {
+        eprintln!("{session}: {line}");
+    }
 }
 
 async fn ls(args: LsArgs) -> Result<(), ApiError> {
@@ -261,12 +266,12 @@ async fn logs(args: LogsArgs) -> Result<(), ApiError> {
     }
     println!("== events");
     for ev in &logs.events {
-        print_event(ev, false);
+        print_event(ev, false, true);
     }
     if args.follow {
         while let Some(n) = notes.recv().await {
             if let Ok(ev) = serde_json::from_value::<SessionEvent>(n.params) {
-                print_event(&ev, false);
+                print_event(&ev, false, true);
             }
         }
     }

@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use umbra_proto::SESSION_DISK_LABEL;
 
-use super::host::find_binary;
 use super::VmError;
 
 /// Creates the session disk at `path` unless it exists: a sparse file of `size_bytes` (a whole
@@ -55,7 +54,7 @@ pub fn ensure_session_disk(path: &Path, size_bytes: u64) -> Result<bool, VmError
             ),
         });
     }
-    let mkfs = find_mkfs_ext4()?;
+    let mkfs = super::host::MKFS_EXT4.require()?;
     let tmp = TempFile(temp_path(path));
     let file = OpenOptions::new()
         .write(true)
@@ -99,20 +98,6 @@ fn temp_path(path: &Path) -> PathBuf {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "disk".into());
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     path.with_file_name(format!(".{name}.tmp-{}-{n}", std::process::id()))
-}
-
-/// `UMBRA_MKFS_EXT4`, else PATH and ~/.cargo/bin, else the sbin directories that a non-root
-/// PATH often lacks.
-fn find_mkfs_ext4() -> Result<PathBuf, VmError> {
-    const ENV: &str = "UMBRA_MKFS_EXT4";
-    let found = find_binary("mkfs.ext4", ENV).or_else(|| {
-        // An override that points nowhere stays "not found" (see find_binary).
-        if std::env::var_os(ENV).is_some() {
-            return None;
-        }
-        ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"].into_iter().map(PathBuf::from).find(|p| p.is_file())
-    });
-    found.ok_or(VmError::Missing { what: "mkfs.ext4", fix: "apt-get install e2fsprogs" })
 }
 
 fn format(mkfs: &Path, image: &Path) -> Result<(), VmError> {

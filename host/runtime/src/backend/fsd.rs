@@ -9,7 +9,6 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdin, ChildStdout};
 
-use super::host::find_binary;
 use super::rundir::RunDir;
 use super::{Supervised, VmError};
 
@@ -35,16 +34,8 @@ fn failed(status: impl Into<String>, log: &Path) -> VmError {
 impl FolderServer {
     /// Starts umbra-fsd + virtiofsd for the VM in `run`; returns once virtiofsd listens.
     pub async fn start(run: &RunDir) -> Result<(Self, Supervised), VmError> {
-        let fsd = if std::env::var_os("UMBRA_FSD_BIN").is_some() {
-            find_binary("umbra-fsd", "UMBRA_FSD_BIN")
-        } else {
-            super::kvm::beside_current_exe("umbra-fsd").or_else(|| find_binary("umbra-fsd", "UMBRA_FSD_BIN"))
-        }
-        .ok_or(VmError::Missing { what: "umbra-fsd", fix: "build it (cargo build -p umbra-fsd) next to vmctl" })?;
-        let virtiofsd = find_binary("virtiofsd", "UMBRA_VIRTIOFSD").ok_or(VmError::Missing {
-            what: "virtiofsd",
-            fix: "run scripts/install-deps (cargo install --locked virtiofsd@1.14.0)",
-        })?;
+        let fsd = super::host::UMBRA_FSD.require()?;
+        let virtiofsd = super::host::VIRTIOFSD.require()?;
         let socket = run.join("virtiofsd.sock");
         let log = run.join("virtiofsd.log");
         let mut cmd = Command::new(&fsd);

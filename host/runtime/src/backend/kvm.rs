@@ -7,7 +7,6 @@ use std::process::Command;
 use std::time::Instant;
 
 use super::fsd::FolderServer;
-use super::host::find_binary;
 use super::rundir::{new_vm_id, RunDir};
 use super::{io, start_folder_server, BackendKind, GuestProcess, Launch, Vm, VmError, VmSpec};
 
@@ -18,21 +17,9 @@ use super::{io, start_folder_server, BackendKind, GuestProcess, Launch, Vm, VmEr
 pub const KVM_CMDLINE: &str = "console=ttyS0 reboot=k quiet panic=-1 no_timer_check";
 const GUEST_CID: u64 = 3;
 
-/// umbra-vmm: `UMBRA_VMM_BIN`, then next to the running executable (vmctl and umbra-vmm ship
-/// together), then PATH.
+/// umbra-vmm, if this host has it (see [`super::host::UMBRA_VMM`]).
 pub fn find_vmm() -> Option<PathBuf> {
-    if std::env::var_os("UMBRA_VMM_BIN").is_some() {
-        return find_binary("umbra-vmm", "UMBRA_VMM_BIN");
-    }
-    beside_current_exe("umbra-vmm").or_else(|| find_binary("umbra-vmm", "UMBRA_VMM_BIN"))
-}
-
-/// `name` in the directory of the running executable (Umbra's binaries ship together), or one
-/// level up (test binaries live in `target/<profile>/deps`).
-pub fn beside_current_exe(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?.to_path_buf();
-    [dir.join(name), dir.parent()?.join(name)].into_iter().find(|p| p.is_file())
+    super::host::UMBRA_VMM.find()
 }
 
 /// The VM description umbra-vmm reads (its `config::VmConfig`).
@@ -79,10 +66,7 @@ pub fn describe_exit(code: Option<i32>) -> Option<&'static str> {
 
 pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let started = Instant::now();
-    let vmm = find_vmm().ok_or(VmError::Missing {
-        what: "umbra-vmm",
-        fix: "build it (cargo build -p umbra-vmm) and keep it next to vmctl, or set UMBRA_VMM_BIN",
-    })?;
+    let vmm = super::host::UMBRA_VMM.require()?;
     let id = new_vm_id();
     let run = RunDir::create(&id).map_err(io("create the VM run directory"))?;
     let vsock_uds = run.join("vsock.sock");

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::fsd::FolderServer;
-use super::host::{find_binary, KvmKind};
+use super::host::KvmKind;
 use super::rundir::{new_vm_id, RunDir};
 use super::{
     io, log_file, start_folder_server, BackendKind, GuestProcess, Launch, Supervised, Vm, VmError, VmSpec, BASE_CMDLINE,
@@ -74,14 +74,8 @@ fn option_value(path: &Path) -> String {
 
 pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let started = Instant::now();
-    let qemu = find_binary("qemu-system-x86_64", "UMBRA_QEMU").ok_or(VmError::Missing {
-        what: "qemu-system-x86_64",
-        fix: "run scripts/install-deps (apt-get install qemu-system-x86)",
-    })?;
-    let vhost = find_binary("vhost-device-vsock", "UMBRA_VHOST_VSOCK").ok_or(VmError::Missing {
-        what: "vhost-device-vsock",
-        fix: "run scripts/install-deps (cargo install --locked vhost-device-vsock@0.3.0)",
-    })?;
+    let qemu = super::host::QEMU.require()?;
+    let vhost = super::host::VHOST_VSOCK.require()?;
     let id = new_vm_id();
     let run = RunDir::create(&id).map_err(io("create the VM run directory"))?;
     let vhost_sock = run.join("vhost-vsock.sock");

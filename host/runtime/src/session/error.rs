@@ -14,7 +14,7 @@ pub enum SessionError {
     NotFound(String),
     #[error("session {name:?} already exists and is {status}; resume it or delete it first")]
     Exists { name: String, status: SessionStatus },
-    #[error("session {name:?} is {status}: cannot {what}")]
+    #[error("session {name:?} is {status}: cannot {what}{}", resume_hint(*status))]
     InvalidState { name: String, status: SessionStatus, what: &'static str },
     #[error("{0}")]
     InvalidArgument(String),
@@ -71,6 +71,13 @@ impl From<SessionError> for ApiError {
 impl From<PathError> for SessionError {
     fn from(e: PathError) -> Self {
         SessionError::Share(ShareError::Path(e))
+    }
+}
+
+fn resume_hint(status: SessionStatus) -> &'static str {
+    match status {
+        SessionStatus::Stopped | SessionStatus::Failed => " (resume it first)",
+        _ => "",
     }
 }
 
