@@ -45,7 +45,7 @@ impl Default for DaemonConfig {
             idle_timeout_secs: 15 * 60,
             disk_size_mib: 8 * 1024,
             heartbeat_interval_secs: 5,
-            heartbeat_timeout_secs: 10,
+            heartbeat_timeout_secs: 15,
             max_restarts: 3,
             restart_window_secs: 300,
             max_concurrent_boots: 0,
@@ -193,6 +193,6 @@ mod tests {
     fn a_partial_config_file_takes_defaults_for_the_rest() {
         let c: DaemonConfig = serde_json::from_str(r#"{"cpus": 2}"#).unwrap();
         assert_eq!(c.cpus, 2);
-        assert_eq!(c.idle_timeout_secs, 900);
+        assert_eq!((c.idle_timeout_secs, c.heartbeat_timeout_secs), (900, 15));
     }
 }

@@ -385,7 +385,7 @@ mod tests {
         let chunks = [Data::from_bytes(a), Data::from_bytes(b)];
         assert!(chunks.iter().all(|c| c.encoding == Encoding::Base64));
         assert_eq!(Data::from_bytes(&[0u8; 64]).encoding, Encoding::Base64, "NULs would cost six bytes each");
-        assert_eq!(Data::from_bytes(b"\x1b[1mbold\x1b[0m, then plain text\n").encoding, Encoding::Utf8);
+        assert_eq!(Data::from_bytes(b"\x1b[1mbold\x1b[0m, then a line of plain text\n").encoding, Encoding::Utf8);
         let joined: Vec<u8> = chunks.iter().flat_map(|c| c.to_bytes().unwrap()).collect();
         assert_eq!(joined, text);
         assert!(Data { data: "!!".into(), encoding: Encoding::Base64 }.to_bytes().is_err());

@@ -174,6 +174,9 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
         // The daemon's defaults keep a session alive and watched; one command needs neither.
         disk_size_mib: Some(0),
         idle_timeout_secs: Some(0),
+        // Interactive and often on slow hosts (emulation, nested KVM): only a guest silent
+        // this long counts as hung. A VMM that dies is noticed within half a second anyway.
+        heartbeat_timeout_secs: Some(30),
         ..Default::default()
     });
     let session = tokio::select! {
