@@ -54,6 +54,12 @@ pub struct Exec {
     control: ExecControl,
 }
 
+impl std::fmt::Debug for Exec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exec").field("id", &self.id).field("pid", &self.pid).finish_non_exhaustive()
+    }
+}
+
 /// Controls a running process; cheap to clone, usable while another task reads its events.
 #[derive(Clone)]
 pub struct ExecControl {
@@ -226,6 +232,11 @@ impl Pump {
         let far = || tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
         let mut exit = loop {
             tokio::select! {
+                // The owner dropped its `Exec` while the process was quiet.
+                _ = self.out.closed(), if next.is_none() && !owner_gone => {
+                    owner_gone = true;
+                    self.send_signal(SIGKILL);
+                }
                 permit = self.out.reserve(), if next.is_some() && !owner_gone => match permit {
                     Ok(p) => p.send(next.take().expect("checked")),
                     Err(_) => {

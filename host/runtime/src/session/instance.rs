@@ -55,6 +55,12 @@ pub struct Session {
     last_activity: Mutex<Instant>,
 }
 
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("name", &self.name).field("status", &self.status()).finish_non_exhaustive()
+    }
+}
+
 struct State {
     record: SessionRecord,
     current: Option<Arc<Incarnation>>,
@@ -229,13 +235,22 @@ impl Session {
 
     /// Makes a stopped or failed session `starting` again; false if it already is active.
     pub(super) fn begin_resume(&self) -> Result<bool, SessionError> {
-        let status = self.status();
-        match status {
-            SessionStatus::Stopped | SessionStatus::Failed => {
-                self.status.send_replace(SessionStatus::Starting);
-                self.state.lock().unwrap().record.status = SessionStatus::Starting;
-                Ok(true)
+        // Checked and set in one step: of two concurrent resumes, one boots and one waits.
+        let mut seen = self.status();
+        let resumed = self.status.send_if_modified(|status| {
+            seen = *status;
+            if matches!(*status, SessionStatus::Stopped | SessionStatus::Failed) {
+                *status = SessionStatus::Starting;
+                true
+            } else {
+                false
             }
+        });
+        if resumed {
+            self.state.lock().unwrap().record.status = SessionStatus::Starting;
+            return Ok(true);
+        }
+        match seen {
             SessionStatus::Stopping => Err(self.invalid_state("resume while it is stopping")),
             _ => Ok(false),
         }
@@ -531,7 +546,12 @@ impl Session {
         let shared = machine.folders.list().last().expect("just shared");
         let info =
             FolderInfo { name: shared.name.clone(), host_path: shared.host_path.clone(), mode: spec.mode, guest_path };
-        inc.folder_infos.lock().unwrap().insert(0, info.clone());
+        {
+            // The user's folders come before the session's own (outputs, uploads).
+            let mut infos = inc.folder_infos.lock().unwrap();
+            let at = infos.iter().position(|f| f.name == crate::share::paths::OUTPUTS).unwrap_or(infos.len());
+            infos.insert(at, info.clone());
+        }
         {
             let mut state = self.state.lock().unwrap();
             // Record the canonical path and the name it got, so a restart mounts the same.
