@@ -158,7 +158,10 @@ async fn a_failed_vm_is_restarted_with_its_folders_and_disk() {
     // rwd, not rw: an rw share puts spawned processes under landlock, which (rightly) denies
     // them the ptrace access that writing /proc/1/mem needs.
     let folder = FolderSpec { path: work.clone(), name: None, mode: ShareMode::Rwd };
-    let start = StartParams { name: "r".into(), folders: vec![folder], ..Default::default() };
+    let draft = daemon.dir.0.join("draft");
+    std::fs::create_dir_all(&draft).unwrap();
+    let shadow = FolderSpec { path: draft, name: None, mode: ShareMode::Shadow };
+    let start = StartParams { name: "r".into(), folders: vec![folder, shadow], ..Default::default() };
     client.call::<SessionStart>(start).await.unwrap();
     let p = client.call::<ProcessSpawn>(sh("r", "echo kept > /root/on-disk.txt && sync")).await.unwrap();
     let (_, _, exit) = process_output(&client, &mut notes, "r", p.process, RUN).await;
@@ -175,6 +178,14 @@ async fn a_failed_vm_is_restarted_with_its_folders_and_disk() {
         wait_event(&mut notes, RUN, &format!("{how}: restarting"), |e| {
             matches!(e.kind, EventKind::Status { status: SessionStatus::Restarting, .. })
         })
+        .await;
+        // The agent is gone, so the shadow folder's changes cannot be saved: the event says so.
+        wait_event(
+            &mut notes,
+            RUN,
+            &format!("{how}: shadow_lost"),
+            |e| matches!(&e.kind, EventKind::ShadowLost { folder, .. } if folder == "draft"),
+        )
         .await;
         wait_event(
             &mut notes,
@@ -436,4 +447,90 @@ async fn a_burst_of_32_starts_on_one_connection_all_become_ready() {
 /// The next notification's raw text (events of all kinds).
 async fn notes_next(inbox: &mut umbra_tests::daemon::Inbox) -> Option<String> {
     inbox.next_raw().await.map(|n| serde_json::to_string(&n.params).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bundles_config_folders_files_and_shadows_through_the_daemon() {
+    let mut daemon = TestDaemon::start("daemon-surface", serde_json::json!({}));
+    let (client, mut notes) = daemon.client().await;
+    client.call::<EventsSubscribe>(SubscribeParams { session: None }).await.unwrap();
+
+    // Bundles: download with progress events, status, reinstall, and boot from the store.
+    let url = format!("file://{}", umbra_tests::test_bundle("minimal").display());
+    let got = client.call::<BundleDownload>(DownloadParams { url: Some(url.clone()), warm: false }).await.unwrap();
+    assert_eq!(got.how, umbra_bundle::PulledHow::Downloaded);
+    wait_event(&mut notes, RUN, "download progress", |e| matches!(e.kind, EventKind::DownloadProgress(_))).await;
+    let status = client.call::<BundleStatusMethod>(NoParams {}).await.unwrap();
+    assert_eq!(status.current.as_deref(), Some(got.version.as_str()));
+    let again = client.call::<BundleDeleteAndReinstall>(DownloadParams { url: Some(url), warm: false }).await.unwrap();
+    assert_eq!((again.version.as_str(), again.how), (got.version.as_str(), umbra_bundle::PulledHow::Downloaded));
+
+    // Config: set, validated, persisted across a daemon restart.
+    let e = client.call::<ConfigSet>(umbra_api::ConfigPatch { cpus: Some(0), ..Default::default() }).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidParams);
+    let patch = umbra_api::ConfigPatch { bundle: Some("current".into()), memory_mib: Some(200), ..Default::default() };
+    let config = client.call::<ConfigSet>(patch).await.unwrap();
+    assert_eq!((config.bundle.as_str(), config.memory_mib), ("current", 200));
+    drop(client);
+    daemon.terminate();
+    daemon.launch();
+    let (client, mut notes) = daemon.client().await;
+    let config = client.call::<ConfigGet>(NoParams {}).await.unwrap();
+    assert_eq!((config.bundle.as_str(), config.memory_mib), ("current", 200));
+
+    // A session from the installed bundle, folders mounted and unmounted while it runs.
+    let info = client.call::<SessionStart>(StartParams { name: "f".into(), ..Default::default() }).await.unwrap();
+    assert_eq!((info.settings.memory_mib, info.vm.unwrap().bundle_version), (200, got.version.clone()));
+    let proj = daemon.dir.0.join("proj");
+    std::fs::create_dir_all(proj.join("src")).unwrap();
+    std::fs::write(proj.join("src/lib.rs"), b"old\n").unwrap();
+    let mounted = client
+        .call::<FolderMount>(MountParams {
+            session: "f".into(),
+            folder: FolderSpec { path: proj.clone(), name: None, mode: ShareMode::Shadow },
+        })
+        .await
+        .unwrap();
+    assert_eq!(mounted.guest_path, "/sessions/f/mnt/proj");
+    let p = client
+        .call::<ProcessSpawn>(sh("f", "cd /sessions/f/mnt/proj && echo new > src/lib.rs && echo x > added.txt"))
+        .await
+        .unwrap();
+    process_output(&client, &mut notes, "f", p.process, RUN).await;
+    let stat = client
+        .call::<FileStatMethod>(PathParams { session: "f".into(), path: "/sessions/f/mnt/proj/added.txt".into() })
+        .await
+        .unwrap();
+    assert_eq!(stat.size, 2);
+    let list = client
+        .call::<FileList>(ListParams { session: "f".into(), path: "/sessions/f/mnt/proj".into(), limit: None })
+        .await
+        .unwrap();
+    let mut names: Vec<_> = list.entries.iter().map(|e| e.name.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["added.txt", "src"]);
+
+    let diff = client.call::<ShadowDiff>(ShadowParams { session: "f".into(), folder: "proj".into() }).await.unwrap();
+    let mut paths: Vec<_> = diff.changes.iter().map(|c| c.path.as_str()).collect();
+    paths.sort();
+    assert_eq!(paths, ["added.txt", "src/lib.rs"]);
+    assert_eq!(std::fs::read(proj.join("src/lib.rs")).unwrap(), b"old\n", "the host is untouched");
+    let exported = client
+        .call::<ShadowExport>(ExportParams { session: "f".into(), folder: "proj".into(), dest: None })
+        .await
+        .unwrap();
+    assert!(exported.bytes > 0 && exported.path.exists(), "{exported:?}");
+    let report = client.call::<ShadowApply>(ShadowParams { session: "f".into(), folder: "proj".into() }).await.unwrap();
+    assert_eq!(report.applied.len(), 2, "{report:?}");
+    assert_eq!(std::fs::read(proj.join("src/lib.rs")).unwrap(), b"new\n");
+    client.call::<ShadowReset>(ShadowParams { session: "f".into(), folder: "proj".into() }).await.unwrap();
+
+    client.call::<FolderUnmount>(UnmountParams { session: "f".into(), name: "proj".into() }).await.unwrap();
+    let info = client.call::<SessionGet>(SessionRef { name: "f".into() }).await.unwrap();
+    assert!(!info.folders.iter().any(|f| f.name == "proj"), "{:?}", info.folders);
+    let e =
+        client.call::<FolderUnmount>(UnmountParams { session: "f".into(), name: "outputs".into() }).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidParams);
+    let logs = client.call::<SessionLogsMethod>(LogsParams { name: "f".into(), lines: None }).await.unwrap();
+    assert!(logs.events.iter().any(|e| matches!(e.kind, EventKind::FolderUnmounted { .. })));
 }
