@@ -13,6 +13,7 @@ pub mod error;
 pub mod event;
 pub mod methods;
 pub mod paths;
+pub mod reference;
 pub mod rpc;
 pub mod schema;
 pub mod session;
