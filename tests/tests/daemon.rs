@@ -5,6 +5,7 @@ use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 use umbra_api::methods::*;
+use umbra_api::session::SettingsPatch;
 use umbra_api::{Data, ErrorCode, EventKind, FolderSpec, SessionStatus};
 use umbra_proto::{ShareMode, TtySize};
 use umbra_tests::daemon::{boot_timeout_secs, process_output, wait_event, TestDaemon};
@@ -106,6 +107,7 @@ async fn a_client_runs_processes_in_separate_sessions_over_the_socket() {
     let w = WriteParams {
         session: "a".into(),
         path: a_dir.join("written.txt").display().to_string(),
+        host: true,
         data: Data::from_bytes(b"via the daemon\n"),
         append: false,
         offset: None,
@@ -117,6 +119,7 @@ async fn a_client_runs_processes_in_separate_sessions_over_the_socket() {
         .call::<FileRead>(ReadParams {
             session: "a".into(),
             path: "/sessions/a/mnt/work/written.txt".into(),
+            host: false,
             offset: 0,
             len: None,
         })
@@ -128,12 +131,20 @@ async fn a_client_runs_processes_in_separate_sessions_over_the_socket() {
         .call::<FileRead>(ReadParams {
             session: "a".into(),
             path: "/sessions/a/mnt/work/../../b".into(),
+            host: false,
             offset: 0,
             len: None,
         })
         .await
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidParams);
+    // A host path outside every shared folder is not translated (and not guessed at).
+    let stat = PathParams { session: "a".into(), path: daemon.dir.0.display().to_string(), host: true };
+    assert_eq!(client.call::<FileStatMethod>(stat).await.unwrap_err().code, ErrorCode::NotFound);
+    // Unknown params are refused, not ignored.
+    let raw = serde_json::json!({"name": "c", "memory": 1});
+    let e = client.call_raw("session.start", raw).await.unwrap_err();
+    assert!(e.code == ErrorCode::InvalidParams && e.message.contains("memory_mib"), "{e:?}");
 
     let list = client.call::<SessionListMethod>(NoParams {}).await.unwrap();
     assert_eq!(list.sessions.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
@@ -220,7 +231,11 @@ async fn an_idle_session_stops_and_resumes_with_its_outputs_and_disk() {
     let (client, mut notes) = daemon.client().await;
     client.call::<EventsSubscribe>(SubscribeParams { session: None }).await.unwrap();
     let info = client
-        .call::<SessionStart>(StartParams { name: "idle".into(), idle_timeout_secs: Some(5), ..Default::default() })
+        .call::<SessionStart>(StartParams {
+            name: "idle".into(),
+            settings: SettingsPatch { idle_timeout_secs: Some(5), ..Default::default() },
+            ..Default::default()
+        })
         .await
         .unwrap();
     let outputs = info.storage_dir.join("outputs");
@@ -462,21 +477,30 @@ async fn bundles_config_folders_files_and_shadows_through_the_daemon() {
     wait_event(&mut notes, RUN, "download progress", |e| matches!(e.kind, EventKind::DownloadProgress(_))).await;
     let status = client.call::<BundleStatusMethod>(NoParams {}).await.unwrap();
     assert_eq!(status.current.as_deref(), Some(got.version.as_str()));
-    let again = client.call::<BundleDeleteAndReinstall>(DownloadParams { url: Some(url), warm: false }).await.unwrap();
+    let again = client.call::<BundleDeleteAndReinstall>(ReinstallParams { url: Some(url) }).await.unwrap();
     assert_eq!((again.version.as_str(), again.how), (got.version.as_str(), umbra_bundle::PulledHow::Downloaded));
 
     // Config: set, validated, persisted across a daemon restart.
-    let e = client.call::<ConfigSet>(umbra_api::ConfigPatch { cpus: Some(0), ..Default::default() }).await.unwrap_err();
+    let e = client
+        .call::<ConfigSet>(umbra_api::ConfigPatch {
+            session: SettingsPatch { cpus: Some(0), ..Default::default() },
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidParams);
-    let patch = umbra_api::ConfigPatch { bundle: Some("current".into()), memory_mib: Some(200), ..Default::default() };
+    let patch = umbra_api::ConfigPatch {
+        session: SettingsPatch { bundle: Some("current".into()), memory_mib: Some(200), ..Default::default() },
+        ..Default::default()
+    };
     let config = client.call::<ConfigSet>(patch).await.unwrap();
-    assert_eq!((config.bundle.as_str(), config.memory_mib), ("current", 200));
+    assert_eq!((config.session.bundle.as_str(), config.session.memory_mib), ("current", 200));
     drop(client);
     daemon.terminate();
     daemon.launch();
     let (client, mut notes) = daemon.client().await;
     let config = client.call::<ConfigGet>(NoParams {}).await.unwrap();
-    assert_eq!((config.bundle.as_str(), config.memory_mib), ("current", 200));
+    assert_eq!((config.session.bundle.as_str(), config.session.memory_mib), ("current", 200));
 
     // A session from the installed bundle, folders mounted and unmounted while it runs.
     let info = client.call::<SessionStart>(StartParams { name: "f".into(), ..Default::default() }).await.unwrap();
@@ -498,12 +522,16 @@ async fn bundles_config_folders_files_and_shadows_through_the_daemon() {
         .unwrap();
     process_output(&client, &mut notes, "f", p.process, RUN).await;
     let stat = client
-        .call::<FileStatMethod>(PathParams { session: "f".into(), path: "/sessions/f/mnt/proj/added.txt".into() })
+        .call::<FileStatMethod>(PathParams {
+            session: "f".into(),
+            path: "/sessions/f/mnt/proj/added.txt".into(),
+            host: false,
+        })
         .await
         .unwrap();
     assert_eq!(stat.size, 2);
     let list = client
-        .call::<FileList>(ListParams { session: "f".into(), path: "/sessions/f/mnt/proj".into(), limit: None })
+        .call::<FileList>(ListParams { session: "f".into(), path: proj.display().to_string(), host: true, limit: None })
         .await
         .unwrap();
     let mut names: Vec<_> = list.entries.iter().map(|e| e.name.as_str()).collect();
@@ -525,7 +553,20 @@ async fn bundles_config_folders_files_and_shadows_through_the_daemon() {
     assert_eq!(std::fs::read(proj.join("src/lib.rs")).unwrap(), b"new\n");
     client.call::<ShadowReset>(ShadowParams { session: "f".into(), folder: "proj".into() }).await.unwrap();
 
+    // Unapplied changes are saved before a shadow folder goes away.
+    let p = client.call::<ProcessSpawn>(sh("f", "echo later > /sessions/f/mnt/proj/later.txt")).await.unwrap();
+    process_output(&client, &mut notes, "f", p.process, RUN).await;
+    client.call::<EventsSubscribe>(SubscribeParams { session: Some("f".into()) }).await.unwrap();
     client.call::<FolderUnmount>(UnmountParams { session: "f".into(), name: "proj".into() }).await.unwrap();
+    let saved =
+        wait_event(&mut notes, RUN, "shadow_exported", |e| matches!(e.kind, EventKind::ShadowExported { .. })).await;
+    match saved.kind {
+        EventKind::ShadowExported { folder, path } => {
+            assert_eq!(folder, "proj");
+            assert!(std::fs::metadata(&path).unwrap().len() > 0, "{}", path.display());
+        }
+        _ => unreachable!(),
+    }
     let info = client.call::<SessionGet>(SessionRef { name: "f".into() }).await.unwrap();
     assert!(!info.folders.iter().any(|f| f.name == "proj"), "{:?}", info.folders);
     let e =

@@ -9,11 +9,15 @@ use umbra_runtime::session::{ExecRequest, ManagerOptions, SessionManager};
 use umbra_tests::{test_bundle, TempDir};
 
 fn manager(dir: &TempDir) -> SessionManager {
-    let config = DaemonConfig {
+    let session = umbra_api::SessionSettings {
         bundle: test_bundle("minimal").display().to_string(),
         memory_mib: 256,
         disk_size_mib: 0,
         idle_timeout_secs: 0,
+        ..Default::default()
+    };
+    let config = DaemonConfig {
+        session,
         boot_timeout_secs: umbra_tests::daemon::boot_timeout_secs(),
         ..DaemonConfig::default()
     };

@@ -3,32 +3,25 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::session::{BackendChoice, SessionSettings};
+use crate::session::{SessionSettings, SettingsPatch};
 
 /// umbrad's configuration (`config.get`), persisted in `$XDG_CONFIG_HOME/umbra/umbrad.json`.
-/// Session fields are the defaults a `session.start` uses for what it does not set.
+/// The session fields (flattened: one flat object) are the defaults a `session.start` uses for
+/// what it does not set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct DaemonConfig {
-    pub memory_mib: u32,
-    pub cpus: u32,
-    /// 0: sessions never stop for being idle.
-    pub idle_timeout_secs: u64,
-    /// 0: no session disk (guest writes live in RAM).
-    pub disk_size_mib: u64,
-    pub heartbeat_interval_secs: u64,
-    pub heartbeat_timeout_secs: u64,
+    #[serde(flatten)]
+    pub session: SessionSettings,
     /// A session that fails more than this many times within `restart_window_secs` becomes
     /// `failed` instead of restarting again.
     pub max_restarts: u32,
+    /// The window `max_restarts` counts failures in.
     pub restart_window_secs: u64,
     /// Boots at once; further starts queue. 0: twice the host's CPU count.
     pub max_concurrent_boots: u32,
     /// How long a boot may take once it has a slot.
     pub boot_timeout_secs: u64,
-    /// Default bundle for sessions (see [`SessionSettings::bundle`]).
-    pub bundle: String,
-    pub backend: BackendChoice,
     /// Where `bundle.download` fetches from when it is not given a URL.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bundle_url: Option<String>,
@@ -40,18 +33,11 @@ pub struct DaemonConfig {
 impl Default for DaemonConfig {
     fn default() -> Self {
         Self {
-            memory_mib: 512,
-            cpus: 1,
-            idle_timeout_secs: 15 * 60,
-            disk_size_mib: 8 * 1024,
-            heartbeat_interval_secs: 5,
-            heartbeat_timeout_secs: 15,
+            session: SessionSettings::default(),
             max_restarts: 3,
             restart_window_secs: 300,
             max_concurrent_boots: 0,
             boot_timeout_secs: 30,
-            bundle: "current".into(),
-            backend: BackendChoice::Auto,
             bundle_url: None,
             auto_download: false,
         }
@@ -59,49 +45,28 @@ impl Default for DaemonConfig {
 }
 
 impl DaemonConfig {
-    /// The settings of a session that sets nothing itself.
-    pub fn session_defaults(&self) -> SessionSettings {
-        SessionSettings {
-            memory_mib: self.memory_mib,
-            cpus: self.cpus,
-            idle_timeout_secs: self.idle_timeout_secs,
-            disk_size_mib: self.disk_size_mib,
-            heartbeat_interval_secs: self.heartbeat_interval_secs,
-            heartbeat_timeout_secs: self.heartbeat_timeout_secs,
-            bundle: self.bundle.clone(),
-            backend: self.backend,
-        }
-    }
-
-    /// Applies `patch` (only the fields it sets) after checking every value.
-    pub fn apply(&mut self, patch: &ConfigPatch) -> Result<(), crate::ApiError> {
+    /// This configuration with `patch` applied (only the fields it sets), checked whole; `self`
+    /// is not changed, so a caller can persist the result before it takes effect.
+    pub fn patched(&self, patch: &ConfigPatch) -> Result<DaemonConfig, crate::ApiError> {
         let mut next = self.clone();
+        next.session = patch.session.applied_to(&self.session)?;
         macro_rules! set {
             ($($field:ident),*) => { $( if let Some(v) = &patch.$field { next.$field = v.clone(); } )* };
         }
-        set!(
-            memory_mib,
-            cpus,
-            idle_timeout_secs,
-            disk_size_mib,
-            heartbeat_interval_secs,
-            heartbeat_timeout_secs,
-            max_restarts,
-            restart_window_secs,
-            max_concurrent_boots,
-            boot_timeout_secs,
-            bundle,
-            backend,
-            auto_download
-        );
+        set!(max_restarts, restart_window_secs, max_concurrent_boots, boot_timeout_secs, auto_download);
         if let Some(url) = &patch.bundle_url {
             next.bundle_url = (!url.is_empty()).then(|| url.clone());
         }
-        next.session_defaults().validate()?;
-        if next.boot_timeout_secs == 0 {
+        next.validate()?;
+        Ok(next)
+    }
+
+    /// Checks every value (a configuration file is checked so when it is loaded).
+    pub fn validate(&self) -> Result<(), crate::ApiError> {
+        self.session.validate()?;
+        if self.boot_timeout_secs == 0 {
             return Err(crate::ApiError::invalid_params("boot_timeout_secs must be at least 1"));
         }
-        *self = next;
         Ok(())
     }
 }
@@ -109,33 +74,25 @@ impl DaemonConfig {
 /// A `config.set`: the fields to change.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ConfigPatch {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_mib: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpus: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idle_timeout_secs: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub disk_size_mib: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub heartbeat_interval_secs: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub heartbeat_timeout_secs: Option<u64>,
+    /// Defaults for new sessions.
+    #[serde(flatten)]
+    pub session: SettingsPatch,
+    /// Failures allowed within the restart window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_restarts: Option<u32>,
+    /// The restart window, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_window_secs: Option<u64>,
+    /// Boots at once (0: twice the CPU count); takes effect at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent_boots: Option<u32>,
+    /// Seconds a boot may take once admitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_timeout_secs: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bundle: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend: Option<BackendChoice>,
-    /// An empty string clears it.
+    /// The default download URL; an empty string clears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bundle_url: Option<String>,
+    /// Whether to download `bundle_url` into the warm slot in the background.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_download: Option<bool>,
 }
@@ -177,22 +134,29 @@ mod tests {
 
     #[test]
     fn a_patch_changes_only_what_it_sets_and_is_checked_whole() {
-        let mut c = DaemonConfig::default();
-        c.apply(&ConfigPatch { memory_mib: Some(256), ..Default::default() }).unwrap();
-        assert_eq!((c.memory_mib, c.cpus), (256, 1));
-        let err = c.apply(&ConfigPatch { cpus: Some(2), memory_mib: Some(1), ..Default::default() }).unwrap_err();
+        let c = DaemonConfig::default();
+        let patch = |session: SettingsPatch| ConfigPatch { session, ..Default::default() };
+        let c = c.patched(&patch(SettingsPatch { memory_mib: Some(256), ..Default::default() })).unwrap();
+        assert_eq!((c.session.memory_mib, c.session.cpus), (256, 1));
+        let err =
+            c.patched(&patch(SettingsPatch { cpus: Some(2), memory_mib: Some(1), ..Default::default() })).unwrap_err();
         assert_eq!(err.code, crate::ErrorCode::InvalidParams);
-        assert_eq!((c.memory_mib, c.cpus), (256, 1), "a rejected patch changes nothing");
-        c.apply(&ConfigPatch { bundle_url: Some("http://127.0.0.1:1/b".into()), ..Default::default() }).unwrap();
+        let c =
+            c.patched(&ConfigPatch { bundle_url: Some("http://127.0.0.1:1/b".into()), ..Default::default() }).unwrap();
         assert!(c.bundle_url.is_some());
-        c.apply(&ConfigPatch { bundle_url: Some(String::new()), ..Default::default() }).unwrap();
+        let c = c.patched(&ConfigPatch { bundle_url: Some(String::new()), ..Default::default() }).unwrap();
         assert!(c.bundle_url.is_none());
+        assert!(c.patched(&ConfigPatch { boot_timeout_secs: Some(0), ..Default::default() }).is_err());
     }
 
     #[test]
-    fn a_partial_config_file_takes_defaults_for_the_rest() {
-        let c: DaemonConfig = serde_json::from_str(r#"{"cpus": 2}"#).unwrap();
-        assert_eq!(c.cpus, 2);
-        assert_eq!((c.idle_timeout_secs, c.heartbeat_timeout_secs), (900, 15));
+    fn the_file_is_one_flat_object_and_missing_fields_take_defaults() {
+        let c: DaemonConfig = serde_json::from_str(r#"{"cpus": 2, "max_restarts": 7}"#).unwrap();
+        assert_eq!((c.session.cpus, c.max_restarts), (2, 7));
+        assert_eq!((c.session.idle_timeout_secs, c.session.heartbeat_timeout_secs), (900, 15));
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["memory_mib"], 512, "flat: {json}");
+        let bad: DaemonConfig = serde_json::from_str(r#"{"memory_mib": 1}"#).unwrap();
+        assert_eq!(bad.validate().unwrap_err().code, crate::ErrorCode::InvalidParams);
     }
 }

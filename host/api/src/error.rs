@@ -16,6 +16,7 @@ pub enum ErrorCode {
     ParseError,
     /// Valid JSON, but not a JSON-RPC 2.0 request (or a line longer than the limit).
     InvalidRequest,
+    /// No method of that name (see `daemon.info`'s `api_version`).
     MethodNotFound,
     /// The parameters do not match the method's schema, or a value is out of range.
     InvalidParams,
@@ -42,6 +43,7 @@ pub enum ErrorCode {
     SessionLost,
     /// The guest agent refused the request for a reason not covered above.
     GuestError,
+    /// The guest did not answer in time.
     Timeout,
     /// A request, a file or an output exceeds a limit.
     TooLarge,
@@ -51,6 +53,7 @@ pub enum ErrorCode {
     BundleError,
     /// A host I/O error (disk full, permissions on the host's own directories).
     Io,
+    /// Not possible with this session, host or build (for example, a session without storage).
     Unsupported,
     /// The connecting user is not allowed to use this daemon.
     Unauthorized,

@@ -97,6 +97,7 @@ pub enum EventKind {
     IdleStop {
         idle_secs: u64,
     },
+    /// A folder is shared (at start, after a restart or resume, or by `folder.mount`).
     FolderMounted {
         name: String,
         host_path: PathBuf,
@@ -148,11 +149,13 @@ pub enum EventKind {
         process: u64,
         error: ApiError,
     },
+    /// Output of a process (to its owner only).
     Stdout {
         process: u64,
         #[serde(flatten)]
         data: Data,
     },
+    /// Error output of a process (to its owner only).
     Stderr {
         process: u64,
         #[serde(flatten)]
@@ -263,9 +266,10 @@ pub fn spawn_failure_status(error: &ApiError) -> i32 {
     }
 }
 
-/// Bytes in JSON: UTF-8 text as it is, anything else in base64. A chunk boundary can split a
-/// multi-byte character, so one stream may mix both; decoding each chunk and concatenating
-/// gives the exact bytes.
+/// Bytes in JSON: `data` holds UTF-8 text as it is (`encoding` absent or `utf8`) or base64
+/// (`encoding: base64`). Output uses text where it is valid UTF-8 without many control
+/// characters; a chunk boundary can split a character, so one stream may mix both, and
+/// decoding each chunk and concatenating gives the exact bytes. File contents are base64.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Data {
     pub data: String,

@@ -14,13 +14,13 @@ use umbra_proto::{DirEntry, FileStat, ShadowChange, ShareMode, TtySize};
 
 use crate::config::{ConfigPatch, DaemonConfig};
 use crate::event::{Data, SessionEvent, ShadowApplyReport};
-use crate::session::{BackendChoice, FolderInfo, FolderSpec, SessionInfo};
+use crate::session::{FolderInfo, FolderSpec, SessionInfo, SettingsPatch};
 
 /// A method: its wire name and the types of its params and result.
 pub trait Method {
     const NAME: &'static str;
-    type Params: Serialize + DeserializeOwned + JsonSchema;
-    type Result: Serialize + DeserializeOwned + JsonSchema;
+    type Params: Serialize + DeserializeOwned + JsonSchema + 'static;
+    type Result: Serialize + DeserializeOwned + JsonSchema + 'static;
 }
 
 /// Params of methods that take none (`{}` or absent).
@@ -37,7 +37,8 @@ pub struct Done {}
 pub struct DaemonInfo {
     /// umbrad's version.
     pub version: String,
-    /// The IPC contract's version (`major.minor`); a client refuses a different major.
+    /// The IPC contract's version (`major.minor`): a client should refuse a daemon of another
+    /// major version.
     pub api_version: String,
     pub pid: u32,
     pub uid: u32,
@@ -50,9 +51,9 @@ pub struct BundleStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current: Option<String>,
     pub installed: Vec<umbra_bundle::InstalledInfo>,
-    /// A download in progress (its latest progress event).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub downloading: Option<umbra_bundle::Progress>,
+    /// Downloads in progress (the latest progress event of each).
+    #[serde(default)]
+    pub downloading: Vec<umbra_bundle::Progress>,
     /// The configured bundle URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
@@ -71,6 +72,15 @@ pub struct DownloadParams {
     pub warm: bool,
 }
 
+/// Params of `bundle.delete_and_reinstall`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ReinstallParams {
+    /// `http(s)://` or `file://` of the bundle to download again; default: the configured
+    /// `bundle_url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Downloaded {
     pub version: String,
@@ -81,28 +91,17 @@ pub struct Downloaded {
 
 // ---- sessions ----------------------------------------------------------------------------
 
+/// Params of `session.start`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct StartParams {
-    /// `[A-Za-z0-9._-]`, at most 64 bytes.
+    /// The session's name: `[A-Za-z0-9._-]`, at most 64 bytes.
     pub name: String,
+    /// Host folders to share at `/sessions/<name>/mnt/<folder>`.
     #[serde(default)]
     pub folders: Vec<FolderSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_mib: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpus: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idle_timeout_secs: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub disk_size_mib: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub heartbeat_interval_secs: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub heartbeat_timeout_secs: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bundle: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend: Option<BackendChoice>,
+    /// Settings that differ from the daemon's defaults (flattened: `memory_mib`, `cpus`, …).
+    #[serde(flatten)]
+    pub settings: SettingsPatch,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -243,18 +242,24 @@ pub struct UnmountParams {
     pub name: String,
 }
 
-/// A path in the session: a guest path (`/sessions/<name>/mnt/<folder>/…` or anywhere else in
-/// the guest), or a host path inside one of its shared folders, which is translated.
+/// A path in the session: a guest path (absolute, no `..`), or with `host` a host path inside
+/// one of the session's shared folders, translated to its guest path.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct PathParams {
     pub session: String,
     pub path: String,
+    /// `path` is a host path inside a shared folder.
+    #[serde(default)]
+    pub host: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ReadParams {
     pub session: String,
     pub path: String,
+    /// `path` is a host path inside a shared folder.
+    #[serde(default)]
+    pub host: bool,
     #[serde(default)]
     pub offset: u64,
     /// At most [`MAX_FILE_CHUNK`] bytes (the default).
@@ -277,6 +282,9 @@ pub struct FileData {
 pub struct WriteParams {
     pub session: String,
     pub path: String,
+    /// `path` is a host path inside a shared folder.
+    #[serde(default)]
+    pub host: bool,
     #[serde(flatten)]
     pub data: Data,
     /// Append instead of replacing the file.
@@ -301,6 +309,9 @@ pub struct Written {
 pub struct ListParams {
     pub session: String,
     pub path: String,
+    /// `path` is a host path inside a shared folder.
+    #[serde(default)]
+    pub host: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
 }
@@ -408,8 +419,9 @@ methods! {
     BundleStatusMethod = "bundle.status" (NoParams) -> BundleStatus;
     /// Downloads, verifies and installs a bundle (progress as `download_progress` events).
     BundleDownload = "bundle.download" (DownloadParams) -> Downloaded;
-    /// Removes the current bundle and downloads it again.
-    BundleDeleteAndReinstall = "bundle.delete_and_reinstall" (DownloadParams) -> Downloaded;
+    /// Downloads a bundle again from scratch even if it is installed; the installed copy is
+    /// replaced only once the new one is verified.
+    BundleDeleteAndReinstall = "bundle.delete_and_reinstall" (ReinstallParams) -> Downloaded;
     /// Creates and boots a session; returns once it is ready. Starting a session that is
     /// already starting waits for that start.
     SessionStart = "session.start" (StartParams) -> SessionInfo;

@@ -167,15 +167,68 @@ fn check_request(value: Value) -> Result<Request, (Option<Id>, ApiError)> {
 }
 
 /// Decodes a method's params; absent params read as `{}` (so methods whose params are all
-/// optional can be called without any), an array holds them by position: `[params]`.
-pub fn decode_params<P: serde::de::DeserializeOwned>(params: Option<Value>) -> Result<P, ApiError> {
+/// optional can be called without any), an array holds them by position: `[params]`. A field
+/// the method does not take is an error, not ignored: a typo (`memory` for `memory_mib`) must
+/// not silently start a session with the default.
+pub fn decode_params<P: serde::de::DeserializeOwned + schemars::JsonSchema + 'static>(
+    params: Option<Value>,
+) -> Result<P, ApiError> {
     let value = match params {
         None => Value::Object(Default::default()),
         Some(Value::Array(mut items)) if items.len() == 1 => items.remove(0),
         Some(Value::Array(_)) => return Err(ApiError::invalid_params("positional params take exactly one object")),
         Some(v) => v,
     };
+    if let Value::Object(fields) = &value {
+        let known = known_fields::<P>();
+        if let Some(unknown) = fields.keys().find(|k| !known.contains(k.as_str())) {
+            let list: Vec<&str> = known.iter().map(String::as_str).collect();
+            return Err(ApiError::invalid_params(format!(
+                "unknown field {unknown:?}; this method takes {}",
+                if list.is_empty() { "no params".to_string() } else { list.join(", ") }
+            )));
+        }
+    }
     serde_json::from_value(value).map_err(|e| ApiError::invalid_params(format!("invalid params: {e}")))
+}
+
+/// The field names a params type takes, read off its JSON Schema (flattened fields included),
+/// computed once per type.
+fn known_fields<P: schemars::JsonSchema + 'static>() -> std::sync::Arc<std::collections::BTreeSet<String>> {
+    use std::any::TypeId;
+    use std::collections::{BTreeSet, HashMap};
+    use std::sync::{Arc, Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<TypeId, Arc<BTreeSet<String>>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(known) = cache.lock().unwrap().get(&TypeId::of::<P>()) {
+        return known.clone();
+    }
+    let root = schemars::generate::SchemaSettings::draft2020_12().into_generator().into_root_schema_for::<P>();
+    let root = root.as_value();
+    let mut known = BTreeSet::new();
+    collect_properties(root, root, &mut known, 0);
+    let known = Arc::new(known);
+    cache.lock().unwrap().insert(TypeId::of::<P>(), known.clone());
+    known
+}
+
+fn collect_properties(schema: &Value, root: &Value, out: &mut std::collections::BTreeSet<String>, depth: u32) {
+    if depth > 8 {
+        return;
+    }
+    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+        out.extend(props.keys().cloned());
+    }
+    if let Some(reference) = schema.get("$ref").and_then(Value::as_str) {
+        if let Some(target) = reference.strip_prefix("#/$defs/").and_then(|name| root.get("$defs")?.get(name)) {
+            collect_properties(target, root, out, depth + 1);
+        }
+    }
+    for key in ["allOf", "anyOf", "oneOf"] {
+        for sub in schema.get(key).and_then(Value::as_array).into_iter().flatten() {
+            collect_properties(sub, root, out, depth + 1);
+        }
+    }
 }
 
 /// A line a client received: a response to one of its requests, or a notification.
@@ -235,7 +288,7 @@ mod tests {
 
     #[test]
     fn params_decode_by_name_or_position() {
-        #[derive(Deserialize, Debug, PartialEq)]
+        #[derive(Deserialize, Debug, PartialEq, JsonSchema)]
         struct P {
             name: String,
         }
@@ -245,6 +298,22 @@ mod tests {
         let e = decode_params::<P>(Some(serde_json::json!({"nom": "a"}))).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidParams);
         assert!(e.message.contains("name"), "{}", e.message);
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_flattened_ones_known() {
+        use crate::methods::{StartParams, StdinParams};
+        let e = decode_params::<StartParams>(Some(serde_json::json!({"name": "a", "memory": 1}))).unwrap_err();
+        assert!(e.message.contains("unknown field \"memory\"") && e.message.contains("memory_mib"), "{}", e.message);
+        let p: StartParams = decode_params(Some(serde_json::json!({"name": "a", "memory_mib": 300}))).unwrap();
+        assert_eq!(p.settings.memory_mib, Some(300), "a flattened field");
+        let p: StdinParams = decode_params(Some(
+            serde_json::json!({"session": "s", "process": 1, "data": "aGk=", "encoding": "base64"}),
+        ))
+        .unwrap();
+        assert_eq!(p.data.to_bytes().unwrap(), b"hi");
+        let e = decode_params::<crate::methods::NoParams>(Some(serde_json::json!({"x": 1}))).unwrap_err();
+        assert!(e.message.contains("no params"), "{}", e.message);
     }
 
     #[test]

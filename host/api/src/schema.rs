@@ -21,7 +21,7 @@ pub fn document() -> Value {
     let lost = gen.subschema_for::<EventsLost>();
     let notifications = json!({
         NOTIFY_EVENT: { "summary": "A lifecycle event of a subscribed session (or of the host).", "params": event },
-        NOTIFY_PROCESS: { "summary": "Output, spawn failure or exit of a process this connection spawned.", "params": event },
+        NOTIFY_PROCESS: { "summary": "Events of a process this connection spawned: spawned, stdout, stderr, then exit.", "params": event },
         NOTIFY_LOST: { "summary": "Subscribed events were dropped because this client read too slowly.", "params": lost },
     });
     let errors: Vec<Value> = ErrorCode::ALL.iter().map(|c| json!({ "name": c.name(), "code": c.rpc_code() })).collect();

@@ -17,6 +17,7 @@ pub enum SessionStatus {
     Ready,
     /// The VM failed (missed heartbeat, lost agent, VMM exit) and is being booted again.
     Restarting,
+    /// Its processes and VM are being ended.
     Stopping,
     /// No VM; the session's folders, outputs and disk are kept, and it can be resumed.
     Stopped,
@@ -55,7 +56,9 @@ pub enum BackendChoice {
     /// The Umbra VMM where the CPU has VT-x/AMD-V, QEMU elsewhere.
     #[default]
     Auto,
+    /// Umbra's own VMM on KVM.
     Kvm,
+    /// QEMU (KVM acceleration where the host has it, emulation otherwise).
     Qemu,
 }
 
@@ -86,11 +89,14 @@ pub struct FolderInfo {
     pub guest_path: String,
 }
 
-/// How a session's VM is sized and watched. Every field has a default from the daemon's
-/// configuration; a session keeps the values it was started with.
+/// How a session's VM is sized and watched. A session keeps the values it was started with;
+/// what a start does not set comes from the daemon's configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default)]
 pub struct SessionSettings {
+    /// Guest memory.
     pub memory_mib: u32,
+    /// Guest vCPUs.
     pub cpus: u32,
     /// Stop the session after this long with no running process and no client activity; 0
     /// never stops it.
@@ -105,7 +111,75 @@ pub struct SessionSettings {
     /// Which bundle boots it: an installed version, `current`, or a built flavor (`minimal`,
     /// `standard`) or bundle directory.
     pub bundle: String,
+    /// Which VM backend runs it.
     pub backend: BackendChoice,
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        Self {
+            memory_mib: 512,
+            cpus: 1,
+            idle_timeout_secs: 15 * 60,
+            disk_size_mib: 8 * 1024,
+            heartbeat_interval_secs: 5,
+            heartbeat_timeout_secs: 15,
+            bundle: "current".into(),
+            backend: BackendChoice::Auto,
+        }
+    }
+}
+
+/// Session settings to change: only the fields given. `session.start` takes one (over the
+/// daemon's defaults), and so does `config.set` (the defaults themselves).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SettingsPatch {
+    /// Guest memory (64 to 65536).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u32>,
+    /// Guest vCPUs (1 to 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    /// Idle seconds before the session stops; 0 never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_secs: Option<u64>,
+    /// Size of the session disk; 0 for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_size_mib: Option<u64>,
+    /// Seconds between heartbeats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_interval_secs: Option<u64>,
+    /// Seconds a heartbeat may take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_timeout_secs: Option<u64>,
+    /// The bundle to boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
+    /// The VM backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendChoice>,
+}
+
+impl SettingsPatch {
+    /// `base` with the fields this patch sets; checked whole.
+    pub fn applied_to(&self, base: &SessionSettings) -> Result<SessionSettings, crate::ApiError> {
+        let mut s = base.clone();
+        macro_rules! set {
+            ($($field:ident),*) => { $( if let Some(v) = &self.$field { s.$field = v.clone(); } )* };
+        }
+        set!(
+            memory_mib,
+            cpus,
+            idle_timeout_secs,
+            disk_size_mib,
+            heartbeat_interval_secs,
+            heartbeat_timeout_secs,
+            bundle,
+            backend
+        );
+        s.validate()?;
+        Ok(s)
+    }
 }
 
 /// A session as `session.get` and `session.list` report it.

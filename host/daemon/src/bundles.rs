@@ -11,8 +11,8 @@ use crate::server::Daemon;
 
 #[derive(Default)]
 pub struct Bundles {
-    /// The latest progress of the download in progress, if one is.
-    downloading: Mutex<Option<Progress>>,
+    /// The latest progress of each download in progress, by URL.
+    downloading: Mutex<std::collections::BTreeMap<String, Progress>>,
 }
 
 impl Bundles {
@@ -21,7 +21,7 @@ impl Bundles {
         BundleStatus {
             current: store.current(),
             installed: store.list(),
-            downloading: self.downloading.lock().unwrap().clone(),
+            downloading: self.downloading.lock().unwrap().values().cloned().collect(),
             url: daemon.manager.config().bundle_url,
             root: store.root().to_path_buf(),
         }
@@ -41,15 +41,16 @@ impl Bundles {
             ApiError::invalid_params("no url given and no bundle_url configured (config.set {\"bundle_url\": …})")
         })?;
         let worker = daemon.clone();
+        let key = url.clone();
         let pulled = tokio::task::spawn_blocking(move || {
             let store = worker.manager.bundles().clone();
             let opts = PullOptions { warm, reinstall, ..PullOptions::default() };
             let mut progress = |p: &Progress| {
-                *worker.bundles.downloading.lock().unwrap() = Some(p.clone());
+                worker.bundles.downloading.lock().unwrap().insert(key.clone(), p.clone());
                 worker.manager.emit(SessionEvent::new(None, EventKind::DownloadProgress(p.clone())));
             };
             let result = store.pull(&url, &opts, &mut progress);
-            *worker.bundles.downloading.lock().unwrap() = None;
+            worker.bundles.downloading.lock().unwrap().remove(&key);
             result
         })
         .await

@@ -231,7 +231,8 @@ async fn handle_batch(
             Err((id, e)) => responses.push(Response::err(id, &e)),
             Ok(Request { id, method, params, .. }) => {
                 let Outcome { result, after } = if dispatch::is_ordered(&method) {
-                    Outcome::from(Err(ApiError::invalid_params(format!("{method} cannot be batched"))))
+                    let why = format!("{method} is applied in arrival order and cannot be batched");
+                    Outcome::from(Err(ApiError::new(ErrorCode::InvalidRequest, why)))
                 } else {
                     dispatch::dispatch(&conn, &method, params).await
                 };

@@ -66,20 +66,20 @@ pub fn is_ordered(method: &str) -> bool {
 }
 
 /// Applies an ordered method: stdin goes into the process's queue (answered once the guest
-/// took it), an ack widens its window at once.
+/// took it; `busy` when the queue is full, never a wait), an ack widens its window at once.
 pub async fn ordered(conn: &Arc<Connection>, request: Request) {
     let Request { id, method, params, .. } = request;
     let queued = match method.as_str() {
         ProcessStdin::NAME => match decode_params::<StdinParams>(params) {
             Ok(p) => match (owned(conn, &p.session, p.process), p.data.to_bytes()) {
-                (Ok(owned), Ok(bytes)) => owned.queue_stdin(StdinOp::Data(bytes.into()), id.clone()).await,
+                (Ok(owned), Ok(bytes)) => owned.queue_stdin(StdinOp::Data(bytes.into()), id.clone()),
                 (Err(e), _) | (_, Err(e)) => Err(e),
             },
             Err(e) => Err(e),
         },
         ProcessCloseStdin::NAME => match decode_params::<ProcessRef>(params) {
             Ok(p) => match owned(conn, &p.session, p.process) {
-                Ok(owned) => owned.queue_stdin(StdinOp::Close, id.clone()).await,
+                Ok(owned) => owned.queue_stdin(StdinOp::Close, id.clone()),
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),
@@ -119,15 +119,12 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
         ConfigGet::NAME => call::<ConfigGet, _, _>(params, |_| async { Ok(manager.config()) }).await,
         ConfigSet::NAME => {
             call::<ConfigSet, _, _>(params, |patch| async move {
-                let config = manager.set_config(&patch)?;
-                crate::settings::save(&daemon.options.config_path, &config).map_err(|e| {
-                    ApiError::new(
-                        ErrorCode::Io,
-                        format!(
-                            "the new settings apply but could not be saved to {}: {e}",
-                            daemon.options.config_path.display()
-                        ),
-                    )
+                let path = &daemon.options.config_path;
+                // Saved first: settings that took effect but vanish at the next start would lie.
+                let config = manager.set_config(&patch, |next| {
+                    crate::settings::save(path, next).map_err(|e| {
+                        ApiError::new(ErrorCode::Io, format!("cannot save the settings to {}: {e}", path.display()))
+                    })
                 })?;
                 if patch.auto_download == Some(true) || (patch.bundle_url.is_some() && config.auto_download) {
                     daemon.bundles.warm_in_background(daemon.clone());
@@ -214,7 +211,7 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
         FileRead::NAME => {
             call::<FileRead, _, _>(params, |p| async move {
                 let len = p.len.unwrap_or(MAX_FILE_CHUNK).min(MAX_FILE_CHUNK);
-                let (bytes, eof) = session(conn, &p.session)?.read_file(&p.path, p.offset, len).await?;
+                let (bytes, eof) = session(conn, &p.session)?.read_file(&p.path, p.host, p.offset, len).await?;
                 Ok(FileData { data: Data::base64(&bytes), eof })
             })
             .await
@@ -237,18 +234,20 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
                     (None, false) => WriteMode::Truncate,
                 };
                 let s = session(conn, &p.session)?;
-                let bytes = s.write_file(&p.path, &bytes, mode, p.create_dirs, p.permissions).await?;
+                let bytes = s.write_file(&p.path, p.host, &bytes, mode, p.create_dirs, p.permissions).await?;
                 Ok(Written { bytes })
             })
             .await
         }
         FileStatMethod::NAME => {
-            call::<FileStatMethod, _, _>(params, |p| async move { Ok(session(conn, &p.session)?.stat(&p.path).await?) })
-                .await
+            call::<FileStatMethod, _, _>(params, |p| async move {
+                Ok(session(conn, &p.session)?.stat(&p.path, p.host).await?)
+            })
+            .await
         }
         FileList::NAME => {
             call::<FileList, _, _>(params, |p| async move {
-                let (entries, truncated) = session(conn, &p.session)?.list_dir(&p.path, p.limit).await?;
+                let (entries, truncated) = session(conn, &p.session)?.list_dir(&p.path, p.host, p.limit).await?;
                 Ok(DirList { entries, truncated })
             })
             .await

@@ -18,7 +18,7 @@ use umbra_runtime::session::{Exec, ExecControl};
 use crate::connection::Connection;
 
 /// Stdin writes queued per process ahead of the guest.
-const STDIN_QUEUE: usize = 16;
+pub const STDIN_QUEUE: usize = 16;
 /// The most credit a client may hold per stream: acks beyond it are clamped (a client cannot
 /// make the daemon buffer more for it by acknowledging bytes it never received).
 const MAX_WINDOW: usize = 16 * OUTPUT_WINDOW as usize;
@@ -72,12 +72,22 @@ impl Owned {
         window.add_permits((bytes as usize).min(room));
     }
 
-    /// Queues stdin (or its end) in order; the response comes when the guest took it.
-    pub async fn queue_stdin(&self, op: StdinOp, id: Option<Id>) -> Result<(), ApiError> {
-        self.stdin
-            .send((op, id))
-            .await
-            .map_err(|_| ApiError::new(umbra_api::ErrorCode::NotFound, "the process has ended"))
+    /// Queues stdin (or its end) in order; the response comes when the guest took it. Never
+    /// waits: a full queue is `busy` (a client should keep at most [`STDIN_QUEUE`] writes
+    /// unanswered), so a process that does not read its stdin cannot stall the connection.
+    pub fn queue_stdin(&self, op: StdinOp, id: Option<Id>) -> Result<(), ApiError> {
+        self.stdin.try_send((op, id)).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => ApiError::new(
+                umbra_api::ErrorCode::Busy,
+                format!(
+                    "{STDIN_QUEUE} stdin writes of this process are still waiting for the guest to read them; \
+                     wait for their responses before sending more"
+                ),
+            ),
+            mpsc::error::TrySendError::Closed(_) => {
+                ApiError::new(umbra_api::ErrorCode::NotFound, "the process has ended")
+            }
+        })
     }
 
     /// The client went away: stop forwarding (dropping the process kills it).

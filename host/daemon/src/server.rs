@@ -62,8 +62,12 @@ pub struct Listening {
 }
 
 /// Creates the socket's private directory, takes the lock, removes a stale socket and listens.
+///
+/// The directory must be private to this user: umbrad creates it 0700; an existing one that
+/// others can enter is made private only when it is Umbra's own (`<runtime dir>/umbra`) — any
+/// other directory (`--socket /tmp/x.sock`) is refused rather than changed.
 pub fn bind(socket: &Path) -> anyhow::Result<Listening> {
-    let dir = socket.parent().context("the socket path has no directory")?;
+    let dir = socket.parent().filter(|d| !d.as_os_str().is_empty()).context("the socket path has no directory")?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -75,7 +79,14 @@ pub fn bind(socket: &Path) -> anyhow::Result<Listening> {
     if std::os::unix::fs::MetadataExt::uid(&meta) != uid {
         bail!("{} belongs to another user; refusing to put the socket there", dir.display());
     }
-    if meta.permissions().mode() & 0o077 != 0 {
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        if dir != umbra_api::paths::runtime_dir() {
+            bail!(
+                "{} is open to other users (mode {mode:o}); put the socket in a directory of its own (mode 0700)",
+                dir.display()
+            );
+        }
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("cannot make {} private", dir.display()))?;
     }
@@ -153,4 +164,29 @@ async fn refuse(mut stream: UnixStream, error: ApiError) {
     line.push(b'\n');
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(&line)).await;
     let _ = stream.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_socket_is_private_single_and_never_in_a_shared_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("private/umbrad.sock");
+        let first = bind(&socket).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(socket.parent().unwrap()), mode(&socket)), (0o700, 0o600));
+        let e = bind(&socket).err().expect("a second daemon is refused").to_string();
+        assert!(e.contains("another umbrad"), "{e}");
+        drop(first);
+        bind(&socket).expect("the lock holder replaces a stale socket");
+
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = bind(&shared.join("umbrad.sock")).err().expect("refused").to_string();
+        assert!(e.contains("open to other users"), "{e}");
+        assert_eq!(mode(&shared), 0o777, "left as it was");
+    }
 }

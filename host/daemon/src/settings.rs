@@ -14,8 +14,13 @@ pub fn default_path() -> PathBuf {
 /// error: silently replacing a user's settings with defaults would lose them.
 pub fn load(path: &Path) -> anyhow::Result<DaemonConfig> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| anyhow::anyhow!("{} is not a valid umbrad configuration: {e}", path.display())),
+        Ok(bytes) => {
+            let config: DaemonConfig = serde_json::from_slice(&bytes)
+                .map_err(|e| anyhow::anyhow!("{} is not a valid umbrad configuration: {e}", path.display()))?;
+            // Checked now: a value out of range would otherwise fail every session start.
+            config.validate().map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.message))?;
+            Ok(config)
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DaemonConfig::default()),
         Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
     }
@@ -42,9 +47,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("umbrad.json");
         assert_eq!(load(&path).unwrap(), DaemonConfig::default());
-        save(&path, &DaemonConfig { cpus: 3, ..Default::default() }).unwrap();
-        assert_eq!(load(&path).unwrap().cpus, 3);
+        let mut config = DaemonConfig::default();
+        config.session.cpus = 3;
+        save(&path, &config).unwrap();
+        assert_eq!(load(&path).unwrap().session.cpus, 3);
         std::fs::write(&path, b"{\"cpus\": \"many\"}").unwrap();
         assert!(load(&path).unwrap_err().to_string().contains("not a valid"));
+        std::fs::write(&path, b"{\"cpus\": 0}").unwrap();
+        assert!(load(&path).unwrap_err().to_string().contains("cpus"), "out of range is refused at load");
     }
 }

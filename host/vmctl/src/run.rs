@@ -15,6 +15,7 @@ use clap::{Args, ValueEnum};
 use tokio::signal::unix::{signal, SignalKind};
 use umbra_api::event::{spawn_failure_status, EXIT_UMBRA_ERROR};
 use umbra_api::methods::StartParams;
+use umbra_api::session::SettingsPatch;
 use umbra_api::{ApiError, DaemonConfig, EventKind, FolderSpec, SessionEvent};
 use umbra_proto::{ShareMode, TtySize};
 use umbra_runtime::session::{Exec, ExecRequest, ManagerOptions, Session, SessionManager};
@@ -141,14 +142,7 @@ impl Output {
 
 pub async fn run(args: RunArgs) -> i32 {
     let out = Output { json: args.json };
-    let config = DaemonConfig {
-        memory_mib: args.memory,
-        cpus: args.cpus,
-        bundle: args.bundle.clone(),
-        backend: args.backend.into(),
-        boot_timeout_secs: args.boot_timeout.max(1),
-        ..DaemonConfig::default()
-    };
+    let config = DaemonConfig { boot_timeout_secs: args.boot_timeout.max(1), ..DaemonConfig::default() };
     let manager = SessionManager::new(ManagerOptions::ephemeral(config));
     let result = run_in(&manager, &args, &out).await;
     manager.shutdown().await;
@@ -168,9 +162,11 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
     let mut bus = manager.subscribe();
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let start = manager.start(StartParams {
-        name: SESSION.into(),
-        folders: args.mounts.clone(),
+    let settings = SettingsPatch {
+        memory_mib: Some(args.memory),
+        cpus: Some(args.cpus),
+        bundle: Some(args.bundle.clone()),
+        backend: Some(args.backend.into()),
         // The daemon's defaults keep a session alive and watched; one command needs neither.
         disk_size_mib: Some(0),
         idle_timeout_secs: Some(0),
@@ -178,7 +174,8 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
         // this long counts as hung. A VMM that dies is noticed within half a second anyway.
         heartbeat_timeout_secs: Some(30),
         ..Default::default()
-    });
+    };
+    let start = manager.start(StartParams { name: SESSION.into(), folders: args.mounts.clone(), settings });
     let session = tokio::select! {
         s = start => s.context("the sandbox did not start")?,
         _ = sigint.recv() => bail!("interrupted during boot"),

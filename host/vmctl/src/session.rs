@@ -150,9 +150,7 @@ async fn start(args: StartArgs) -> Result<(), ApiError> {
     let (client, mut notes) = Client::connect(None).await?;
     // Show the boot's progress (queued, mounted, ready) while the start runs.
     client.call::<EventsSubscribe>(SubscribeParams { session: Some(args.name.clone()) }).await?;
-    let params = StartParams {
-        name: args.name.clone(),
-        folders: args.mounts,
+    let settings = umbra_api::session::SettingsPatch {
         memory_mib: args.memory,
         cpus: args.cpus,
         idle_timeout_secs: args.idle_timeout,
@@ -160,6 +158,7 @@ async fn start(args: StartArgs) -> Result<(), ApiError> {
         bundle: args.bundle,
         ..Default::default()
     };
+    let params = StartParams { name: args.name.clone(), folders: args.mounts, settings };
     let start = client.call::<SessionStart>(params);
     tokio::pin!(start);
     let info = loop {

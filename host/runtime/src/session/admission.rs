@@ -12,6 +12,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub struct Admission {
     slots: Arc<Semaphore>,
+    /// How many slots there are meant to be (see [`Admission::resize`]).
+    size: std::sync::Mutex<usize>,
     /// Boots waiting for a slot.
     waiting: AtomicU32,
 }
@@ -25,7 +27,25 @@ impl Admission {
     /// `slots` boots at once; 0 picks twice the host's CPU count.
     pub fn new(slots: usize) -> Self {
         let slots = if slots == 0 { default_slots() } else { slots };
-        Self { slots: Arc::new(Semaphore::new(slots)), waiting: AtomicU32::new(0) }
+        Self { slots: Arc::new(Semaphore::new(slots)), size: std::sync::Mutex::new(slots), waiting: AtomicU32::new(0) }
+    }
+
+    /// Changes how many boots run at once (0: the default). More slots admit waiting boots at
+    /// once; fewer take effect as running boots finish (their slots are retired, not returned).
+    pub fn resize(&self, slots: usize) {
+        let slots = if slots == 0 { default_slots() } else { slots };
+        let mut size = self.size.lock().unwrap();
+        if slots > *size {
+            self.slots.add_permits(slots - *size);
+        } else if slots < *size {
+            let (semaphore, retire) = (self.slots.clone(), (*size - slots) as u32);
+            tokio::spawn(async move {
+                if let Ok(permits) = semaphore.acquire_many_owned(retire).await {
+                    permits.forget();
+                }
+            });
+        }
+        *size = slots;
     }
 
     /// Waits for a boot slot. When none is free, `queued` is called first with the boot's
@@ -74,5 +94,24 @@ mod tests {
         assert_eq!(rx.recv().await.unwrap(), ("admitted", 0, 0), "the first in line goes first");
         assert!(rx.try_recv().is_err(), "one slot freed, one boot admitted");
         drop(waiters);
+    }
+
+    #[tokio::test]
+    async fn resizing_admits_more_at_once_or_retires_slots() {
+        let admission = Admission::new(1);
+        let _a = admission.enter(|_| panic!("a free slot")).await;
+        admission.resize(2);
+        let b = admission.enter(|_| panic!("the new slot is free")).await;
+        admission.resize(1);
+        drop(b);
+        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let queued = std::sync::atomic::AtomicBool::new(false);
+        let wait = tokio::time::timeout(
+            std::time::Duration::from_millis(100),
+            admission.enter(|_| queued.store(true, std::sync::atomic::Ordering::SeqCst)),
+        )
+        .await;
+        assert!(wait.is_err() && queued.load(std::sync::atomic::Ordering::SeqCst), "the freed slot was retired");
     }
 }

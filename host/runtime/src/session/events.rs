@@ -14,6 +14,34 @@ use std::sync::Mutex;
 use tokio::sync::broadcast;
 use umbra_api::{EventKind, SessionEvent};
 
+/// The most of an event log one `recent` reads.
+const TAIL_MAX_BYTES: u64 = 8 << 20;
+
+/// The last `n` lines of a file, reading backwards from its end (at most [`TAIL_MAX_BYTES`]).
+fn tail_lines(path: &std::path::Path, n: usize) -> Vec<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return Vec::new() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut start = len;
+    let mut buf: Vec<u8> = Vec::new();
+    while start > 0 && len - start < TAIL_MAX_BYTES && buf.iter().filter(|&&b| b == b'\n').count() <= n {
+        let step = start.min(64 * 1024);
+        start -= step;
+        let mut chunk = vec![0; step as usize];
+        if f.seek(SeekFrom::Start(start)).is_err() || f.read_exact(&mut chunk).is_err() {
+            break;
+        }
+        chunk.extend_from_slice(&buf);
+        buf = chunk;
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let mut lines: Vec<&str> = text.lines().collect();
+    if start > 0 && !lines.is_empty() {
+        lines.remove(0); // cut mid-line
+    }
+    lines[lines.len().saturating_sub(n)..].iter().map(|l| l.to_string()).collect()
+}
+
 /// Events a subscriber may fall behind before it starts losing them.
 pub const BUS_CAPACITY: usize = 1024;
 /// Lifecycle events kept in memory per session (for `session.logs` without a log directory).
@@ -82,10 +110,10 @@ impl EventBus {
     /// The last `n` lifecycle events of `session`, oldest first.
     pub fn recent(&self, session: &str, n: usize) -> Vec<SessionEvent> {
         match &self.log_dir {
-            Some(dir) => {
-                let tail = crate::backend::console::tail(&dir.join(format!("{session}.events")), n);
-                tail.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
-            }
+            Some(dir) => tail_lines(&dir.join(format!("{session}.events")), n)
+                .iter()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect(),
             None => {
                 let recent = self.recent.lock().unwrap();
                 let ring = recent.get(session).map(|r| r.iter().cloned().collect::<Vec<_>>()).unwrap_or_default();
@@ -143,6 +171,10 @@ mod tests {
             })
             .collect();
         assert_eq!(names, [SessionStatus::Starting, SessionStatus::Ready], "a restarted daemon still has them");
+        for _ in 0..2000 {
+            again.emit(status(SessionStatus::Ready));
+        }
+        assert_eq!(again.recent("a", 1500).len(), 1500, "beyond the last 64 KiB of the log");
         again.forget("a");
         assert!(again.recent("a", 10).is_empty());
 

@@ -257,7 +257,14 @@ impl Pump {
                             next = Some(output(|process, data| EventKind::Stderr { process, data }, self.id, &b));
                         }
                     }
-                    Some(ProcessEvent::Exit(status)) => break self.exit(status.code, status.signal),
+                    Some(ProcessEvent::Exit(status)) => {
+                        let mut exit = self.exit(status.code, status.signal);
+                        // Killed because its VM is ending (a stop): say so.
+                        if status.signal.is_some() {
+                            exit.reason = ctx.ended.borrow().clone();
+                        }
+                        break exit;
+                    }
                     Some(ProcessEvent::Spawned { .. }) => {}
                     Some(ProcessEvent::SpawnFailed(e)) => {
                         let mut exit = self.exit(None, Some(SIGKILL));

@@ -194,15 +194,15 @@ impl Incarnation {
         console
     }
 
-    /// Saves unapplied changes of every shadow folder as a tar in `dir`, if the agent answers;
-    /// reports what was saved and what could not be.
-    pub async fn export_shadows(&self, dir: &std::path::Path, report: &Report) {
+    /// Saves the unapplied changes of the shadow folders (all, or only `only`) as tars in `dir`,
+    /// if the agent answers; reports what was saved and what could not be.
+    pub async fn export_shadows(&self, dir: &std::path::Path, report: &Report, only: Option<&str>) {
         let machine = self.machine.lock().await;
         let shadows: Vec<String> = machine
             .folders
             .list()
             .iter()
-            .filter(|s| s.mode == umbra_proto::ShareMode::Shadow)
+            .filter(|s| s.mode == umbra_proto::ShareMode::Shadow && only.is_none_or(|o| o == s.name))
             .map(|s| s.name.clone())
             .collect();
         if shadows.is_empty() {
@@ -213,6 +213,14 @@ impl Incarnation {
             if !answers {
                 report(EventKind::ShadowLost { folder, reason: "the agent did not answer".into() });
                 continue;
+            }
+            // Nothing to save is not worth a file (or an event).
+            if let Ok(Ok(changes)) =
+                tokio::time::timeout(Duration::from_secs(10), machine.folders.shadow_diff(&machine.vm, &folder)).await
+            {
+                if changes.is_empty() {
+                    continue;
+                }
             }
             let path = dir.join(format!("shadow-{folder}-{}.tar", umbra_api::event::now_ms()));
             let exported = async {

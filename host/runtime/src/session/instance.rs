@@ -152,24 +152,36 @@ impl Session {
     /// The session as clients see it.
     pub fn info(&self) -> SessionInfo {
         let state = self.state.lock().unwrap();
-        let mut folders = match &state.current {
+        let folders = match &state.current {
             Some(inc) => inc.folder_infos.lock().unwrap().clone(),
-            None => Vec::new(),
+            // Not running: the folders it will get when it is resumed.
+            None => {
+                let mount = |name: &str| format!("/sessions/{}/mnt/{name}", self.name);
+                let mut folders: Vec<FolderInfo> = state
+                    .record
+                    .folders
+                    .iter()
+                    .map(|f| {
+                        let name = f.name.clone().unwrap_or_default();
+                        FolderInfo { guest_path: mount(&name), name, host_path: f.path.clone(), mode: f.mode }
+                    })
+                    .collect();
+                if let Some(dir) = self.storage_dir() {
+                    for (name, mode) in [
+                        (crate::share::paths::OUTPUTS, umbra_proto::ShareMode::Rwd),
+                        (crate::share::paths::UPLOADS, umbra_proto::ShareMode::Ro),
+                    ] {
+                        folders.push(FolderInfo {
+                            name: name.into(),
+                            host_path: dir.join(name),
+                            mode,
+                            guest_path: mount(name),
+                        });
+                    }
+                }
+                folders
+            }
         };
-        if state.current.is_none() {
-            // Not running: the folders it will get.
-            folders = state
-                .record
-                .folders
-                .iter()
-                .map(|f| FolderInfo {
-                    name: f.name.clone().unwrap_or_default(),
-                    host_path: f.path.clone(),
-                    mode: f.mode,
-                    guest_path: String::new(),
-                })
-                .collect();
-        }
         SessionInfo {
             name: self.name.clone(),
             status: self.status(),
@@ -348,7 +360,7 @@ impl Session {
         self.emit(EventKind::HeartbeatFailure { reason: reason.clone() });
         self.set_status(SessionStatus::Restarting, Some(reason.clone()));
         if let Some(dir) = self.storage_dir() {
-            failed.export_shadows(&dir, &self.report()).await;
+            failed.export_shadows(&dir, &self.report(), None).await;
         }
         let tail = failed.end(&format!("the session's VM failed ({reason}) and was restarted"), false).await;
         if console.is_empty() {
@@ -446,6 +458,10 @@ impl Session {
         self.set_status(SessionStatus::Stopping, Some(text.clone()));
         let current = self.state.lock().unwrap().current.take();
         if let Some(inc) = current {
+            // Shadow changes live in the guest: save them before the VM goes.
+            if let Some(dir) = self.storage_dir() {
+                inc.export_shadows(&dir, &self.report(), None).await;
+            }
             let console = inc.end(&text, true).await;
             self.state.lock().unwrap().last_console = console;
         }
@@ -572,6 +588,10 @@ impl Session {
             return Err(SessionError::InvalidArgument(format!("{name} is the session's own folder")));
         }
         let inc = self.running("unmount a folder").await?;
+        if let Some(dir) = self.storage_dir() {
+            // A shadow folder's unapplied changes would vanish with it: saved first.
+            inc.export_shadows(&dir, &self.report(), Some(name)).await;
+        }
         let mut machine = inc.machine.lock().await;
         let machine = &mut *machine;
         machine.folders.unshare(&mut machine.vm, name).await?;
@@ -587,9 +607,10 @@ impl Session {
 
     // ---- files ----------------------------------------------------------------------------
 
-    /// A client's path as a guest path: a host path inside a shared folder is translated; any
-    /// other path must be an absolute, clean guest path.
-    fn guest_path(&self, inc: &Incarnation, path: &str) -> Result<String, SessionError> {
+    /// A client's path as a guest path. Either way it must be absolute, without `..` or NUL;
+    /// with `host` it is a host path that must lie inside one of the session's shared folders
+    /// and is translated to that folder's guest path.
+    fn guest_path(&self, inc: &Incarnation, path: &str, host: bool) -> Result<String, SessionError> {
         let bad = |why: &str| Err(SessionError::InvalidArgument(format!("path {path:?} {why}")));
         if path.contains('\0') {
             return bad("contains a NUL byte");
@@ -601,25 +622,36 @@ impl Session {
         if p.components().any(|c| matches!(c, Component::ParentDir)) {
             return bad("contains a `..` component");
         }
+        if !host {
+            return Ok(path.to_string());
+        }
         for f in inc.folder_infos.lock().unwrap().iter() {
             if let Ok(rel) = p.strip_prefix(&f.host_path) {
                 let rel = rel.to_string_lossy();
                 return Ok(if rel.is_empty() { f.guest_path.clone() } else { format!("{}/{rel}", f.guest_path) });
             }
         }
-        Ok(path.to_string())
+        Err(crate::share::paths::PathError::NotShared(path.to_string()).into())
     }
 
-    pub async fn read_file(&self, path: &str, offset: u64, len: u32) -> Result<(bytes::Bytes, bool), SessionError> {
+    /// Reads up to `len` bytes at `offset` (see [`Session::guest_path`] for `path` and `host`).
+    pub async fn read_file(
+        &self,
+        path: &str,
+        host: bool,
+        offset: u64,
+        len: u32,
+    ) -> Result<(bytes::Bytes, bool), SessionError> {
         self.touch();
         let inc = self.running("read a file").await?;
-        let guest = self.guest_path(&inc, path)?;
+        let guest = self.guest_path(&inc, path, host)?;
         Ok(inc.agent.read_file(&guest, offset, len.min(umbra_proto::MAX_FILE_CHUNK as u32)).await?)
     }
 
     pub async fn write_file(
         &self,
         path: &str,
+        host: bool,
         data: &[u8],
         mode: WriteMode,
         create_dirs: bool,
@@ -627,22 +659,27 @@ impl Session {
     ) -> Result<u64, SessionError> {
         self.touch();
         let inc = self.running("write a file").await?;
-        let guest = self.guest_path(&inc, path)?;
+        let guest = self.guest_path(&inc, path, host)?;
         let request = WriteFileRequest { path: guest, mode, permissions, create_dirs };
         Ok(inc.agent.write_file(request, data).await?)
     }
 
-    pub async fn stat(&self, path: &str) -> Result<FileStat, SessionError> {
+    pub async fn stat(&self, path: &str, host: bool) -> Result<FileStat, SessionError> {
         self.touch();
         let inc = self.running("stat a file").await?;
-        let guest = self.guest_path(&inc, path)?;
+        let guest = self.guest_path(&inc, path, host)?;
         Ok(inc.agent.stat(&guest).await?)
     }
 
-    pub async fn list_dir(&self, path: &str, limit: Option<u32>) -> Result<(Vec<DirEntry>, bool), SessionError> {
+    pub async fn list_dir(
+        &self,
+        path: &str,
+        host: bool,
+        limit: Option<u32>,
+    ) -> Result<(Vec<DirEntry>, bool), SessionError> {
         self.touch();
         let inc = self.running("list a directory").await?;
-        let guest = self.guest_path(&inc, path)?;
+        let guest = self.guest_path(&inc, path, host)?;
         Ok(inc.agent.list_dir(&guest, limit).await?)
     }
 

@@ -42,8 +42,8 @@ impl ManagerOptions {
     /// One-off sessions (`vmctl run`): nothing persisted, no storage, no restarts.
     pub fn ephemeral(mut config: DaemonConfig) -> Self {
         config.max_restarts = 0;
-        config.disk_size_mib = 0;
-        config.idle_timeout_secs = 0;
+        config.session.disk_size_mib = 0;
+        config.session.idle_timeout_secs = 0;
         Self {
             config,
             state_dir: None,
@@ -94,11 +94,21 @@ impl SessionManager {
         self.ctx.config()
     }
 
-    /// Changes the defaults for new sessions (and restart policy, boot timeout).
-    pub fn set_config(&self, patch: &ConfigPatch) -> Result<DaemonConfig, ApiError> {
+    /// Changes the defaults for new sessions (and the restart policy, boot limits). `persist`
+    /// sees the new configuration first: when it fails, nothing changes.
+    pub fn set_config(
+        &self,
+        patch: &ConfigPatch,
+        persist: impl FnOnce(&DaemonConfig) -> Result<(), ApiError>,
+    ) -> Result<DaemonConfig, ApiError> {
         let mut config = self.ctx.config.write().unwrap();
-        config.apply(patch)?;
-        Ok(config.clone())
+        let next = config.patched(patch)?;
+        persist(&next)?;
+        if next.max_concurrent_boots != config.max_concurrent_boots {
+            self.ctx.admission.resize(next.max_concurrent_boots as usize);
+        }
+        *config = next.clone();
+        Ok(next)
     }
 
     pub fn bundles(&self) -> &umbra_bundle::Store {
@@ -125,22 +135,8 @@ impl SessionManager {
     /// is stopped or failed is an error (resume or delete it).
     pub async fn start(&self, params: StartParams) -> Result<Arc<Session>, SessionError> {
         check_name(&params.name)?;
-        let config = self.config();
-        let mut settings = config.session_defaults();
-        macro_rules! take {
-            ($($f:ident),*) => { $( if let Some(v) = params.$f.clone() { settings.$f = v; } )* };
-        }
-        take!(
-            memory_mib,
-            cpus,
-            idle_timeout_secs,
-            disk_size_mib,
-            heartbeat_interval_secs,
-            heartbeat_timeout_secs,
-            bundle,
-            backend
-        );
-        settings.validate().map_err(|e| SessionError::InvalidArgument(e.message))?;
+        let settings =
+            params.settings.applied_to(&self.config().session).map_err(|e| SessionError::InvalidArgument(e.message))?;
         let folders = check_folders(&params.folders)?;
         let (session, created) = {
             let mut sessions = self.sessions.lock().unwrap();

@@ -105,7 +105,7 @@ mod tests {
     use super::*;
 
     fn settings() -> SessionSettings {
-        umbra_api::DaemonConfig::default().session_defaults()
+        umbra_api::SessionSettings::default()
     }
 
     #[test]
