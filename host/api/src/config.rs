@@ -124,7 +124,7 @@ impl SessionSettings {
         if self.bundle.is_empty() {
             return bad("bundle must not be empty".into());
         }
-        Ok(())
+        self.network.validate()
     }
 }
 

@@ -163,6 +163,32 @@ pub enum EventKind {
     },
     /// A process ended. Its output all came before this; nothing about it follows.
     Exit(ProcessExit),
+    /// The host decided on a connection (or a DNS lookup) the guest asked for.
+    Egress {
+        /// The name asked for (or an address literal).
+        name: String,
+        /// 0 for a DNS lookup.
+        port: u16,
+        /// How it reached the guest agent.
+        via: umbra_proto::egress::EgressVia,
+        allowed: bool,
+        /// Why it was refused (or failed), when it was.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// The address the host connected to (or that the name resolved to).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        address: Option<String>,
+    },
+    /// An allowed connection closed.
+    EgressClosed {
+        name: String,
+        port: u16,
+        /// Bytes from the guest to the destination.
+        bytes_sent: u64,
+        /// Bytes from the destination to the guest.
+        bytes_received: u64,
+        duration_ms: u64,
+    },
     /// A bundle download made progress.
     DownloadProgress(umbra_bundle::Progress),
     /// Something failed outside any one request (`vmctl run` reports its own errors so).
@@ -195,6 +221,8 @@ impl EventKind {
             EventKind::Stdout { .. } => "stdout",
             EventKind::Stderr { .. } => "stderr",
             EventKind::Exit(_) => "exit",
+            EventKind::Egress { .. } => "egress",
+            EventKind::EgressClosed { .. } => "egress_closed",
             EventKind::DownloadProgress(_) => "download_progress",
             EventKind::Error { .. } => "error",
         }

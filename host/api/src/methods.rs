@@ -109,6 +109,13 @@ pub struct SessionRef {
     pub name: String,
 }
 
+/// Params of `session.set_network`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SetNetworkParams {
+    pub name: String,
+    pub network: crate::session::NetworkPolicy,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SessionList {
     pub sessions: Vec<SessionInfo>,
@@ -431,6 +438,9 @@ methods! {
     SessionStop = "session.stop" (SessionRef) -> SessionInfo;
     /// Stops a session and removes it with its outputs, uploads and disk.
     SessionDelete = "session.delete" (SessionRef) -> Done;
+    /// Replaces a session's network policy; new connections follow it at once (open ones are
+    /// not cut), and restarts and resumes keep it.
+    SessionSetNetwork = "session.set_network" (SetNetworkParams) -> SessionInfo;
     /// Every session.
     SessionListMethod = "session.list" (NoParams) -> SessionList;
     /// One session.

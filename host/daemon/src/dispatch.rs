@@ -162,6 +162,14 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
             })
             .await
         }
+        SessionSetNetwork::NAME => {
+            call::<SessionSetNetwork, _, _>(params, |p| async move {
+                let s = manager.get(&p.name)?;
+                s.set_network(p.network)?;
+                Ok(s.info())
+            })
+            .await
+        }
         SessionListMethod::NAME => {
             call::<SessionListMethod, _, _>(params, |_| async { Ok(SessionList { sessions: manager.list() }) }).await
         }

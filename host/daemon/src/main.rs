@@ -58,6 +58,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    umbra_sys::raise_nofile_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("umbrad").build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -12,6 +12,20 @@ pub fn unix_socket_listening(path: &Path) -> bool {
     std::fs::read_to_string("/proc/net/unix").is_ok_and(|table| table_lists_listening(&table, path))
 }
 
+/// Raises this process's open-file soft limit to its hard limit. Each guest connection costs
+/// the host a socket or two (umbra-vmm's vsock device holds up to ~1100, the egress proxy two
+/// per connection), and the usual soft limit is 1024; children inherit the raised limit.
+pub fn raise_nofile_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit read and write the rlimit struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 /// The `Flags` column holds `__SO_ACCEPTCON` once the socket listens.
 fn table_lists_listening(table: &str, path: &Path) -> bool {
     const SO_ACCEPTCON: u32 = 1 << 16;

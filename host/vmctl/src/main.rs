@@ -2,12 +2,14 @@
 
 mod bench;
 mod bench_fs;
+mod bench_session;
 mod bench_vmm;
 mod bundle_bench;
 mod bundle_build;
 mod bundle_pull;
 mod bundle_store;
 mod doctor;
+mod network;
 mod paths;
 mod run;
 mod session;
@@ -55,6 +57,9 @@ enum BenchCommand {
     Fs(bench_fs::FsBenchArgs),
     /// The Umbra VMM: bare-guest launch -> exit and RSS; Linux boot beside QEMU on hardware KVM.
     Vmm(bench_vmm::VmmBenchArgs),
+    /// Session start -> first output beside a bare VM boot; spawn round-trips: agent, runtime,
+    /// umbrad.
+    Session(bench_session::SessionBenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -77,6 +82,7 @@ enum BundleCommand {
 
 fn main() {
     let cli = Cli::parse();
+    umbra_sys::raise_nofile_limit();
     let code = match cli.command {
         Command::Bundle { command: BundleCommand::Build(args) } => match bundle_build::run(args) {
             Ok(()) => 0,
@@ -110,6 +116,15 @@ fn main() {
         }),
         Command::Bench { command: BenchCommand::Vmm(args) } => async_main(async move {
             match bench_vmm::vmm(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("vmctl: error: {e:#}");
+                    1
+                }
+            }
+        }),
+        Command::Bench { command: BenchCommand::Session(args) } => async_main(async move {
+            match bench_session::session(args).await {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("vmctl: error: {e:#}");

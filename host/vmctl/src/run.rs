@@ -80,6 +80,8 @@ pub struct RunArgs {
     /// Run on a pseudo-terminal (raw host terminal, window size forwarded).
     #[arg(long)]
     tty: bool,
+    #[command(flatten)]
+    network: crate::network::NetworkArgs,
     /// Print the session's events, one JSON object per line, instead of the command's output.
     #[arg(long)]
     json: bool,
@@ -173,6 +175,8 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
         // Interactive and often on slow hosts (emulation, nested KVM): only a guest silent
         // this long counts as hung. A VMM that dies is noticed within half a second anyway.
         heartbeat_timeout_secs: Some(30),
+        // No network unless asked for: a one-off command gets none by default.
+        network: Some(args.network.policy().unwrap_or_default()),
         ..Default::default()
     };
     let start = manager.start(StartParams { name: SESSION.into(), folders: args.mounts.clone(), settings });

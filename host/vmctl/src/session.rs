@@ -54,6 +54,8 @@ pub struct StartArgs {
     /// Bundle (a built flavor, a directory, or an installed version).
     #[arg(long)]
     bundle: Option<String>,
+    #[command(flatten)]
+    network: crate::network::NetworkArgs,
     #[arg(long)]
     json: bool,
 }
@@ -156,6 +158,7 @@ async fn start(args: StartArgs) -> Result<(), ApiError> {
         idle_timeout_secs: args.idle_timeout,
         disk_size_mib: args.disk_size,
         bundle: args.bundle,
+        network: args.network.policy(),
         ..Default::default()
     };
     let params = StartParams { name: args.name.clone(), folders: args.mounts, settings };

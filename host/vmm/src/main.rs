@@ -95,21 +95,10 @@ fn config(args: Args) -> Result<VmConfig, String> {
     Ok(cfg)
 }
 
-/// The vsock device alone may hold ~1100 sockets (1024 connections, the listener, CONNECT
-/// handshakes in flight); the usual soft limit is 1024.
-fn raise_fd_limit() {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit read and write the rlimit struct we own.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
 fn main() -> ExitCode {
-    raise_fd_limit();
+    // The vsock device alone may hold ~1100 sockets (1024 connections, the listener, CONNECT
+    // handshakes in flight).
+    umbra_sys::raise_nofile_limit();
     // clap's own usage errors exit 2, which here means "guest panicked": map them to 1.
     let args = match Args::try_parse() {
         Ok(a) => a,

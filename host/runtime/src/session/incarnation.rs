@@ -32,6 +32,8 @@ pub(super) struct BootPlan {
     /// The session's own storage (outputs, uploads, disk), if it has one.
     pub storage_dir: Option<PathBuf>,
     pub boot_timeout: Duration,
+    /// The session's network policy, which the session may replace while the VM runs.
+    pub network: crate::egress::SharedPolicy,
 }
 
 /// The VM and the folders shared with it, changed together.
@@ -49,6 +51,8 @@ pub(super) struct Incarnation {
     /// Why this VM ended, once it has: processes that lose their connection report it.
     ended: watch::Sender<Option<String>>,
     _outputs: Option<OutputsWatcher>,
+    /// Carries the guest's connections (dropped, and every connection with it, at the end).
+    _egress: crate::egress::EgressProxy,
 }
 
 /// Why a VM failed, as the supervisor saw it.
@@ -93,6 +97,16 @@ impl Incarnation {
             .await
             .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
         drop(slot);
+        // Guest connections to host port 1026 arrive on `<vsock socket>_1026`.
+        let egress_socket = vm.run_dir().join(format!("vsock.sock_{}", umbra_proto::egress::EGRESS_VSOCK_PORT));
+        let egress_report = report.clone();
+        let egress = crate::egress::EgressProxy::start(
+            &egress_socket,
+            plan.network.clone(),
+            std::sync::Arc::new(move |kind| egress_report(kind)),
+            crate::egress::EgressLimits::default(),
+        )
+        .map_err(SessionError::io(format!("listen on {}", egress_socket.display())))?;
 
         let mut folders = SharedFolders::new();
         let mut infos = Vec::new();
@@ -147,6 +161,7 @@ impl Incarnation {
             folder_infos: Mutex::new(infos),
             ended,
             _outputs: outputs,
+            _egress: egress,
         })
     }
 

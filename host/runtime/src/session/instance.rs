@@ -50,6 +50,8 @@ pub struct Session {
     ctx: Arc<Context>,
     state: Mutex<State>,
     status: watch::Sender<SessionStatus>,
+    /// The network policy every VM of this session applies to new connections.
+    network: crate::egress::SharedPolicy,
     /// Serialises start, stop, resume and restart.
     lifecycle: tokio::sync::Mutex<()>,
     last_activity: Mutex<Instant>,
@@ -76,8 +78,10 @@ struct State {
 impl Session {
     pub(super) fn new(ctx: Arc<Context>, record: SessionRecord) -> Arc<Self> {
         let (status, _) = watch::channel(record.status);
+        let network = Arc::new(std::sync::RwLock::new(crate::egress::Policy::new(&record.settings.network)));
         Arc::new(Self {
             name: record.name.clone(),
+            network,
             ctx,
             state: Mutex::new(State {
                 record,
@@ -279,6 +283,7 @@ impl Session {
             folders,
             storage_dir: self.storage_dir(),
             boot_timeout: Duration::from_secs(self.ctx.config().boot_timeout_secs),
+            network: self.network.clone(),
         };
         let inc = Incarnation::boot(&plan, &self.ctx, self.report()).await?;
         Ok(Arc::new(inc))
@@ -546,6 +551,17 @@ impl Session {
         self.touch();
         let inc = self.running("signal its processes").await?;
         Ok(inc.agent.kill_all(signal).await?)
+    }
+
+    /// Replaces the network policy: new connections of the running VM follow it at once (open
+    /// ones are not cut), and it is kept for restarts and resumes.
+    pub fn set_network(&self, policy: umbra_api::session::NetworkPolicy) -> Result<(), SessionError> {
+        self.touch();
+        policy.validate().map_err(|e| SessionError::InvalidArgument(e.message))?;
+        *self.network.write().unwrap() = crate::egress::Policy::new(&policy);
+        self.state.lock().unwrap().record.settings.network = policy;
+        self.persist();
+        Ok(())
     }
 
     // ---- folders --------------------------------------------------------------------------

@@ -1,0 +1,467 @@
+//! The host end of a VM's egress: a listener on the VM's `vsock.sock_1026` (where the backend
+//! delivers guest connections to host port 1026), one task per guest stream.
+//!
+//! Per stream: read the request line (bounded, with a deadline), decide by name, resolve on
+//! the host (or take the policy's override), check every address, connect to the one checked
+//! (never resolving again), answer, then carry bytes both ways until either side is done or the
+//! connection has been idle too long. Every decision is reported as an event; closed
+//! connections report their byte counts. At most [`EgressLimits::max_connections`] streams are
+//! handled at once: beyond that a stream is answered `busy` and closed, so a guest opening
+//! thousands of connections holds a bounded number of host file descriptors.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use umbra_api::EventKind;
+use umbra_proto::egress::{EgressReply, EgressRequest, EgressVia, MAX_EGRESS_LINE};
+
+use super::policy::{normalise, Policy, Refusal};
+
+/// A policy the session can replace while the VM runs: new connections follow it.
+pub type SharedPolicy = Arc<RwLock<Policy>>;
+
+/// Where decisions go (the session's event bus).
+pub type Report = Arc<dyn Fn(EventKind) + Send + Sync>;
+
+#[derive(Debug, Clone)]
+pub struct EgressLimits {
+    /// Streams handled at once per VM (each costs two host sockets; see
+    /// `umbra_sys::raise_nofile_limit`).
+    pub max_connections: usize,
+    /// How long the guest has to send its request line.
+    pub request_timeout: Duration,
+    pub resolve_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// A connection with no bytes either way for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for EgressLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 2048,
+            request_timeout: Duration::from_secs(10),
+            resolve_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A running egress proxy; stops (and drops every connection) when dropped.
+pub struct EgressProxy {
+    task: tokio::task::JoinHandle<()>,
+    socket: PathBuf,
+}
+
+impl EgressProxy {
+    /// Listens on `socket` (the backend's `<vsock socket>_1026`).
+    pub fn start(socket: &Path, policy: SharedPolicy, report: Report, limits: EgressLimits) -> std::io::Result<Self> {
+        let _ = std::fs::remove_file(socket);
+        let listener = UnixListener::bind(socket)?;
+        let task = tokio::spawn(serve(listener, policy, report, Arc::new(limits)));
+        Ok(Self { task, socket: socket.to_path_buf() })
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for EgressProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+async fn serve(listener: UnixListener, policy: SharedPolicy, report: Report, limits: Arc<EgressLimits>) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!("egress: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            // Reap finished connection tasks as they end.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                let (policy, report, limits) = (policy.clone(), report.clone(), limits.clone());
+                connections.spawn(async move {
+                    handle(stream, &policy, &report, &limits).await;
+                    drop(slot);
+                });
+            }
+            Err(_) => {
+                let max = limits.max_connections;
+                // Answered without reading: the guest hears "busy" and the stream closes.
+                connections.spawn(async move {
+                    let mut stream = stream;
+                    let no = EgressReply::refused(
+                        umbra_proto::egress::EgressRefusal::Busy,
+                        format!("{max} connections are open for this VM"),
+                    );
+                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&no.to_line())).await;
+                });
+            }
+        }
+    }
+}
+
+/// Reads the request line: at most [`MAX_EGRESS_LINE`] bytes, before the deadline.
+async fn read_request(reader: &mut BufReader<UnixStream>, timeout: Duration) -> Result<EgressRequest, String> {
+    let mut line = Vec::new();
+    let mut limited = (&mut *reader).take(MAX_EGRESS_LINE as u64);
+    match tokio::time::timeout(timeout, limited.read_until(b'\n', &mut line)).await {
+        Err(_) => return Err(format!("no request within {timeout:?}")),
+        Ok(Err(e)) => return Err(format!("cannot read the request: {e}")),
+        Ok(Ok(_)) => {}
+    }
+    if line.last() != Some(&b'\n') {
+        return Err(format!("the request line is unterminated or longer than {MAX_EGRESS_LINE} bytes"));
+    }
+    line.pop();
+    EgressRequest::parse(&line)
+}
+
+/// The addresses the host will consider for `name`: the policy's override, the literal itself,
+/// or the host's own resolution.
+async fn addresses(name: &str, port: u16, policy: &Policy, timeout: Duration) -> Result<Vec<IpAddr>, String> {
+    if let Some(addr) = policy.override_for(name) {
+        return Ok(vec![addr]);
+    }
+    if let Ok(addr) = name.parse::<IpAddr>() {
+        return Ok(vec![addr]);
+    }
+    match tokio::time::timeout(timeout, tokio::net::lookup_host((name, port))).await {
+        Err(_) => Err(format!("resolving {name} took longer than {timeout:?}")),
+        Ok(Err(e)) => Err(format!("{name} does not resolve: {e}")),
+        Ok(Ok(found)) => {
+            let mut addrs: Vec<IpAddr> = Vec::new();
+            for a in found {
+                if !addrs.contains(&a.ip()) {
+                    addrs.push(a.ip());
+                }
+            }
+            Ok(addrs)
+        }
+    }
+}
+
+/// The resolved addresses the policy lets the host connect to; the refusal of the first one
+/// when there are none.
+fn permitted(addrs: Vec<IpAddr>, policy: &Policy) -> Result<Vec<IpAddr>, Refusal> {
+    let mut first_refusal = None;
+    let ok: Vec<IpAddr> = addrs
+        .into_iter()
+        .filter(|a| match policy.check_address(*a) {
+            Ok(()) => true,
+            Err(r) => {
+                first_refusal.get_or_insert(r);
+                false
+            }
+        })
+        .collect();
+    match (ok.is_empty(), first_refusal) {
+        (true, Some(r)) => Err(r),
+        _ => Ok(ok),
+    }
+}
+
+async fn handle(stream: UnixStream, policy: &SharedPolicy, report: &Report, limits: &EgressLimits) {
+    use umbra_proto::egress::EgressRefusal as R;
+    let mut reader = BufReader::new(stream);
+    let request = match read_request(&mut reader, limits.request_timeout).await {
+        Ok(r) => r,
+        Err(why) => {
+            tracing::debug!("egress: {why}");
+            let _ = reader.get_mut().write_all(&EgressReply::refused(R::BadRequest, why).to_line()).await;
+            return;
+        }
+    };
+    // The policy as it is now: a change applies to the next connection.
+    let policy = policy.read().unwrap().clone();
+    let (name, port, via) = match &request {
+        EgressRequest::Connect { name, port, via } => (normalise(name), *port, *via),
+        EgressRequest::Resolve { name } => (normalise(name), 0, EgressVia::Dns),
+    };
+    let decision = |allowed: bool, reason: Option<String>, address: Option<String>| EventKind::Egress {
+        name: name.clone(),
+        port,
+        via,
+        allowed,
+        reason,
+        address,
+    };
+    macro_rules! refuse {
+        ($refusal:expr, $why:expr) => {{
+            let why: String = $why;
+            report(decision(false, Some(why.clone()), None));
+            let _ = reader.into_inner().write_all(&EgressReply::refused($refusal, why).to_line()).await;
+            return;
+        }};
+    }
+    if let Err(r) = policy.decide_name(&name) {
+        refuse!(R::Denied, r.0);
+    }
+    let addrs = match addresses(&name, port.max(1), &policy, limits.resolve_timeout).await {
+        Ok(a) if a.is_empty() => refuse!(R::NotFound, format!("{name} has no address")),
+        Ok(a) => a,
+        Err(why) => refuse!(R::NotFound, why),
+    };
+    let addrs = match permitted(addrs, &policy) {
+        Ok(a) => a,
+        Err(r) => refuse!(R::Denied, format!("{name}: {r}")),
+    };
+    if matches!(request, EgressRequest::Resolve { .. }) {
+        report(decision(true, None, Some(addrs[0].to_string())));
+        let _ = reader.into_inner().write_all(&EgressReply::ok().to_line()).await;
+        return;
+    }
+    // Connect to an address that was checked, in the order the resolver gave them.
+    let mut last_error = String::new();
+    let mut upstream = None;
+    for addr in &addrs {
+        let target = SocketAddr::new(*addr, port);
+        match tokio::time::timeout(limits.connect_timeout, TcpStream::connect(target)).await {
+            Ok(Ok(s)) => {
+                upstream = Some((s, target));
+                break;
+            }
+            Ok(Err(e)) => last_error = format!("{target}: {e}"),
+            Err(_) => last_error = format!("{target}: no answer within {:?}", limits.connect_timeout),
+        }
+    }
+    let Some((upstream, target)) = upstream else {
+        refuse!(R::Unreachable, format!("cannot connect to {name}:{port} ({last_error})"));
+    };
+    report(decision(true, None, Some(target.to_string())));
+    let started = Instant::now();
+    // Bytes the guest sent after its request line are already in the reader's buffer.
+    let buffered = reader.buffer().to_vec();
+    let mut guest = reader.into_inner();
+    if guest.write_all(&EgressReply::ok().to_line()).await.is_err() {
+        return;
+    }
+    let (sent, received) = pump(guest, upstream, buffered, limits.idle_timeout).await;
+    report(EventKind::EgressClosed {
+        name,
+        port,
+        bytes_sent: sent,
+        bytes_received: received,
+        duration_ms: started.elapsed().as_millis() as u64,
+    });
+}
+
+/// Carries bytes both ways until both directions are done (each end's EOF is passed on as a
+/// write shutdown) or nothing moved for `idle`. Returns (guest → destination, destination →
+/// guest) byte counts.
+async fn pump<G, D>(guest: G, dest: D, pending: Vec<u8>, idle: Duration) -> (u64, u64)
+where
+    G: AsyncRead + AsyncWrite + Unpin,
+    D: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut gr, mut gw) = tokio::io::split(guest);
+    let (mut dr, mut dw) = tokio::io::split(dest);
+    let (mut sent, mut received) = (0u64, 0u64);
+    if !pending.is_empty() {
+        if dw.write_all(&pending).await.is_err() {
+            return (0, 0);
+        }
+        sent += pending.len() as u64;
+    }
+    let mut up = vec![0u8; 64 * 1024];
+    let mut down = vec![0u8; 64 * 1024];
+    let (mut up_open, mut down_open) = (true, true);
+    while up_open || down_open {
+        let moved = tokio::time::timeout(idle, async {
+            tokio::select! {
+                r = gr.read(&mut up), if up_open => match r {
+                    Ok(0) | Err(_) => { up_open = false; let _ = dw.shutdown().await; Ok(()) }
+                    Ok(n) => dw.write_all(&up[..n]).await.map(|()| sent += n as u64),
+                },
+                r = dr.read(&mut down), if down_open => match r {
+                    Ok(0) | Err(_) => { down_open = false; let _ = gw.shutdown().await; Ok(()) }
+                    Ok(n) => gw.write_all(&down[..n]).await.map(|()| received += n as u64),
+                },
+            }
+        })
+        .await;
+        match moved {
+            Ok(Ok(())) => {}
+            // A write failed (the other side is gone) or nothing moved for too long.
+            Ok(Err(_)) | Err(_) => break,
+        }
+    }
+    (sent, received)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use umbra_api::session::{NetworkMode, NetworkPolicy};
+    use umbra_proto::egress::EgressRefusal;
+
+    struct Harness {
+        _dir: tempfile::TempDir,
+        socket: PathBuf,
+        events: Arc<std::sync::Mutex<Vec<EventKind>>>,
+        policy: SharedPolicy,
+        _proxy: EgressProxy,
+    }
+
+    fn harness(p: NetworkPolicy, limits: EgressLimits) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("vsock.sock_1026");
+        let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = events.clone();
+        let policy: SharedPolicy = Arc::new(RwLock::new(Policy::new(&p)));
+        let report: Report = Arc::new(move |e| sink.lock().unwrap().push(e));
+        let proxy = EgressProxy::start(&socket, policy.clone(), report, limits).unwrap();
+        Harness { _dir: dir, socket, events, policy, _proxy: proxy }
+    }
+
+    async fn ask(socket: &Path, request: &EgressRequest) -> (EgressReply, BufReader<UnixStream>) {
+        let mut s = UnixStream::connect(socket).await.unwrap();
+        s.write_all(&request.to_line()).await.unwrap();
+        let mut r = BufReader::new(s);
+        let mut line = String::new();
+        r.read_line(&mut line).await.unwrap();
+        (serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}")), r)
+    }
+
+    fn connect(name: &str, port: u16) -> EgressRequest {
+        EgressRequest::Connect { name: name.into(), port, via: EgressVia::Transparent }
+    }
+
+    fn local_policy(mode: NetworkMode, domains: &[&str]) -> NetworkPolicy {
+        let mut p = NetworkPolicy {
+            mode,
+            allow_domains: domains.iter().map(|d| d.to_string()).collect(),
+            allow_cidrs: vec!["127.0.0.1/32".into()],
+            ..Default::default()
+        };
+        p.resolve.insert("allowed.test".into(), "127.0.0.1".parse().unwrap());
+        p.resolve.insert("denied.test".into(), "127.0.0.1".parse().unwrap());
+        p
+    }
+
+    /// An echo server on 127.0.0.1 that reports what it got once the client is done.
+    async fn echo_server() -> (u16, tokio::task::JoinHandle<Vec<u8>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.unwrap();
+            s.write_all(b"echo:").await.unwrap();
+            s.write_all(&got).await.unwrap();
+            got
+        });
+        (port, task)
+    }
+
+    #[tokio::test]
+    async fn an_allowed_name_is_connected_and_its_bytes_counted() {
+        let h = harness(local_policy(NetworkMode::Allowlist, &["allowed.test"]), EgressLimits::default());
+        let (port, server) = echo_server().await;
+        let (reply, mut stream) = ask(&h.socket, &connect("Allowed.Test", port)).await;
+        assert!(reply.ok, "{reply:?}");
+        stream.get_mut().write_all(b"hello").await.unwrap();
+        stream.get_mut().shutdown().await.unwrap();
+        let mut back = Vec::new();
+        stream.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, b"echo:hello");
+        assert_eq!(server.await.unwrap(), b"hello");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let events = h.events.lock().unwrap().clone();
+        assert!(
+            matches!(&events[0], EventKind::Egress { name, allowed: true, address: Some(a), .. }
+                if name == "allowed.test" && a == &format!("127.0.0.1:{port}")),
+            "{events:?}"
+        );
+        assert!(matches!(&events[1], EventKind::EgressClosed { bytes_sent: 5, bytes_received: 10, .. }), "{events:?}");
+    }
+
+    #[tokio::test]
+    async fn refusals_are_answered_and_reported_without_connecting() {
+        let h = harness(local_policy(NetworkMode::Allowlist, &["allowed.test"]), EgressLimits::default());
+        let (reply, _) = ask(&h.socket, &connect("denied.test", 80)).await;
+        assert_eq!(reply.refusal, Some(EgressRefusal::Denied));
+        assert!(reply.reason.unwrap().contains("allowlist"));
+        // Resolve requests get the same answer (the guest's DNS answers only allowed names).
+        let (reply, _) = ask(&h.socket, &EgressRequest::Resolve { name: "denied.test".into() }).await;
+        assert_eq!(reply.refusal, Some(EgressRefusal::Denied));
+        let (reply, _) = ask(&h.socket, &EgressRequest::Resolve { name: "allowed.test".into() }).await;
+        assert!(reply.ok);
+        // A private address named by an override is refused without the CIDR, and nothing is
+        // sent to it (the connect never happens: decision first).
+        *h.policy.write().unwrap() = Policy::new(&NetworkPolicy {
+            allow_cidrs: vec![],
+            ..local_policy(NetworkMode::Allowlist, &["allowed.test"])
+        });
+        let (reply, _) = ask(&h.socket, &connect("allowed.test", 9)).await;
+        assert_eq!(reply.refusal, Some(EgressRefusal::Denied), "{reply:?}");
+        assert!(reply.reason.unwrap().contains("loopback"));
+        // Mode none refuses everything.
+        *h.policy.write().unwrap() = Policy::new(&NetworkPolicy::default());
+        let (reply, _) = ask(&h.socket, &connect("allowed.test", 9)).await;
+        assert_eq!(reply.refusal, Some(EgressRefusal::Denied));
+        let denied =
+            h.events.lock().unwrap().iter().filter(|e| matches!(e, EventKind::Egress { allowed: false, .. })).count();
+        assert_eq!(denied, 4);
+    }
+
+    #[tokio::test]
+    async fn malformed_slow_and_excess_streams_are_bounded() {
+        let limits =
+            EgressLimits { max_connections: 2, request_timeout: Duration::from_millis(300), ..Default::default() };
+        let h = harness(local_policy(NetworkMode::Any, &[]), limits);
+        let mut s = UnixStream::connect(&h.socket).await.unwrap();
+        s.write_all(b"not json\n").await.unwrap();
+        let mut line = String::new();
+        BufReader::new(&mut s).read_line(&mut line).await.unwrap();
+        assert!(line.contains("bad_request"), "{line}");
+        let mut s = UnixStream::connect(&h.socket).await.unwrap();
+        s.write_all(&vec![b'x'; 4096]).await.unwrap();
+        let mut line = String::new();
+        BufReader::new(&mut s).read_line(&mut line).await.unwrap();
+        assert!(line.contains("longer than"), "{line}");
+        // Two silent streams take both slots; a third is told the VM is busy.
+        let _a = UnixStream::connect(&h.socket).await.unwrap();
+        let _b = UnixStream::connect(&h.socket).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut c = UnixStream::connect(&h.socket).await.unwrap();
+        let mut line = String::new();
+        BufReader::new(&mut c).read_line(&mut line).await.unwrap();
+        assert!(line.contains("busy"), "{line}");
+        // The silent ones time out and free their slots.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let (port, _server) = echo_server().await;
+        let (reply, _) = ask(&h.socket, &connect("allowed.test", port)).await;
+        assert!(reply.ok, "{reply:?}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_port_is_unreachable() {
+        let h = harness(local_policy(NetworkMode::Any, &[]), EgressLimits::default());
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let (reply, _) = ask(&h.socket, &connect("allowed.test", port)).await;
+        assert_eq!(reply.refusal, Some(EgressRefusal::Unreachable), "{reply:?}");
+    }
+}

@@ -1,0 +1,81 @@
+//! The network flags `vmctl run` and `vmctl session start` share.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use clap::{Args, ValueEnum};
+use umbra_api::session::{NetworkMode, NetworkPolicy};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    None,
+    Allowlist,
+    Any,
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct NetworkArgs {
+    /// What the guest may connect to: none, allowlist (the --allow-domain names) or any (public
+    /// addresses) [default: none, or the daemon's setting for sessions]
+    #[arg(long, value_enum)]
+    network: Option<Mode>,
+    /// A name the guest may connect to (repeatable); `*.example.com` for names below a domain.
+    /// Implies --network allowlist when --network is not given.
+    #[arg(long = "allow-domain", value_name = "NAME")]
+    allow_domains: Vec<String>,
+    /// An address range the guest may reach although it is private, loopback or link-local
+    /// (repeatable): 10.0.0.0/8, 127.0.0.1/32.
+    #[arg(long = "allow-cidr", value_name = "CIDR")]
+    allow_cidrs: Vec<String>,
+    /// Resolve NAME to ADDR on the host instead of asking DNS (repeatable), like curl's --resolve.
+    #[arg(long = "resolve", value_name = "NAME:ADDR", value_parser = parse_resolve)]
+    resolve: Vec<(String, IpAddr)>,
+}
+
+fn parse_resolve(s: &str) -> Result<(String, IpAddr), String> {
+    let (name, addr) = s.split_once(':').ok_or_else(|| format!("{s:?} is not NAME:ADDR"))?;
+    let addr = addr.trim_start_matches('[').trim_end_matches(']');
+    let addr: IpAddr = addr.parse().map_err(|e| format!("{s:?}: {addr:?} is not an address: {e}"))?;
+    Ok((name.to_string(), addr))
+}
+
+impl NetworkArgs {
+    /// The policy these flags describe; `None` when no flag was given (the default applies).
+    pub fn policy(&self) -> Option<NetworkPolicy> {
+        let given = self.network.is_some()
+            || !self.allow_domains.is_empty()
+            || !self.allow_cidrs.is_empty()
+            || !self.resolve.is_empty();
+        if !given {
+            return None;
+        }
+        let mode = match self.network {
+            Some(Mode::None) => NetworkMode::None,
+            Some(Mode::Any) => NetworkMode::Any,
+            Some(Mode::Allowlist) => NetworkMode::Allowlist,
+            None if !self.allow_domains.is_empty() || !self.allow_cidrs.is_empty() => NetworkMode::Allowlist,
+            None => NetworkMode::None,
+        };
+        Some(NetworkPolicy {
+            mode,
+            allow_domains: self.allow_domains.clone(),
+            allow_cidrs: self.allow_cidrs.clone(),
+            resolve: self.resolve.iter().cloned().collect::<BTreeMap<_, _>>(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolve_takes_v4_and_v6_and_domains_imply_allowlist() {
+        assert_eq!(parse_resolve("a.test:127.0.0.1").unwrap(), ("a.test".into(), "127.0.0.1".parse().unwrap()));
+        assert_eq!(parse_resolve("a.test:[::1]").unwrap().1, "::1".parse::<IpAddr>().unwrap());
+        assert!(parse_resolve("a.test").is_err());
+        let args = NetworkArgs { allow_domains: vec!["pypi.org".into()], ..Default::default() };
+        assert_eq!(args.policy().unwrap().mode, NetworkMode::Allowlist);
+        assert!(NetworkArgs::default().policy().is_none());
+    }
+}
