@@ -6,6 +6,7 @@
 
 mod fdio;
 mod files;
+mod net;
 mod pid1;
 mod process;
 mod reaper;
@@ -44,6 +45,20 @@ struct Args {
     /// per share; no virtio-fs tag is mounted.
     #[arg(long, value_name = "DIR")]
     shares_dir: Option<std::path::PathBuf>,
+    /// Host-side only (a guest always uses vsock): serve network egress, sending each
+    /// connection to this endpoint (unix:PATH, or vsock / vsock:PORT for the host CID).
+    /// Needs --net-ports.
+    #[arg(long, value_name = "TARGET", requires = "net_ports")]
+    egress: Option<net::EgressTarget>,
+    /// Host-side only: the loopback ports of the HTTP proxy, SOCKS5 proxy, DNS server and
+    /// transparent listener, all on 127.0.0.1 (0 = not started).
+    #[arg(long, value_name = "HTTP,SOCKS,DNS,TRANSPARENT", requires = "egress")]
+    net_ports: Option<net::NetPorts>,
+    /// Host-side only: also program the current network namespace as in a guest (lo's fake
+    /// range, the local default route, the nftables redirect). Needs CAP_NET_ADMIN; meant for
+    /// a private namespace (`unshare -n`). /etc/resolv.conf is never written on the host.
+    #[arg(long, requires = "egress")]
+    net_kernel: bool,
 }
 
 fn main() {
@@ -91,7 +106,19 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
     .transpose()
     .context("cannot prepare the share layout")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let net = match (pid1, &args.egress, args.net_ports) {
+        (true, _, _) => Some(net::NetConfig::guest()),
+        (false, Some(target), Some(ports)) => Some(net::NetConfig::host(target.clone(), ports, args.net_kernel)),
+        _ => None,
+    };
     runtime.block_on(async {
+        // Before the host's connection is accepted, so spawned processes find the proxies. A
+        // failure is logged (the console, in a guest) and the agent carries on without egress.
+        if let Some(config) = net {
+            if let Err(e) = net::start(config).await {
+                tracing::error!("network egress is unavailable: {e:#}");
+            }
+        }
         let agent = Arc::new(Agent {
             reaper: reaper::Reaper::start()?,
             started: Instant::now(),

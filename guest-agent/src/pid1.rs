@@ -301,7 +301,7 @@ fn scratch_unmount(target: &Path) -> anyhow::Result<()> {
     std::fs::remove_dir(target).map_err(|e| anyhow!("cannot remove {}: {e}", target.display()))
 }
 
-fn loopback_up() -> std::io::Result<()> {
+pub(crate) fn loopback_up() -> std::io::Result<()> {
     // SAFETY: a plain socket(2) call; the fd is owned and closed below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {

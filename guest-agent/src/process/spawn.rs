@@ -40,7 +40,8 @@ pub struct SpawnedChild {
     pub reaped: Arc<AtomicBool>,
 }
 
-/// The environment a child sees: a small fixed base, then the request's entries. The agent's own
+/// The environment a child sees: a small fixed base and the egress proxies, then the request's
+/// entries. The agent's own
 /// environment is not inherited — in a guest it is the kernel's, in tests the test runner's.
 pub fn child_env(req: &SpawnRequest) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
@@ -50,6 +51,9 @@ pub fn child_env(req: &SpawnRequest) -> BTreeMap<String, String> {
     if req.tty.is_some() {
         env.insert("TERM".to_string(), "xterm-256color".to_string());
     }
+    // The egress proxies (HTTP_PROXY, ALL_PROXY, NO_PROXY, … in both cases), when the agent
+    // serves them.
+    env.extend(crate::net::proxy_env().iter().cloned());
     env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env
 }

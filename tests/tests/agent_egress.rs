@@ -1,0 +1,460 @@
+//! Network egress, guest side, with the real agent binary on the host: `--egress unix:PATH`
+//! sends its egress streams to a fake host endpoint run by the test, and `--net-ports` puts the
+//! HTTP proxy, SOCKS5 proxy, DNS server and transparent listener on free loopback ports.
+//!
+//! The fake endpoint reads each request line, refuses `denied.test` (denied) and
+//! `missing.test` (not found), and for anything else connects to a server the test runs on
+//! 127.0.0.1 at the requested port. Network safety: traffic goes only to servers these tests
+//! start on 127.0.0.1 (and, in the netns test, to addresses inside a private network namespace
+//! that has no interface but lo).
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, RecordType};
+use hickory_proto::serialize::binary::BinEncodable;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream, UdpSocket, UnixListener};
+use umbra_proto::egress::{EgressReply, EgressRequest, EgressVia};
+use umbra_proto::SpawnRequest;
+use umbra_tests::{HostAgent, TempDir};
+
+/// What the fake host endpoint was asked, in order.
+type Log = Arc<Mutex<Vec<EgressRequest>>>;
+
+/// The host side, faked: decides by name, connects allowed names to 127.0.0.1:port.
+async fn fake_host(path: &Path) -> Log {
+    let log: Log = Arc::default();
+    let listener = UnixListener::bind(path).unwrap();
+    let seen = log.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut reader = BufReader::new(stream);
+                let mut line = Vec::new();
+                if reader.read_until(b'\n', &mut line).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                let request = EgressRequest::parse(&line[..line.len() - 1]).expect("a valid request line");
+                seen.lock().unwrap().push(request.clone());
+                let name = match &request {
+                    EgressRequest::Connect { name, .. } | EgressRequest::Resolve { name } => name.clone(),
+                };
+                use umbra_proto::egress::EgressRefusal as R;
+                let refusal = match name.as_str() {
+                    "denied.test" => Some(EgressReply::refused(R::Denied, "denied.test is not in the allowlist")),
+                    "missing.test" => Some(EgressReply::refused(R::NotFound, "missing.test does not resolve")),
+                    _ => None,
+                };
+                let mut stream = reader.into_inner();
+                if let Some(no) = refusal {
+                    let _ = stream.write_all(&no.to_line()).await;
+                    return;
+                }
+                let EgressRequest::Connect { port, .. } = request else {
+                    let _ = stream.write_all(&EgressReply::ok().to_line()).await;
+                    return;
+                };
+                let Ok(mut upstream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await else {
+                    let no = EgressReply::refused(R::Unreachable, "connection refused");
+                    let _ = stream.write_all(&no.to_line()).await;
+                    return;
+                };
+                stream.write_all(&EgressReply::ok().to_line()).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+            });
+        }
+    });
+    log
+}
+
+/// An echo server on 127.0.0.1: sends back "echo:" and everything it received, once the
+/// client has half-closed.
+async fn echo_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else { return };
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let _ = s.read_to_end(&mut got).await;
+                let _ = s.write_all(b"echo:").await;
+                let _ = s.write_all(&got).await;
+            });
+        }
+    });
+    port
+}
+
+/// An HTTP server on 127.0.0.1 that answers every request with the request head it received.
+async fn http_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else { return };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).await.unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                let response =
+                    format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", head.len());
+                let _ = s.write_all(response.as_bytes()).await;
+                let _ = s.write_all(&head).await;
+            });
+        }
+    });
+    port
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Ports {
+    http: u16,
+    socks: u16,
+    dns: u16,
+    transparent: u16,
+}
+
+struct Setup {
+    agent: HostAgent,
+    ports: Ports,
+    log: Log,
+    _dir: TempDir,
+}
+
+/// The agent with egress to a fake host at `egress` (started unless `no_host`).
+async fn start(no_host: bool, extra: impl FnOnce(&mut std::process::Command)) -> Setup {
+    let dir = TempDir::new("egress");
+    let egress = dir.0.join("egress.sock");
+    let log = if no_host { Log::default() } else { fake_host(&egress).await };
+    let ports = Ports { http: free_port(), socks: free_port(), dns: free_port(), transparent: free_port() };
+    let flag = format!("{},{},{},{}", ports.http, ports.socks, ports.dns, ports.transparent);
+    let egress_arg = format!("unix:{}", egress.display());
+    let agent = HostAgent::start_with(|cmd| {
+        cmd.args(["--egress", &egress_arg, "--net-ports", &flag]);
+        extra(cmd);
+    })
+    .await;
+    Setup { agent, ports, log, _dir: dir }
+}
+
+async fn connect_http_proxy(s: &Setup, target: &str) -> (TcpStream, String) {
+    let mut c = TcpStream::connect(("127.0.0.1", s.ports.http)).await.unwrap();
+    c.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && c.read(&mut byte).await.unwrap() == 1 {
+        head.push(byte[0]);
+    }
+    (c, String::from_utf8(head).unwrap())
+}
+
+async fn read_all(mut c: TcpStream) -> String {
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut out)).await.unwrap().unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn http_connect_and_plain_http_reach_the_server_by_name() {
+    let s = start(false, |_| {}).await;
+    let echo = echo_server().await;
+    let (mut c, head) = connect_http_proxy(&s, &format!("allowed.test:{echo}")).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    c.write_all(b"hello through CONNECT").await.unwrap();
+    c.shutdown().await.unwrap();
+    assert_eq!(read_all(c).await, "echo:hello through CONNECT", "half-close travels both ways");
+    assert_eq!(
+        s.log.lock().unwrap()[0],
+        EgressRequest::Connect { name: "allowed.test".into(), port: echo, via: EgressVia::Http }
+    );
+
+    // A plain http:// request, rewritten to origin form.
+    let web = http_server().await;
+    let mut c = TcpStream::connect(("127.0.0.1", s.ports.http)).await.unwrap();
+    let request = format!(
+        "GET http://allowed.test:{web}/path?q=1 HTTP/1.1\r\nHost: allowed.test:{web}\r\nProxy-Connection: keep-alive\r\n\
+         Proxy-Authorization: Basic eA==\r\nUser-Agent: test\r\n\r\n"
+    );
+    c.write_all(request.as_bytes()).await.unwrap();
+    let response = read_all(c).await;
+    assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+    let (_, echoed) = response.split_once("\r\n\r\n").unwrap();
+    assert!(echoed.starts_with("GET /path?q=1 HTTP/1.1\r\nHost: allowed.test:"), "{echoed}");
+    assert!(echoed.contains("User-Agent: test\r\n") && echoed.contains("Connection: close\r\n"), "{echoed}");
+    assert!(!echoed.to_ascii_lowercase().contains("proxy-"), "{echoed}");
+    assert!(s.log.lock().unwrap().contains(&EgressRequest::Connect {
+        name: "allowed.test".into(),
+        port: web,
+        via: EgressVia::Http
+    }));
+}
+
+#[tokio::test]
+async fn http_refusals_name_the_reason() {
+    let s = start(false, |_| {}).await;
+    let (c, head) = connect_http_proxy(&s, "denied.test:443").await;
+    assert!(head.starts_with("HTTP/1.1 403 "), "{head}");
+    let body = read_all(c).await;
+    assert!(body.contains("denied.test is not in the allowlist"), "{body}");
+    let (c, head) = connect_http_proxy(&s, "missing.test:443").await;
+    assert!(head.starts_with("HTTP/1.1 502 "), "{head}");
+    drop(c);
+    // Not a proxy request.
+    let mut c = TcpStream::connect(("127.0.0.1", s.ports.http)).await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    assert!(read_all(c).await.starts_with("HTTP/1.1 400 "));
+    // A head that never ends is cut off at the size limit.
+    let mut c = TcpStream::connect(("127.0.0.1", s.ports.http)).await.unwrap();
+    let big = format!("GET http://x/ HTTP/1.1\r\nX: {}\r\n", "a".repeat(40_000));
+    let _ = c.write_all(big.as_bytes()).await;
+    assert!(read_all(c).await.starts_with("HTTP/1.1 431 "));
+}
+
+async fn socks_connect(s: &Setup, atyp_and_addr: &[u8], port: u16) -> (TcpStream, u8) {
+    let mut c = TcpStream::connect(("127.0.0.1", s.ports.socks)).await.unwrap();
+    c.write_all(&[5, 1, 0]).await.unwrap();
+    let mut choice = [0u8; 2];
+    c.read_exact(&mut choice).await.unwrap();
+    assert_eq!(choice, [5, 0]);
+    let mut req = vec![5, 1, 0];
+    req.extend_from_slice(atyp_and_addr);
+    req.extend_from_slice(&port.to_be_bytes());
+    c.write_all(&req).await.unwrap();
+    let mut reply = [0u8; 10];
+    c.read_exact(&mut reply).await.unwrap();
+    assert_eq!((reply[0], reply[2]), (5, 0));
+    (c, reply[1])
+}
+
+fn domain(name: &str) -> Vec<u8> {
+    let mut v = vec![3, name.len() as u8];
+    v.extend_from_slice(name.as_bytes());
+    v
+}
+
+#[tokio::test]
+async fn socks5_domain_connect_and_refusals() {
+    let s = start(false, |_| {}).await;
+    let echo = echo_server().await;
+    let (mut c, code) = socks_connect(&s, &domain("Allowed.Test"), echo).await;
+    assert_eq!(code, 0);
+    c.write_all(b"via socks").await.unwrap();
+    c.shutdown().await.unwrap();
+    assert_eq!(read_all(c).await, "echo:via socks");
+    assert_eq!(
+        s.log.lock().unwrap()[0],
+        EgressRequest::Connect { name: "allowed.test".into(), port: echo, via: EgressVia::Socks }
+    );
+    assert_eq!(socks_connect(&s, &domain("denied.test"), 443).await.1, 2, "not allowed");
+    assert_eq!(socks_connect(&s, &domain("missing.test"), 443).await.1, 4, "host unreachable");
+    // A fake address nobody was given is unreachable, without asking the host.
+    let before = s.log.lock().unwrap().len();
+    assert_eq!(socks_connect(&s, &[1, 198, 19, 1, 1], 443).await.1, 4);
+    assert_eq!(s.log.lock().unwrap().len(), before);
+    // Only "no authentication" is offered.
+    let mut c = TcpStream::connect(("127.0.0.1", s.ports.socks)).await.unwrap();
+    c.write_all(&[5, 1, 2]).await.unwrap();
+    let mut choice = [0u8; 2];
+    c.read_exact(&mut choice).await.unwrap();
+    assert_eq!(choice, [5, 0xff]);
+}
+
+fn dns_query(id: u16, name: &str, ty: RecordType) -> Vec<u8> {
+    let mut m = Message::new();
+    m.set_id(id).set_message_type(MessageType::Query).set_op_code(OpCode::Query).set_recursion_desired(true);
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), ty));
+    m.to_bytes().unwrap()
+}
+
+async fn ask_udp(port: u16, query: &[u8]) -> Message {
+    let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    sock.send_to(query, ("127.0.0.1", port)).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(20), sock.recv(&mut buf)).await.expect("a DNS answer").unwrap();
+    Message::from_vec(&buf[..n]).unwrap()
+}
+
+fn single_a(m: &Message) -> Ipv4Addr {
+    assert_eq!(m.response_code(), ResponseCode::NoError, "{m:?}");
+    assert_eq!(m.answers().len(), 1, "{m:?}");
+    match m.answers()[0].data() {
+        RData::A(a) => a.0,
+        other => panic!("not an A record: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn dns_answers_fake_addresses_that_lead_back_to_the_name() {
+    let s = start(false, |_| {}).await;
+    let a = ask_udp(s.ports.dns, &dns_query(0x1234, "allowed.test.", RecordType::A)).await;
+    assert_eq!(a.id(), 0x1234);
+    let ip = single_a(&a);
+    assert_eq!(u32::from(ip) >> 17, u32::from(Ipv4Addr::new(198, 18, 0, 0)) >> 17, "{ip} in 198.18.0.0/15");
+    assert_eq!(a.answers()[0].ttl(), 5);
+    let again = single_a(&ask_udp(s.ports.dns, &dns_query(2, "ALLOWED.test.", RecordType::A)).await);
+    assert_eq!(again, ip, "the same address for the same name");
+    let other = single_a(&ask_udp(s.ports.dns, &dns_query(3, "other.test.", RecordType::A)).await);
+    assert_ne!(other, ip);
+    assert_eq!(
+        s.log.lock().unwrap()[0],
+        EgressRequest::Resolve { name: "allowed.test".into() },
+        "a lookup is a resolve request"
+    );
+
+    let r = ask_udp(s.ports.dns, &dns_query(4, "denied.test.", RecordType::A)).await;
+    assert_eq!((r.response_code(), r.answers().len()), (ResponseCode::Refused, 0));
+    let r = ask_udp(s.ports.dns, &dns_query(5, "missing.test.", RecordType::A)).await;
+    assert_eq!(r.response_code(), ResponseCode::NXDomain);
+    let r = ask_udp(s.ports.dns, &dns_query(6, "allowed.test.", RecordType::AAAA)).await;
+    assert_eq!((r.response_code(), r.answers().len()), (ResponseCode::NoError, 0), "no IPv6");
+
+    // Over TCP too.
+    let mut c = TcpStream::connect(("127.0.0.1", s.ports.dns)).await.unwrap();
+    let q = dns_query(7, "allowed.test.", RecordType::A);
+    c.write_all(&(q.len() as u16).to_be_bytes()).await.unwrap();
+    c.write_all(&q).await.unwrap();
+    let mut len = [0u8; 2];
+    c.read_exact(&mut len).await.unwrap();
+    let mut answer = vec![0u8; u16::from_be_bytes(len) as usize];
+    c.read_exact(&mut answer).await.unwrap();
+    assert_eq!(single_a(&Message::from_vec(&answer).unwrap()), ip);
+
+    // The fake address leads back to the name: CONNECT to it is asked for by name.
+    let echo = echo_server().await;
+    let (mut c, head) = connect_http_proxy(&s, &format!("{ip}:{echo}")).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    c.shutdown().await.unwrap();
+    assert_eq!(read_all(c).await, "echo:");
+    assert!(s.log.lock().unwrap().contains(&EgressRequest::Connect {
+        name: "allowed.test".into(),
+        port: echo,
+        via: EgressVia::Http
+    }));
+}
+
+#[tokio::test]
+async fn spawned_processes_get_the_proxy_variables_unless_they_set_their_own() {
+    let s = start(false, |_| {}).await;
+    let client = s.agent.connect().await;
+    let out = client.spawn(SpawnRequest { argv: vec!["env".into()], ..Default::default() }).unwrap();
+    let out = out.output().await.unwrap();
+    let env: HashMap<String, String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect();
+    let http = format!("http://127.0.0.1:{}", s.ports.http);
+    let socks = format!("socks5h://127.0.0.1:{}", s.ports.socks);
+    for (k, v) in [("http_proxy", &http), ("https_proxy", &http), ("all_proxy", &socks)] {
+        assert_eq!(env.get(k), Some(v), "{k}");
+        assert_eq!(env.get(&k.to_uppercase()), Some(v), "{k}");
+    }
+    assert_eq!(env.get("NO_PROXY").map(String::as_str), Some("localhost,127.0.0.1,::1"));
+    assert_eq!(env.get("no_proxy").map(String::as_str), Some("localhost,127.0.0.1,::1"));
+
+    let mut req =
+        SpawnRequest { argv: vec!["sh".into(), "-c".into(), "echo $HTTP_PROXY".into()], ..Default::default() };
+    req.env.insert("HTTP_PROXY".into(), "http://mine:1".into());
+    let out = client.spawn(req).unwrap().output().await.unwrap();
+    assert_eq!(out.stdout, b"http://mine:1\n", "the caller's env wins");
+}
+
+#[tokio::test]
+async fn without_a_host_proxy_everything_fails_cleanly() {
+    let s = start(true, |_| {}).await;
+    let (c, head) = connect_http_proxy(&s, "example.com:443").await;
+    assert!(head.starts_with("HTTP/1.1 502 "), "{head}");
+    assert!(read_all(c).await.contains("no egress proxy on the host"));
+    let r = ask_udp(s.ports.dns, &dns_query(1, "example.com.", RecordType::A)).await;
+    assert_eq!(r.response_code(), ResponseCode::ServFail);
+    assert_eq!(socks_connect(&s, &domain("example.com"), 443).await.1, 4);
+}
+
+/// The whole transparent path: the agent in a private network namespace (only lo) programs
+/// it as in a guest (`--net-kernel`: lo's fake range, the local default route, the nftables
+/// redirect); a process it spawns there looks a name up, connects to the fake address it got
+/// and to an address literal, knowing nothing of proxies; both arrive at the fake host by name
+/// (or literal) and reach the test's echo server on 127.0.0.1 in the test's own namespace.
+#[tokio::test]
+async fn transparent_redirect_in_a_private_netns() {
+    if !nix_is_root() {
+        eprintln!("skipped: needs root for a private network namespace and nftables");
+        return;
+    }
+    let s = start(false, |cmd| {
+        cmd.arg("--net-kernel");
+        // SAFETY: between fork and exec the closure only calls unshare(2), which is
+        // async-signal-safe, and reads errno.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::unshare(libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    })
+    .await;
+    let echo = echo_server().await;
+    let query: String = dns_query(9, "allowed.test.", RecordType::A).iter().map(|b| format!("{b:02x}")).collect();
+    // Inside the namespace: ask the agent's DNS server, connect to the answer, then to a
+    // literal (203.0.113.9, TEST-NET-3: local there, like every address).
+    let script = r#"
+import socket, sys
+q = bytes.fromhex(sys.argv[1]); dns = int(sys.argv[2]); port = int(sys.argv[3])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(10)
+u.sendto(q, ("127.0.0.1", dns)); a, _ = u.recvfrom(4096)
+ip = socket.inet_ntoa(a[-4:])
+for host in (ip, "203.0.113.9"):
+    s = socket.create_connection((host, port), timeout=10)
+    s.sendall(b"ping " + host.encode()); s.shutdown(socket.SHUT_WR)
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk: break
+        data += chunk
+    print(host, data.decode())
+"#;
+    let client = s.agent.connect().await;
+    let req = SpawnRequest {
+        argv: vec!["python3".into(), "-c".into(), script.into(), query, s.ports.dns.to_string(), echo.to_string()],
+        ..Default::default()
+    };
+    let out = client.spawn(req).unwrap().output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code, Some(0), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    let fake: Ipv4Addr = lines[0].split(' ').next().unwrap().parse().unwrap();
+    assert_eq!(u32::from(fake) >> 17, u32::from(Ipv4Addr::new(198, 18, 0, 0)) >> 17, "{stdout}");
+    assert_eq!(lines[0], format!("{fake} echo:ping {fake}"));
+    assert_eq!(lines[1], "203.0.113.9 echo:ping 203.0.113.9");
+    let log = s.log.lock().unwrap().clone();
+    assert!(
+        log.contains(&EgressRequest::Connect { name: "allowed.test".into(), port: echo, via: EgressVia::Transparent }),
+        "{log:?}"
+    );
+    assert!(
+        log.contains(&EgressRequest::Connect { name: "203.0.113.9".into(), port: echo, via: EgressVia::Transparent }),
+        "{log:?}"
+    );
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
