@@ -73,7 +73,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            connections: 1024,
+            connections: 2048,
             handshakes: 256,
             lookups: 128,
             dns_tcp: 32,

@@ -1,0 +1,414 @@
+//! Network egress end to end: real guests under `vmctl run`, the agent's proxies, DNS and
+//! nftables redirect inside, the host's egress proxy deciding by name.
+//!
+//! Network safety: every server here is started by the test on 127.0.0.1 and stopped with it.
+//! The guest reaches them only as `allowed.test` (or `denied.test`), overridden to 127.0.0.1
+//! with `--resolve`, and 127.0.0.1 is reachable only through `--allow-cidr 127.0.0.1/32`. No
+//! name here is ever resolved by DNS: every name the host is asked for is either refused by
+//! the policy before resolution or overridden.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use umbra_tests::{test_bundle, workspace_bin, TempDir};
+
+const BODY: &str = "hello from the host\n";
+
+/// A plain HTTP server on 127.0.0.1 answering every request with [`BODY`]; counts requests.
+fn http_server() -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let counter = counter.clone();
+            std::thread::spawn(move || {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                // The request head, up to its blank line.
+                loop {
+                    line.clear();
+                    match reader.read_line(&mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) if line == "\r\n" || line == "\n" => break,
+                        Ok(_) => {}
+                    }
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{BODY}",
+                    BODY.len()
+                );
+            });
+        }
+    });
+    (port, hits)
+}
+
+/// A process the test owns: killed when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_listening(port: u16) {
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("nothing listens on 127.0.0.1:{port}");
+}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A test CA and a certificate for `allowed.test` it signed, in `dir` (ca.pem, cert.pem, key.pem).
+fn test_pki(dir: &Path) {
+    let openssl = || {
+        let mut c = Command::new("openssl");
+        c.current_dir(dir);
+        c
+    };
+    run_ok(openssl().args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"]).args([
+        "-subj",
+        "/CN=Umbra test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]));
+    run_ok(
+        openssl()
+            .args(["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=allowed.test"])
+            .args(["-keyout", "key.pem", "-out", "cert.csr"]),
+    );
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=DNS:allowed.test\n").unwrap();
+    run_ok(openssl().args(["x509", "-req", "-in", "cert.csr", "-CA", "ca.pem", "-CAkey", "ca.key"]).args([
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "cert.pem",
+    ]));
+}
+
+/// `openssl s_server -WWW` on 127.0.0.1, serving the files in `dir`.
+fn tls_server(dir: &Path) -> (Server, u16) {
+    let port = free_port();
+    let child = Command::new("openssl")
+        .current_dir(dir)
+        .args(["s_server", "-quiet", "-accept"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["-cert", "cert.pem", "-key", "key.pem", "-WWW"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("openssl s_server (apt: openssl)");
+    let server = Server(child);
+    wait_listening(port);
+    (server, port)
+}
+
+/// A bare git repository with one commit, served over dumb HTTP by Python's http.server.
+fn git_server(dir: &Path) -> (Server, u16) {
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let git = |d: &Path| {
+        let mut c = Command::new("git");
+        c.current_dir(d).env("GIT_CONFIG_NOSYSTEM", "1").env("HOME", dir);
+        c
+    };
+    run_ok(git(&work).args(["init", "-q", "-b", "main"]));
+    std::fs::write(work.join("README"), "cloned through the egress proxy\n").unwrap();
+    run_ok(git(&work).args(["add", "README"]));
+    run_ok(git(&work).args(["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first"]));
+    let served = dir.join("srv");
+    std::fs::create_dir_all(&served).unwrap();
+    run_ok(git(dir).args(["clone", "-q", "--bare", "work", "srv/repo.git"]));
+    run_ok(git(&served.join("repo.git")).args(["update-server-info"]));
+    let port = free_port();
+    let child = Command::new("python3")
+        .args(["-m", "http.server", "--bind", "127.0.0.1", "--directory"])
+        .arg(&served)
+        .arg(port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    wait_listening(port);
+    (server, port)
+}
+
+fn vmctl_run(flavor: &str, network: &[&str], script: &str, mounts: &[String]) -> Output {
+    let mut c = Command::new(workspace_bin("vmctl"));
+    c.args(["run", "--json", "--timeout", "240", "--bundle"]).arg(test_bundle(flavor)).args(network);
+    for m in mounts {
+        c.args(["--mount", m]);
+    }
+    c.args(["--", "sh", "-c", script]);
+    c.output().unwrap()
+}
+
+/// The events of a `vmctl run --json`, and the command's stdout and stderr joined.
+struct Run {
+    events: Vec<serde_json::Value>,
+    stdout: String,
+    stderr: String,
+    code: Option<i32>,
+}
+
+fn parse(out: Output) -> Run {
+    let mut run = Run { events: Vec::new(), stdout: String::new(), stderr: String::new(), code: out.status.code() };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        match v["event"].as_str() {
+            Some("stdout") => run.stdout.push_str(v["data"].as_str().unwrap_or("")),
+            Some("stderr") => run.stderr.push_str(v["data"].as_str().unwrap_or("")),
+            _ => {}
+        }
+        run.events.push(v);
+    }
+    run.stderr.push_str(&String::from_utf8_lossy(&out.stderr));
+    run
+}
+
+impl Run {
+    fn egress(&self, name: &str) -> Vec<&serde_json::Value> {
+        self.events.iter().filter(|e| e["event"] == "egress" && e["name"] == name).collect()
+    }
+    fn explain(&self) -> String {
+        format!("exit {:?}\nstdout:\n{}\nstderr:\n{}\nevents: {:#?}", self.code, self.stdout, self.stderr, self.events)
+    }
+}
+
+fn allow(port_cidr: bool) -> Vec<&'static str> {
+    let mut v = vec!["--allow-domain", "allowed.test", "--resolve", "allowed.test:127.0.0.1"];
+    if port_cidr {
+        v.extend(["--allow-cidr", "127.0.0.1/32"]);
+    }
+    v
+}
+
+/// The minimal image, with busybox's static `nc`, which knows nothing of proxies: the
+/// transparent path (fake-IP DNS, the nftables redirect) carries it to an allowed name, and a
+/// denied name fails at once, in the guest's resolver.
+#[test]
+fn allowlist_transparent_path_and_denied_names_in_the_minimal_image() {
+    let (port, hits) = http_server();
+    let get = |name: &str, path: &str| {
+        format!("printf 'GET /{path} HTTP/1.0\\r\\nHost: {name}\\r\\n\\r\\n' | nc -w 20 {name} {port}")
+    };
+    let script = format!(
+        "t0=$(cut -d' ' -f1 /proc/uptime)
+         {denied}; echo denied-exit=$?
+         t1=$(cut -d' ' -f1 /proc/uptime)
+         echo denied-took=$(awk \"BEGIN {{print $t1 - $t0}}\")
+         {allowed} && echo transparent-ok
+         ls /sys/class/net",
+        denied = get("denied.test", "denied"),
+        allowed = get("allowed.test", "transparent"),
+    );
+    let run = parse(vmctl_run("minimal", &allow(true), &script, &[]));
+    let why = run.explain();
+    assert_eq!(run.code, Some(0), "{why}");
+    assert!(run.stdout.contains(&format!("{BODY}transparent-ok")), "{why}");
+    assert!(run.stdout.contains("HTTP/1.1 200 OK"), "{why}");
+    assert!(!run.stdout.contains("denied-exit=0"), "{why}");
+    assert!(run.stderr.contains("bad address 'denied.test'"), "a clear error in the guest: {why}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "exactly the allowed request reached the server: {why}");
+    // The guest has no interface but lo.
+    assert!(run.stdout.trim_end().ends_with("\nlo"), "{why}");
+    // Fails fast: no timeout, the refusal comes straight back.
+    let took: f64 = run
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("denied-took="))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no timing: {why}"));
+    assert!(took < 2.0, "the denied request took {took} s: {why}");
+
+    let denied = run.egress("denied.test");
+    assert!(!denied.is_empty(), "the host records the denied name: {why}");
+    assert!(denied.iter().all(|e| e["allowed"] == false), "{why}");
+    assert!(denied[0]["reason"].as_str().unwrap().contains("allowlist"), "{why}");
+    let allowed: Vec<_> = run.egress("allowed.test").into_iter().filter(|e| e["port"] == port).collect();
+    assert_eq!(allowed.len(), 1, "{why}");
+    assert_eq!(allowed[0]["allowed"], true, "{why}");
+    assert_eq!(allowed[0]["via"], "transparent", "{why}");
+    assert!(allowed[0]["address"].as_str().unwrap().starts_with("127.0.0.1"), "{why}");
+    let closed: Vec<_> = run.events.iter().filter(|e| e["event"] == "egress_closed").collect();
+    assert!(
+        closed.iter().any(|e| e["bytes_received"].as_u64().unwrap_or(0) >= BODY.len() as u64),
+        "closed connections report the bytes each way: {why}"
+    );
+}
+
+/// Without the CIDR allow a name that resolves to 127.0.0.1 is refused; without any network
+/// flag (`vmctl run`'s default, none) nothing resolves and nothing connects.
+#[test]
+fn loopback_needs_a_cidr_and_the_default_is_no_network() {
+    let (port, hits) = http_server();
+    let script = format!("echo | nc -w 20 allowed.test {port}; echo exit=$?");
+    let run = parse(vmctl_run("minimal", &allow(false), &script, &[]));
+    let why = run.explain();
+    assert!(!run.stdout.contains("exit=0"), "{why}");
+    let refused = run.egress("allowed.test");
+    assert!(refused.iter().any(|e| e["allowed"] == false), "{why}");
+    let reason = refused.iter().find_map(|e| e["reason"].as_str()).unwrap_or_default().to_string();
+    assert!(reason.contains("loopback") && reason.contains("CIDR"), "{reason}: {why}");
+
+    let run = parse(vmctl_run("minimal", &[], &script, &[]));
+    let why = run.explain();
+    assert!(!run.stdout.contains("exit=0"), "{why}");
+    assert!(run.egress("allowed.test").iter().all(|e| e["allowed"] == false), "{why}");
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "{why}");
+}
+
+/// The standard image: curl over HTTPS through the proxy variables and transparently, git
+/// clone over HTTP, then guest root flushing the nftables rules, adding routes and addresses
+/// and trying to make an interface, after which the proxy is still the only way out.
+#[test]
+fn https_git_and_guest_root_in_the_standard_image() {
+    let pki = TempDir::new("egress-pki");
+    test_pki(&pki.0);
+    std::fs::write(pki.0.join("file.txt"), "a file served over TLS\n").unwrap();
+    let (_tls, tls_port) = tls_server(&pki.0);
+    let repo = TempDir::new("egress-git");
+    let (_git, git_port) = git_server(&repo.0);
+    let (escape_port, escape_hits) = http_server();
+    let ca = format!("{}:pki:ro", pki.0.display());
+    let script = format!(
+        "set -u
+         CA=/sessions/run/mnt/pki/ca.pem
+         curl -sS --max-time 30 --cacert $CA https://allowed.test:{tls_port}/file.txt && echo https-proxy-ok
+         curl -sS --max-time 30 --noproxy '*' --cacert $CA https://allowed.test:{tls_port}/file.txt && echo https-transparent-ok
+         curl -sS --max-time 10 --cacert $CA https://denied.test:{tls_port}/file.txt; echo curl-denied-exit=$?
+         git clone -q http://allowed.test:{git_port}/repo.git /tmp/repo && cat /tmp/repo/README && echo git-ok
+         # Guest root tries to route around the proxy.
+         nft flush ruleset && echo flushed
+         nft list ruleset | grep -c redirect; true
+         ip route add default dev lo 2>&1; ip route add 10.0.0.0/8 dev lo 2>&1
+         ip addr add 10.0.2.15/24 dev lo 2>&1
+         ip link add umbra0 type dummy 2>&1 && echo made-dummy
+         ip link add umbra1 type veth peer name umbra2 2>&1 && echo made-veth
+         curl -sS --max-time 5 --noproxy '*' http://allowed.test:{escape_port}/; echo escape-name-exit=$?
+         curl -sS --max-time 5 --noproxy '*' http://127.0.0.1:{escape_port}/; echo escape-loopback-exit=$?
+         curl -sS --max-time 5 --noproxy '*' http://10.0.2.2:{escape_port}/; echo escape-gateway-exit=$?
+         curl -sS --max-time 30 --cacert $CA https://allowed.test:{tls_port}/file.txt && echo proxy-still-ok
+         echo interfaces: $(ls /sys/class/net)"
+    );
+    let run = parse(vmctl_run("standard", &allow(true), &script, &[ca]));
+    let why = run.explain();
+    assert_eq!(run.code, Some(0), "{why}");
+    for want in ["https-proxy-ok", "https-transparent-ok", "git-ok", "flushed", "proxy-still-ok"] {
+        assert!(run.stdout.contains(want), "{want}: {why}");
+    }
+    assert!(run.stdout.contains("cloned through the egress proxy"), "{why}");
+    assert!(!run.stdout.contains("curl-denied-exit=0"), "{why}");
+    for exit in ["escape-name-exit=0", "escape-loopback-exit=0", "escape-gateway-exit=0"] {
+        assert!(!run.stdout.contains(exit), "{exit}: {why}");
+    }
+    assert_eq!(escape_hits.load(Ordering::SeqCst), 0, "nothing reached the host once the rules were gone: {why}");
+    // Whatever root made, nothing it made leads anywhere: no device reaches the host.
+    let interfaces = run.stdout.lines().find_map(|l| l.strip_prefix("interfaces: ")).unwrap_or_default();
+    for name in interfaces.split_whitespace() {
+        assert!(["lo", "umbra0", "umbra1", "umbra2"].contains(&name), "unexpected interface {name}: {why}");
+    }
+    assert!(run.egress("denied.test").iter().all(|e| e["allowed"] == false), "{why}");
+    let via: Vec<_> = run.egress("allowed.test").iter().filter_map(|e| e["via"].as_str()).map(String::from).collect();
+    assert!(via.iter().any(|v| v == "http") && via.iter().any(|v| v == "transparent"), "{via:?}: {why}");
+}
+
+/// A running session's policy changes apply to its next connection, and survive a restart of
+/// its VM: none, then an allowlist, then none again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_sessions_policy_change_applies_to_new_connections() {
+    use umbra_api::methods::StartParams;
+    use umbra_api::session::{NetworkMode, NetworkPolicy};
+    use umbra_runtime::session::{ExecRequest, ManagerOptions, SessionManager};
+
+    let (port, hits) = http_server();
+    let dir = TempDir::new("egress-live");
+    let session = umbra_api::SessionSettings {
+        bundle: test_bundle("minimal").display().to_string(),
+        memory_mib: 256,
+        disk_size_mib: 0,
+        idle_timeout_secs: 0,
+        ..Default::default()
+    };
+    let config = umbra_api::DaemonConfig {
+        session,
+        boot_timeout_secs: umbra_tests::daemon::boot_timeout_secs(),
+        ..Default::default()
+    };
+    let m = SessionManager::new(ManagerOptions {
+        config,
+        state_dir: Some(dir.0.join("state")),
+        storage_root: Some(dir.0.join("data")),
+        bundles: umbra_bundle::Store::new(dir.0.join("bundles")),
+    });
+    let s = m.start(StartParams { name: "live".into(), ..Default::default() }).await.unwrap();
+    assert_eq!(s.info().settings.network.mode, NetworkMode::None, "sessions default to no network");
+    let fetch = || async {
+        let script = format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 20 allowed.test {port}");
+        let req = ExecRequest { argv: vec!["sh".into(), "-c".into(), script], ..Default::default() };
+        let out = s.spawn(req).await.unwrap().output().await;
+        (
+            out.exit.code,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = fetch().await;
+    assert_ne!(code, Some(0), "{err}");
+
+    let allow = NetworkPolicy {
+        mode: NetworkMode::Allowlist,
+        allow_domains: vec!["allowed.test".into()],
+        allow_cidrs: vec!["127.0.0.1/32".into()],
+        resolve: [("allowed.test".to_string(), "127.0.0.1".parse().unwrap())].into(),
+    };
+    s.set_network(allow.clone()).unwrap();
+    let (code, out, err) = fetch().await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.ends_with(BODY), "{out}");
+    assert_eq!(s.info().settings.network, allow, "kept in the session's settings");
+
+    // Malformed policies are refused and change nothing.
+    let bad = NetworkPolicy { allow_cidrs: vec!["10.0.0.0/99".into()], ..allow.clone() };
+    assert!(s.set_network(bad).is_err());
+    assert_eq!(s.info().settings.network, allow);
+
+    s.set_network(NetworkPolicy::default()).unwrap();
+    // The guest may still hold the name's fake address (5 s TTL): the host refuses anyway.
+    let (code, _, err) = fetch().await;
+    assert_ne!(code, Some(0), "{err}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "only the request made while allowed arrived");
+    m.delete("live").await.unwrap();
+}
