@@ -5,7 +5,8 @@
 //! type ([`event::SessionEvent`]) that the runtime emits and `vmctl --json`, the IPC and the
 //! tests all consume, the session model ([`session`]), the daemon's configuration ([`config`])
 //! and stable error codes ([`error`]). [`schema`] turns them into the JSON Schema that
-//! `docs/ipc.md` and the TypeScript client are built from. The `client` feature adds an async
+//! `docs/ipc.md` and the TypeScript client are built from; [`typescript`] renders it as that
+//! client's types (`host/client-ts/src/generated/types.ts`). The `client` feature adds an async
 //! client over the daemon's socket.
 
 pub mod config;
@@ -17,6 +18,7 @@ pub mod reference;
 pub mod rpc;
 pub mod schema;
 pub mod session;
+pub mod typescript;
 
 #[cfg(feature = "client")]
 pub mod client;

@@ -1,0 +1,1306 @@
+// Generated from the Rust types in host/api (through the JSON Schema
+// host/api/schema/umbrad-ipc.json) by host/api/src/typescript.rs: do not edit.
+// `UMBRA_UPDATE_SCHEMA=1 cargo test -p umbra-api` rewrites it; a test fails when it is stale.
+// The wire protocol and what every field means: docs/ipc.md.
+
+/** The IPC contract's version (`major.minor`) these types describe. */
+export const API_VERSION = "1.0";
+
+/** Bytes of each output stream umbrad sends before it waits for `process.ack`. */
+export const OUTPUT_WINDOW = 1048576;
+
+/** Largest read or write of `file.read` / `file.write` in one request. */
+export const MAX_FILE_CHUNK = 1048576;
+
+/**
+ * Flow control: the client has consumed `bytes` of a process's output and can take that much
+ * more. Each stream starts with {@link OUTPUT_WINDOW} bytes of credit; without acks the process
+ * blocks in the guest once its credit is spent. Usually sent as a notification (no id).
+ */
+export interface AckParams {
+  session: string;
+  process: number;
+  stream: Stream;
+  bytes: number;
+}
+
+/** An error as a client sees it: a stable code and a message for people. */
+export interface ApiError {
+  code: ErrorCode;
+  message: string;
+}
+
+/**
+ * Which VM backend to use.
+ *
+ * - `"auto"`: The Umbra VMM where the CPU has VT-x/AMD-V, QEMU elsewhere.
+ * - `"kvm"`: Umbra's own VMM on KVM.
+ * - `"qemu"`: QEMU (KVM acceleration where the host has it, emulation otherwise).
+ */
+export type BackendChoice = "auto" | "kvm" | "qemu";
+
+export interface BundleStatus {
+  installed: InstalledInfo[];
+  /** Where the store lives. */
+  root: string;
+  /** The version sessions boot from `current`, if one is installed. */
+  current?: string | null;
+  /**
+   * Downloads in progress (the latest progress event of each).
+   *
+   * @defaultValue `[]`
+   */
+  downloading?: Progress[];
+  /** The configured bundle URL. */
+  url?: string | null;
+}
+
+export type ChangeKind = "added" | "modified" | "deleted";
+
+/** A `config.set`: the fields to change. */
+export interface ConfigPatch {
+  /** Whether to download `bundle_url` into the warm slot in the background. */
+  auto_download?: boolean | null;
+  /** The VM backend. */
+  backend?: BackendChoice | null;
+  /** Seconds a boot may take once admitted. */
+  boot_timeout_secs?: number | null;
+  /** The bundle to boot. */
+  bundle?: string | null;
+  /** The default download URL; an empty string clears it. */
+  bundle_url?: string | null;
+  /** Guest vCPUs (1 to 64). */
+  cpus?: number | null;
+  /** Size of the session disk; 0 for none. */
+  disk_size_mib?: number | null;
+  /** Seconds between heartbeats. */
+  heartbeat_interval_secs?: number | null;
+  /** Seconds a heartbeat may take. */
+  heartbeat_timeout_secs?: number | null;
+  /** Idle seconds before the session stops; 0 never. */
+  idle_timeout_secs?: number | null;
+  /** Boots at once (0: twice the CPU count); takes effect at once. */
+  max_concurrent_boots?: number | null;
+  /** Failures allowed within the restart window. */
+  max_restarts?: number | null;
+  /** Guest memory (64 to 65536). */
+  memory_mib?: number | null;
+  /** The network policy (replaces the whole policy). */
+  network?: NetworkPolicy | null;
+  /** The restart window, in seconds. */
+  restart_window_secs?: number | null;
+}
+
+/**
+ * umbrad's configuration (`config.get`), persisted in `$XDG_CONFIG_HOME/umbra/umbrad.json`.
+ * The session fields (flattened: one flat object) are the defaults a `session.start` uses for
+ * what it does not set.
+ */
+export interface DaemonConfig {
+  /**
+   * Download `bundle_url` into the warm slot in the background when umbrad starts and when
+   * this is switched on; the next session start promotes it.
+   *
+   * @defaultValue `false`
+   */
+  auto_download?: boolean;
+  /**
+   * Which VM backend runs it.
+   *
+   * @defaultValue `"auto"`
+   */
+  backend?: BackendChoice;
+  /**
+   * How long a boot may take once it has a slot.
+   *
+   * @defaultValue `30`
+   */
+  boot_timeout_secs?: number;
+  /**
+   * Which bundle boots it: an installed version, `current`, or a built flavor (`minimal`,
+   * `standard`) or bundle directory.
+   *
+   * @defaultValue `"current"`
+   */
+  bundle?: string;
+  /** Where `bundle.download` fetches from when it is not given a URL. */
+  bundle_url?: string | null;
+  /**
+   * Guest vCPUs.
+   *
+   * @defaultValue `1`
+   */
+  cpus?: number;
+  /**
+   * Size of the writable session disk (sparse: only what the guest writes takes space); 0
+   * keeps the guest's writes in its RAM, lost when the VM ends.
+   *
+   * @defaultValue `8192`
+   */
+  disk_size_mib?: number;
+  /**
+   * How often the agent is pinged.
+   *
+   * @defaultValue `5`
+   */
+  heartbeat_interval_secs?: number;
+  /**
+   * How long a ping may take before the VM counts as failed and is restarted.
+   *
+   * @defaultValue `15`
+   */
+  heartbeat_timeout_secs?: number;
+  /**
+   * Stop the session after this long with no running process and no client activity; 0
+   * never stops it.
+   *
+   * @defaultValue `900`
+   */
+  idle_timeout_secs?: number;
+  /**
+   * Boots at once; further starts queue. 0: twice the host's CPU count.
+   *
+   * @defaultValue `0`
+   */
+  max_concurrent_boots?: number;
+  /**
+   * A session that fails more than this many times within `restart_window_secs` becomes
+   * `failed` instead of restarting again.
+   *
+   * @defaultValue `3`
+   */
+  max_restarts?: number;
+  /**
+   * Guest memory.
+   *
+   * @defaultValue `512`
+   */
+  memory_mib?: number;
+  /**
+   * What the guest may connect to (through the host's egress proxy; the guest has no
+   * network interface of its own).
+   *
+   * @defaultValue `{"mode":"none"}`
+   */
+  network?: NetworkPolicy;
+  /**
+   * The window `max_restarts` counts failures in.
+   *
+   * @defaultValue `300`
+   */
+  restart_window_secs?: number;
+}
+
+export interface DaemonInfo {
+  /** umbrad's version. */
+  version: string;
+  /**
+   * The IPC contract's version (`major.minor`): a client should refuse a daemon of another
+   * major version.
+   */
+  api_version: string;
+  pid: number;
+  uid: number;
+  socket: string;
+}
+
+export interface DirEntry {
+  name: string;
+  kind: FileKind;
+  size: number;
+}
+
+export interface DirList {
+  entries: DirEntry[];
+  truncated: boolean;
+}
+
+/** The result of methods that only succeed or fail (`{}`). */
+export type Done = Record<string, never>;
+
+export interface DownloadParams {
+  /**
+   * `http(s)://` or `file://` of a bundle's `manifest.json` (or its directory); default: the
+   * configured `bundle_url`.
+   */
+  url?: string | null;
+  /**
+   * Into the warm slot: the next session start promotes it.
+   *
+   * @defaultValue `false`
+   */
+  warm?: boolean;
+}
+
+export interface Downloaded {
+  version: string;
+  how: PulledHow;
+  /** Compressed bytes transferred. */
+  downloaded: number;
+}
+
+/**
+ * How the connection reached the agent (for the host's events and decisions' records).
+ *
+ * - `"transparent"`: A TCP connection redirected by the guest's netfilter rule.
+ * - `"http"`: The agent's HTTP proxy (CONNECT, or a plain `http://` request).
+ * - `"socks"`: The agent's SOCKS5 proxy.
+ * - `"dns"`: The agent's DNS server (`resolve` requests).
+ */
+export type EgressVia = "transparent" | "http" | "socks" | "dns";
+
+export type Encoding = "utf8" | "base64";
+
+/**
+ * What kind of failure an error is. The snake_case names are stable; new codes may be added,
+ * and a client that does not know one sees `"unknown"`.
+ *
+ * - `"parse_error"`: The request line was not valid JSON.
+ * - `"invalid_request"`: Valid JSON, but not a JSON-RPC 2.0 request (or a line longer than the limit).
+ * - `"method_not_found"`: No method of that name (see `daemon.info`'s `api_version`).
+ * - `"invalid_params"`: The parameters do not match the method's schema, or a value is out of range.
+ * - `"internal"`: A bug or an unexpected condition in umbrad.
+ * - `"session_not_found"`: No session of that name.
+ * - `"session_exists"`: A session of that name exists already (and is not running: resume or delete it).
+ * - `"invalid_state"`: The session is not in a state that allows this (for example, not running).
+ * - `"not_found"`: A file, folder, process or command does not exist. Spawning a command that is not found is this code (a shell would exit 127).
+ * - `"permission_denied"`: The guest or the host refused access (a shell would exit 126 for a command).
+ * - `"already_exists"`: Something of that name exists already (a shared folder, for example).
+ * - `"spawn_failed"`: The command could not be started for another reason.
+ * - `"boot_failed"`: The VM did not boot: the message carries the reason and the last console lines.
+ * - `"session_lost"`: The VM or its agent went away during the call (the session restarts or has failed).
+ * - `"guest_error"`: The guest agent refused the request for a reason not covered above.
+ * - `"timeout"`: The guest did not answer in time.
+ * - `"too_large"`: A request, a file or an output exceeds a limit.
+ * - `"busy"`: A limit on clients, sessions or concurrent work was reached; try again later.
+ * - `"bundle_error"`: A bundle could not be downloaded, verified or found.
+ * - `"io"`: A host I/O error (disk full, permissions on the host's own directories).
+ * - `"unsupported"`: Not possible with this session, host or build (for example, a session without storage).
+ * - `"unauthorized"`: The connecting user is not allowed to use this daemon.
+ * - `"unavailable"`: umbrad is not running, or the connection to it dropped (clients report this; the daemon never sends it).
+ * - `"unknown"`: A code from a newer daemon.
+ */
+export type ErrorCode = "parse_error" | "invalid_request" | "method_not_found" | "invalid_params" | "internal" | "session_not_found" | "session_exists" | "invalid_state" | "not_found" | "permission_denied" | "already_exists" | "spawn_failed" | "boot_failed" | "session_lost" | "guest_error" | "timeout" | "too_large" | "busy" | "bundle_error" | "io" | "unsupported" | "unauthorized" | "unavailable" | "unknown";
+
+/** Params of `events.lost`. */
+export interface EventsLost {
+  /** Events dropped since the last one this client received. */
+  count: number;
+}
+
+export interface ExportParams {
+  session: string;
+  folder: string;
+  /** A host path for the tar; default: a new file in the session's storage directory. */
+  dest?: string | null;
+}
+
+export interface Exported {
+  path: string;
+  bytes: number;
+}
+
+/**
+ * Bytes in JSON: `data` holds UTF-8 text as it is (`encoding` absent or `utf8`) or base64
+ * (`encoding: base64`). Output uses text where it is valid UTF-8 without many control
+ * characters; a chunk boundary can split a character, so one stream may mix both, and
+ * decoding each chunk and concatenating gives the exact bytes. File contents are base64.
+ */
+export interface FileData {
+  data: string;
+  /** The read reached the end of the file. */
+  eof: boolean;
+  encoding?: Encoding;
+}
+
+export type FileKind = "file" | "dir" | "symlink" | "other";
+
+export interface FileStat {
+  kind: FileKind;
+  size: number;
+  mode: number;
+  uid: number;
+  gid: number;
+  mtime_ms: number;
+}
+
+/** A folder shared with a session. */
+export interface FolderInfo {
+  name: string;
+  host_path: string;
+  mode: ShareMode;
+  /** `/sessions/<session>/mnt/<name>`. */
+  guest_path: string;
+}
+
+/** A host folder to share with a session. */
+export interface FolderSpec {
+  /** Absolute host path of a directory. */
+  path: string;
+  /**
+   * `ro`, `rw` (no deletes), `rwd` or `shadow` (copy-on-write in the guest). Default `rw`.
+   *
+   * @defaultValue `"rw"`
+   */
+  mode?: ShareMode;
+  /** The name under `/sessions/<session>/mnt/` (default: the folder's own name). */
+  name?: string | null;
+}
+
+/** One installed (or warm) bundle, as `vmctl bundle ls` shows it. */
+export interface InstalledInfo {
+  version: string;
+  flavor: string;
+  /** Uncompressed bytes of its artifacts. */
+  bytes: number;
+  /** Seconds since the epoch when it was completed. */
+  installed: number;
+  current: boolean;
+  /** In the warm slot: downloaded ahead, not yet promoted. */
+  warm: boolean;
+  dir: string;
+}
+
+export interface KillAllParams {
+  session: string;
+  /**
+   * Default 9 (SIGKILL).
+   *
+   * @defaultValue `9`
+   */
+  signal?: number;
+}
+
+export interface KillParams {
+  session: string;
+  process: number;
+  /**
+   * Default 15 (SIGTERM).
+   *
+   * @defaultValue `15`
+   */
+  signal?: number;
+}
+
+export interface ListParams {
+  session: string;
+  path: string;
+  /**
+   * `path` is a host path inside a shared folder.
+   *
+   * @defaultValue `false`
+   */
+  host?: boolean;
+  limit?: number | null;
+}
+
+export interface LogsParams {
+  name: string;
+  /** Lines of each log to return (default 100, at most 10000). */
+  lines?: number | null;
+}
+
+/** A host folder to share with a session. */
+export interface MountParams {
+  session: string;
+  /** Absolute host path of a directory. */
+  path: string;
+  /**
+   * `ro`, `rw` (no deletes), `rwd` or `shadow` (copy-on-write in the guest). Default `rw`.
+   *
+   * @defaultValue `"rw"`
+   */
+  mode?: ShareMode;
+  /** The name under `/sessions/<session>/mnt/` (default: the folder's own name). */
+  name?: string | null;
+}
+
+/**
+ * How much network a session gets. Every connection the guest opens is decided on the host,
+ * by the name it was opened for.
+ *
+ * - `"none"`: No connection leaves the guest (DNS answers nothing).
+ * - `"allowlist"`: Only the names in `allow_domains` (exact, or `*.suffix` for names below a domain), and addresses in `allow_cidrs`.
+ * - `"any"`: Any public address; private, loopback and link-local ones still only through `allow_cidrs`.
+ */
+export type NetworkMode = "none" | "allowlist" | "any";
+
+/** A session's network policy. */
+export interface NetworkPolicy {
+  /**
+   * Address ranges (`10.0.0.0/8`, `127.0.0.1/32`, `::1/128`) the guest may reach even though
+   * they are private, loopback or link-local, and that an address literal may name in
+   * `allowlist` mode.
+   */
+  allow_cidrs?: string[];
+  /**
+   * Names the guest may connect to in `allowlist` mode: `example.com` (that name only) or
+   * `*.example.com` (any name below it, not `example.com` itself).
+   */
+  allow_domains?: string[];
+  /** @defaultValue `"none"` */
+  mode?: NetworkMode;
+  /**
+   * Names the host resolves to a fixed address instead of asking DNS (like curl's
+   * `--resolve`): `{"allowed.test": "127.0.0.1"}`.
+   */
+  resolve?: Record<string, string>;
+}
+
+/** Params of methods that take none (`{}` or absent). */
+export type NoParams = Record<string, never>;
+
+/**
+ * A path in the session: a guest path (absolute, no `..`), or with `host` a host path inside
+ * one of the session's shared folders, translated to its guest path.
+ */
+export interface PathParams {
+  session: string;
+  path: string;
+  /**
+   * `path` is a host path inside a shared folder.
+   *
+   * @defaultValue `false`
+   */
+  host?: boolean;
+}
+
+/**
+ * - `"manifest"`: Fetching and checking `manifest.json`.
+ * - `"waiting"`: Another pull of the same version holds its lock; this one waits and then reuses its work.
+ * - `"download"`: Compressed bytes are arriving (and being decompressed and verified on the way).
+ * - `"retry"`: A network error or 5xx: waiting `message`'s delay before resuming.
+ * - `"install"`: Every artifact verified: renaming into place and switching `current`.
+ * - `"promote"`: A warm bundle is being renamed into place instead of downloaded.
+ */
+export type Phase = "done" | "manifest" | "waiting" | "download" | "retry" | "install" | "promote";
+
+/** How a process ended. */
+export interface ProcessExit {
+  process: number;
+  duration_ms: number;
+  /** The exit code, when it exited by itself. */
+  code?: number | null;
+  /** The first signal the host forwarded to it (Ctrl-C in `vmctl`), if any. */
+  interrupted?: number | null;
+  /**
+   * Its end was not reported by the guest: the VM failed, restarted or stopped. `reason`
+   * says which.
+   *
+   * @defaultValue `false`
+   */
+  lost?: boolean;
+  reason?: string | null;
+  /**
+   * The signal that ended it. A process whose VM went away is reported killed by SIGKILL (9)
+   * with `lost` set.
+   */
+  signal?: number | null;
+  /**
+   * It was stopped because its timeout passed.
+   *
+   * @defaultValue `false`
+   */
+  timed_out?: boolean;
+}
+
+export interface ProcessRef {
+  session: string;
+  process: number;
+}
+
+export interface Progress {
+  phase: Phase;
+  version: string;
+  /** Compressed bytes received or found already on disk, over all artifacts. */
+  done: number;
+  /** Compressed bytes of all artifacts. */
+  total: number;
+  /** Bytes per second over the last few seconds. */
+  rate: number;
+  /** The artifact being downloaded, in `download` and `retry`. */
+  artifact?: string | null;
+  eta_secs?: number | null;
+  /** What went wrong before a retry, or other detail. */
+  message?: string | null;
+}
+
+/**
+ * - `"downloaded"`: Downloaded, verified, installed and made current.
+ * - `"already_installed"`: Already installed (perhaps by a concurrent pull); made current.
+ * - `"promoted_warm"`: Found complete in the warm slot; renamed into place and made current.
+ * - `"warmed"`: Downloaded into (or already in) the warm slot; `current` unchanged.
+ */
+export type PulledHow = "downloaded" | "already_installed" | "promoted_warm" | "warmed";
+
+export interface ReadParams {
+  session: string;
+  path: string;
+  /**
+   * `path` is a host path inside a shared folder.
+   *
+   * @defaultValue `false`
+   */
+  host?: boolean;
+  /** At most {@link MAX_FILE_CHUNK} bytes (the default). */
+  len?: number | null;
+  /** @defaultValue `0` */
+  offset?: number;
+}
+
+/** Params of `bundle.delete_and_reinstall`. */
+export interface ReinstallParams {
+  /**
+   * `http(s)://` or `file://` of the bundle to download again; default: the configured
+   * `bundle_url`.
+   */
+  url?: string | null;
+}
+
+export interface ResizeParams {
+  session: string;
+  process: number;
+  rows: number;
+  cols: number;
+}
+
+/**
+ * One event. `session` is absent for events about the host (bundle downloads).
+ *
+ * The `event` field tells the kinds apart ({@link SessionEventKind}); narrow on it with `switch` or `===`.
+ */
+export type SessionEvent = SessionEventBase & SessionEventKind;
+
+/** The fields every {@link SessionEvent} has, whatever its kind. */
+export interface SessionEventBase {
+  /** Milliseconds since the epoch. */
+  time_ms: number;
+  session?: string | null;
+}
+
+/** The kinds of {@link SessionEvent}, by their `event` field. */
+export type SessionEventKind =
+  | StatusEvent
+  | BootQueuedEvent
+  | ReadyEvent
+  | StartupErrorEvent
+  | HeartbeatFailureEvent
+  | RestartingEvent
+  | FailedEvent
+  | IdleStopEvent
+  | FolderMountedEvent
+  | FolderUnmountedEvent
+  | ShadowExportedEvent
+  | ShadowLostEvent
+  | ShadowDiffEvent
+  | ShadowAppliedEvent
+  | OutputsFileCreatedEvent
+  | OutputsFileDeletedEvent
+  | SpawnedEvent
+  | SpawnFailedEvent
+  | StdoutEvent
+  | StderrEvent
+  | ExitEvent
+  | EgressEvent
+  | EgressClosedEvent
+  | DownloadProgressEvent
+  | ErrorEvent;
+
+/** Every value of {@link SessionEvent}'s `event` field, in declaration order. */
+export const SESSION_EVENT_KINDS = [
+  "status",
+  "boot_queued",
+  "ready",
+  "startup_error",
+  "heartbeat_failure",
+  "restarting",
+  "failed",
+  "idle_stop",
+  "folder_mounted",
+  "folder_unmounted",
+  "shadow_exported",
+  "shadow_lost",
+  "shadow_diff",
+  "shadow_applied",
+  "outputs_file_created",
+  "outputs_file_deleted",
+  "spawned",
+  "spawn_failed",
+  "stdout",
+  "stderr",
+  "exit",
+  "egress",
+  "egress_closed",
+  "download_progress",
+  "error",
+] as const;
+
+/** The session's status changed. */
+export interface StatusEvent {
+  event: "status";
+  status: SessionStatus;
+  reason?: string | null;
+}
+
+/** The boot waits for a slot: `position` boots are ahead of it (1 = next). */
+export interface BootQueuedEvent {
+  event: "boot_queued";
+  position: number;
+}
+
+/** The VM is up and its agent answers. */
+export interface ReadyEvent {
+  event: "ready";
+  backend: string;
+  /** Why this backend (what `auto` saw). */
+  why: string;
+  boot_ms: number;
+  bundle: string;
+}
+
+/** Starting (or restarting) failed. */
+export interface StartupErrorEvent {
+  event: "startup_error";
+  error: ApiError;
+}
+
+/** The VM stopped answering or went away; a restart follows unless the session gives up. */
+export interface HeartbeatFailureEvent {
+  event: "heartbeat_failure";
+  reason: string;
+}
+
+/** The VM is being booted again after a failure. */
+export interface RestartingEvent {
+  event: "restarting";
+  /** 1 for the first restart in the current window. */
+  attempt: number;
+  reason: string;
+  /** Back-off before this boot. */
+  delay_ms: number;
+}
+
+/** The session gave up after too many failures. */
+export interface FailedEvent {
+  event: "failed";
+  reason: string;
+  /** The last console lines of the VM that failed. */
+  console: string;
+}
+
+/** Stopped after `idle_secs` with no running process and no client activity. */
+export interface IdleStopEvent {
+  event: "idle_stop";
+  idle_secs: number;
+}
+
+/** A folder is shared (at start, after a restart or resume, or by `folder.mount`). */
+export interface FolderMountedEvent {
+  event: "folder_mounted";
+  name: string;
+  host_path: string;
+  guest_path: string;
+  mode: ShareMode;
+}
+
+/** `event`: `folder_unmounted`. */
+export interface FolderUnmountedEvent {
+  event: "folder_unmounted";
+  name: string;
+}
+
+/** Unapplied shadow changes saved before the VM was replaced. */
+export interface ShadowExportedEvent {
+  event: "shadow_exported";
+  folder: string;
+  /** A tar with the changed files and a list of deletions. */
+  path: string;
+}
+
+/** Unapplied shadow changes could not be saved (the agent did not answer): they are lost. */
+export interface ShadowLostEvent {
+  event: "shadow_lost";
+  folder: string;
+  reason: string;
+}
+
+/** What a shadow folder's guest side changed (`vmctl run --shadow-diff`). */
+export interface ShadowDiffEvent {
+  event: "shadow_diff";
+  folder: string;
+  changes: ShadowChange[];
+}
+
+/** A shadow folder's changes were written to the host folder (`vmctl run --shadow-apply`). */
+export interface ShadowAppliedEvent {
+  event: "shadow_applied";
+  folder: string;
+  report: ShadowApplyReport;
+}
+
+/** A file appeared in the session's outputs folder. `path` is relative to it. */
+export interface OutputsFileCreatedEvent {
+  event: "outputs_file_created";
+  path: string;
+  host_path: string;
+}
+
+/** `event`: `outputs_file_deleted`. */
+export interface OutputsFileDeletedEvent {
+  event: "outputs_file_deleted";
+  path: string;
+  host_path: string;
+}
+
+/** A process started. */
+export interface SpawnedEvent {
+  event: "spawned";
+  process: number;
+  /** Its pid in the guest. */
+  pid: number;
+  argv: string[];
+}
+
+/** A process could not be started. */
+export interface SpawnFailedEvent {
+  event: "spawn_failed";
+  process: number;
+  error: ApiError;
+}
+
+/** Output of a process (to its owner only). */
+export interface StdoutEvent {
+  event: "stdout";
+  process: number;
+  data: string;
+  encoding?: Encoding;
+}
+
+/** Error output of a process (to its owner only). */
+export interface StderrEvent {
+  event: "stderr";
+  process: number;
+  data: string;
+  encoding?: Encoding;
+}
+
+/** A process ended. Its output all came before this; nothing about it follows. */
+export interface ExitEvent extends ProcessExit {
+  event: "exit";
+}
+
+/** The host decided on a connection (or a DNS lookup) the guest asked for. */
+export interface EgressEvent {
+  event: "egress";
+  /** The name asked for (or an address literal). */
+  name: string;
+  /** 0 for a DNS lookup. */
+  port: number;
+  /** How it reached the guest agent. */
+  via: EgressVia;
+  allowed: boolean;
+  /** The address the host connected to (or that the name resolved to). */
+  address?: string | null;
+  /** Why it was refused (or failed), when it was. */
+  reason?: string | null;
+}
+
+/** An allowed connection closed. */
+export interface EgressClosedEvent {
+  event: "egress_closed";
+  name: string;
+  port: number;
+  /** Bytes from the guest to the destination. */
+  bytes_sent: number;
+  /** Bytes from the destination to the guest. */
+  bytes_received: number;
+  duration_ms: number;
+}
+
+/** A bundle download made progress. */
+export interface DownloadProgressEvent extends Progress {
+  event: "download_progress";
+}
+
+/** Something failed outside any one request (`vmctl run` reports its own errors so). */
+export interface ErrorEvent {
+  event: "error";
+  error: ApiError;
+}
+
+/** A session as `session.get` and `session.list` report it. */
+export interface SessionInfo {
+  name: string;
+  status: SessionStatus;
+  settings: SessionSettings;
+  /** The user's folders, then `outputs` and `uploads`. */
+  folders: FolderInfo[];
+  /** `$XDG_DATA_HOME/umbra/sessions/<name>`: holds `outputs/`, `uploads/` and `disk.img`. */
+  storage_dir: string;
+  /** Processes running in the session now. */
+  processes: number;
+  /** VM restarts since the session was last started or resumed. */
+  restarts: number;
+  /** Milliseconds since the epoch. */
+  created_ms: number;
+  /** Why the session last stopped or failed. */
+  last_error?: string | null;
+  /** The running VM, when there is one. */
+  vm?: VmInfo | null;
+}
+
+export interface SessionList {
+  sessions: SessionInfo[];
+}
+
+export interface SessionLogs {
+  /**
+   * The session's recent lifecycle events (status, restarts, folders, process starts and
+   * exits), oldest first.
+   */
+  events: SessionEvent[];
+  /** The last lines of the running (or last) VM's console. */
+  console: string[];
+}
+
+export interface SessionRef {
+  name: string;
+}
+
+/**
+ * How a session's VM is sized and watched. A session keeps the values it was started with;
+ * what a start does not set comes from the daemon's configuration.
+ */
+export interface SessionSettings {
+  /**
+   * Which VM backend runs it.
+   *
+   * @defaultValue `"auto"`
+   */
+  backend?: BackendChoice;
+  /**
+   * Which bundle boots it: an installed version, `current`, or a built flavor (`minimal`,
+   * `standard`) or bundle directory.
+   *
+   * @defaultValue `"current"`
+   */
+  bundle?: string;
+  /**
+   * Guest vCPUs.
+   *
+   * @defaultValue `1`
+   */
+  cpus?: number;
+  /**
+   * Size of the writable session disk (sparse: only what the guest writes takes space); 0
+   * keeps the guest's writes in its RAM, lost when the VM ends.
+   *
+   * @defaultValue `8192`
+   */
+  disk_size_mib?: number;
+  /**
+   * How often the agent is pinged.
+   *
+   * @defaultValue `5`
+   */
+  heartbeat_interval_secs?: number;
+  /**
+   * How long a ping may take before the VM counts as failed and is restarted.
+   *
+   * @defaultValue `15`
+   */
+  heartbeat_timeout_secs?: number;
+  /**
+   * Stop the session after this long with no running process and no client activity; 0
+   * never stops it.
+   *
+   * @defaultValue `900`
+   */
+  idle_timeout_secs?: number;
+  /**
+   * Guest memory.
+   *
+   * @defaultValue `512`
+   */
+  memory_mib?: number;
+  /**
+   * What the guest may connect to (through the host's egress proxy; the guest has no
+   * network interface of its own).
+   *
+   * @defaultValue `{"mode":"none"}`
+   */
+  network?: NetworkPolicy;
+}
+
+/**
+ * Where a session is in its life. `starting → ready → (restarting → ready)* → stopping →
+ * stopped | failed`; a stopped or failed session can be resumed (back to `starting`).
+ *
+ * - `"starting"`: Waiting for a boot slot, booting, or mounting its folders.
+ * - `"ready"`: The agent answers and every folder is mounted: commands can run.
+ * - `"restarting"`: The VM failed (missed heartbeat, lost agent, VMM exit) and is being booted again.
+ * - `"stopping"`: Its processes and VM are being ended.
+ * - `"stopped"`: No VM; the session's folders, outputs and disk are kept, and it can be resumed.
+ * - `"failed"`: It could not be (re)started; the last error says why. It can be resumed.
+ */
+export type SessionStatus = "starting" | "ready" | "restarting" | "stopping" | "stopped" | "failed";
+
+/** Params of `session.set_network`. */
+export interface SetNetworkParams {
+  name: string;
+  network: NetworkPolicy;
+}
+
+export interface ShadowApplyError {
+  path: string;
+  message: string;
+}
+
+/** What applying a shadow folder's changes did. */
+export interface ShadowApplyReport {
+  /** Paths written to (or deleted from) the host folder. */
+  applied: string[];
+  /** Paths the host changed since the share started: left alone. */
+  conflicts: ShadowConflict[];
+  errors: ShadowApplyError[];
+}
+
+/** One change of a shadow share, relative to the host folder. */
+export interface ShadowChange {
+  /**
+   * Relative to the share's root, `/`-separated; never empty, never `..`. Names that are not
+   * UTF-8 are shown lossily (U+FFFD).
+   */
+  path: string;
+  kind: ChangeKind;
+  /**
+   * The entry is (for a deletion: was) a directory. A deleted directory is one entry.
+   *
+   * @defaultValue `false`
+   */
+  is_dir?: boolean;
+  /**
+   * Size in the guest of an added or modified file or symlink; absent for directories and
+   * deletions.
+   */
+  size?: number | null;
+}
+
+export interface ShadowConflict {
+  path: string;
+  reason: string;
+}
+
+export interface ShadowDiffResult {
+  changes: ShadowChange[];
+}
+
+export interface ShadowParams {
+  session: string;
+  /** The shadow folder's name. */
+  folder: string;
+}
+
+/**
+ * How a shared folder is mounted in the guest.
+ *
+ * - `"ro"`: Read-only (enforced by the host, and by a read-only bind in the guest).
+ * - `"rw"`: Create and modify; spawned processes may not unlink, rmdir or rename (landlock).
+ * - `"rwd"`: Read, write and delete.
+ * - `"shadow"`: The host folder read-only under an overlay whose writable layer lives in the guest.
+ */
+export type ShareMode = "ro" | "rw" | "rwd" | "shadow";
+
+export interface SpawnParams {
+  session: string;
+  /** The command; `argv[0]` is looked up in the guest's PATH. */
+  argv: string[];
+  /** Working directory in the guest (absolute). */
+  cwd?: string | null;
+  /** @defaultValue `{}` */
+  env?: Record<string, string>;
+  /** SIGTERM after this many seconds, SIGKILL 3 s later; the exit says `timed_out`. */
+  timeout_secs?: number | null;
+  /** Run on a pseudo-terminal of this size (output then arrives as stdout only). */
+  tty?: TtySize | null;
+}
+
+export interface Spawned {
+  /** The process's id in this daemon (events name it). */
+  process: number;
+  /** Its pid in the guest. */
+  pid: number;
+}
+
+/** Params of `session.start`. */
+export interface StartParams {
+  /** The session's name: `[A-Za-z0-9._-]`, at most 64 bytes. */
+  name: string;
+  /** The VM backend. */
+  backend?: BackendChoice | null;
+  /** The bundle to boot. */
+  bundle?: string | null;
+  /** Guest vCPUs (1 to 64). */
+  cpus?: number | null;
+  /** Size of the session disk; 0 for none. */
+  disk_size_mib?: number | null;
+  /**
+   * Host folders to share at `/sessions/<name>/mnt/<folder>`.
+   *
+   * @defaultValue `[]`
+   */
+  folders?: FolderSpec[];
+  /** Seconds between heartbeats. */
+  heartbeat_interval_secs?: number | null;
+  /** Seconds a heartbeat may take. */
+  heartbeat_timeout_secs?: number | null;
+  /** Idle seconds before the session stops; 0 never. */
+  idle_timeout_secs?: number | null;
+  /** Guest memory (64 to 65536). */
+  memory_mib?: number | null;
+  /** The network policy (replaces the whole policy). */
+  network?: NetworkPolicy | null;
+}
+
+/**
+ * Bytes in JSON: `data` holds UTF-8 text as it is (`encoding` absent or `utf8`) or base64
+ * (`encoding: base64`). Output uses text where it is valid UTF-8 without many control
+ * characters; a chunk boundary can split a character, so one stream may mix both, and
+ * decoding each chunk and concatenating gives the exact bytes. File contents are base64.
+ */
+export interface StdinParams {
+  session: string;
+  process: number;
+  data: string;
+  encoding?: Encoding;
+}
+
+/** Which output stream. */
+export type Stream = "stdout" | "stderr";
+
+export interface SubscribeParams {
+  /** Only this session's events (default: every session's, and the host's). */
+  session?: string | null;
+}
+
+export interface Subscribed {
+  subscription: number;
+}
+
+export interface TtySize {
+  rows: number;
+  cols: number;
+}
+
+export interface UnmountParams {
+  session: string;
+  name: string;
+}
+
+export interface UnsubscribeParams {
+  subscription: number;
+}
+
+/** The VM behind a running session. */
+export interface VmInfo {
+  /** `kvm` or `qemu`. */
+  backend: string;
+  /** Why `auto` chose it. */
+  backend_reason: string;
+  bundle_version: string;
+  /** Launch → agent ready. */
+  boot_ms: number;
+  /** Host pids of the VMM and its helper processes. */
+  pids: number[];
+  /** The VM's private run directory on the host (sockets, console log). */
+  run_dir: string;
+}
+
+/**
+ * Bytes in JSON: `data` holds UTF-8 text as it is (`encoding` absent or `utf8`) or base64
+ * (`encoding: base64`). Output uses text where it is valid UTF-8 without many control
+ * characters; a chunk boundary can split a character, so one stream may mix both, and
+ * decoding each chunk and concatenating gives the exact bytes. File contents are base64.
+ */
+export interface WriteParams {
+  session: string;
+  path: string;
+  data: string;
+  /**
+   * Append instead of replacing the file.
+   *
+   * @defaultValue `false`
+   */
+  append?: boolean;
+  /** @defaultValue `false` */
+  create_dirs?: boolean;
+  encoding?: Encoding;
+  /**
+   * `path` is a host path inside a shared folder.
+   *
+   * @defaultValue `false`
+   */
+  host?: boolean;
+  /** Write at this offset instead (the file is not truncated). */
+  offset?: number | null;
+  /** Permission bits of a file this creates (default 0644). */
+  permissions?: number | null;
+}
+
+export interface Written {
+  bytes: number;
+}
+
+/** Every method umbrad serves, with the types of its params and result. */
+export interface Methods {
+  /** What this daemon is: versions, pid, uid and socket. */
+  "daemon.info": { params: NoParams; result: DaemonInfo };
+  /** The configuration (session defaults, bundle source). */
+  "config.get": { params: NoParams; result: DaemonConfig };
+  /** Changes some settings; returns the whole new configuration. */
+  "config.set": { params: ConfigPatch; result: DaemonConfig };
+  /** Installed bundles, the current one and any download in progress. */
+  "bundle.status": { params: NoParams; result: BundleStatus };
+  /** Downloads, verifies and installs a bundle (progress as `download_progress` events). */
+  "bundle.download": { params: DownloadParams; result: Downloaded };
+  /**
+   * Downloads a bundle again from scratch even if it is installed; the installed copy is replaced only once the new one is verified.
+   */
+  "bundle.delete_and_reinstall": { params: ReinstallParams; result: Downloaded };
+  /**
+   * Creates and boots a session; returns once it is ready. Starting a session that is already starting waits for that start.
+   */
+  "session.start": { params: StartParams; result: SessionInfo };
+  /** Boots a stopped or failed session again, with its folders, outputs and disk. */
+  "session.resume": { params: SessionRef; result: SessionInfo };
+  /** Ends a session's processes and destroys its VM; its folders, outputs and disk stay. */
+  "session.stop": { params: SessionRef; result: SessionInfo };
+  /** Stops a session and removes it with its outputs, uploads and disk. */
+  "session.delete": { params: SessionRef; result: Done };
+  /**
+   * Replaces a session's network policy; new connections follow it at once (open ones are not cut), and restarts and resumes keep it.
+   */
+  "session.set_network": { params: SetNetworkParams; result: SessionInfo };
+  /** Every session. */
+  "session.list": { params: NoParams; result: SessionList };
+  /** One session. */
+  "session.get": { params: SessionRef; result: SessionInfo };
+  /** A session's recent lifecycle events and console lines. */
+  "session.logs": { params: LogsParams; result: SessionLogs };
+  /** Starts a process; its output and exit arrive as `process.event` notifications. */
+  "process.spawn": { params: SpawnParams; result: Spawned };
+  /** Writes to a process's stdin (waits while the guest has no room). */
+  "process.stdin": { params: StdinParams; result: Done };
+  /** Closes a process's stdin after what was written. */
+  "process.close_stdin": { params: ProcessRef; result: Done };
+  /** Signals a process's process group. */
+  "process.kill": { params: KillParams; result: Done };
+  /** Signals every process of a session. */
+  "process.kill_all": { params: KillAllParams; result: Done };
+  /** Resizes a process's pseudo-terminal. */
+  "process.resize": { params: ResizeParams; result: Done };
+  /** Grants more output credit (see `OUTPUT_WINDOW`); usually a notification. */
+  "process.ack": { params: AckParams; result: Done };
+  /** Shares a host folder with a running session. */
+  "folder.mount": { params: MountParams; result: FolderInfo };
+  /** Stops sharing a folder. */
+  "folder.unmount": { params: UnmountParams; result: Done };
+  /** Reads part of a file. */
+  "file.read": { params: ReadParams; result: FileData };
+  /** Writes (or appends to) a file. */
+  "file.write": { params: WriteParams; result: Written };
+  /** A file's metadata. */
+  "file.stat": { params: PathParams; result: FileStat };
+  /** A directory's entries. */
+  "file.list": { params: ListParams; result: DirList };
+  /** What the guest changed in a shadow folder. */
+  "shadow.diff": { params: ShadowParams; result: ShadowDiffResult };
+  /** Writes a shadow folder's changes to the host folder (conflicts are left alone). */
+  "shadow.apply": { params: ShadowParams; result: ShadowApplyReport };
+  /** Writes a shadow folder's changes to a tar on the host. */
+  "shadow.export": { params: ExportParams; result: Exported };
+  /** Throws away a shadow folder's changes. */
+  "shadow.reset": { params: ShadowParams; result: Done };
+  /** Receive lifecycle events (as `event` notifications) of one session or all. */
+  "events.subscribe": { params: SubscribeParams; result: Subscribed };
+  /** Stops a subscription. */
+  "events.unsubscribe": { params: UnsubscribeParams; result: Done };
+}
+
+/** A method's name. */
+export type MethodName = keyof Methods;
+
+/** Every method's name, in documentation order. */
+export const METHOD_NAMES = [
+  "daemon.info",
+  "config.get",
+  "config.set",
+  "bundle.status",
+  "bundle.download",
+  "bundle.delete_and_reinstall",
+  "session.start",
+  "session.resume",
+  "session.stop",
+  "session.delete",
+  "session.set_network",
+  "session.list",
+  "session.get",
+  "session.logs",
+  "process.spawn",
+  "process.stdin",
+  "process.close_stdin",
+  "process.kill",
+  "process.kill_all",
+  "process.resize",
+  "process.ack",
+  "folder.mount",
+  "folder.unmount",
+  "file.read",
+  "file.write",
+  "file.stat",
+  "file.list",
+  "shadow.diff",
+  "shadow.apply",
+  "shadow.export",
+  "shadow.reset",
+  "events.subscribe",
+  "events.unsubscribe",
+] as const;
+
+/** Notifications umbrad sends (lines without `id`): method → params. */
+export interface Notifications {
+  /** A lifecycle event of a subscribed session (or of the host). */
+  "event": SessionEvent;
+  /** Subscribed events were dropped because this client read too slowly. */
+  "events.lost": EventsLost;
+  /** Events of a process this connection spawned: spawned, stdout, stderr, then exit. */
+  "process.event": SessionEvent;
+}
+
+/** Every error code's JSON-RPC number (`error.code`), by its stable name (`error.data.code`). */
+export const ERROR_CODES = {
+  parse_error: -32700,
+  invalid_request: -32600,
+  method_not_found: -32601,
+  invalid_params: -32602,
+  internal: -32603,
+  session_not_found: -32001,
+  session_exists: -32002,
+  invalid_state: -32003,
+  not_found: -32004,
+  permission_denied: -32005,
+  already_exists: -32006,
+  spawn_failed: -32007,
+  boot_failed: -32010,
+  session_lost: -32011,
+  guest_error: -32012,
+  timeout: -32013,
+  too_large: -32014,
+  busy: -32015,
+  bundle_error: -32016,
+  io: -32017,
+  unsupported: -32018,
+  unauthorized: -32019,
+  unavailable: -32020,
+  unknown: -32099,
+} as const;

@@ -1,0 +1,411 @@
+/**
+ * A process running in a session, shaped like Node's `ChildProcess`: `stdout` and `stderr` are
+ * `Readable` streams under umbrad's flow control, `stdin` is a `Writable` whose writes complete
+ * when the guest took them, and `exited` resolves with how it ended.
+ */
+
+import { Readable, Writable } from "node:stream";
+
+import type { Connection } from "./connection";
+import { AbortError, NotFoundError, UmbraError } from "./errors";
+import type { ProcessExit, SessionEvent } from "./generated/types";
+
+/** Stdin writes umbrad queues per process; one more is answered `busy` (docs/ipc.md, ordered stdin). */
+export const STDIN_QUEUE = 16;
+/** Bytes of stdin per `process.stdin` request. */
+const STDIN_PIECE = 64 * 1024;
+
+/** Linux signal numbers by name (the guest is Linux, whatever the host runs). */
+export const SIGNALS = {
+  SIGHUP: 1,
+  SIGINT: 2,
+  SIGQUIT: 3,
+  SIGILL: 4,
+  SIGTRAP: 5,
+  SIGABRT: 6,
+  SIGBUS: 7,
+  SIGFPE: 8,
+  SIGKILL: 9,
+  SIGUSR1: 10,
+  SIGSEGV: 11,
+  SIGUSR2: 12,
+  SIGPIPE: 13,
+  SIGALRM: 14,
+  SIGTERM: 15,
+  SIGCHLD: 17,
+  SIGCONT: 18,
+  SIGSTOP: 19,
+  SIGTSTP: 20,
+  SIGTTIN: 21,
+  SIGTTOU: 22,
+  SIGWINCH: 28,
+} as const;
+
+/** A signal by name (`"SIGTERM"`) or Linux number (15). */
+export type Signal = keyof typeof SIGNALS | number;
+
+/** A signal's Linux number. */
+export function signalNumber(signal: Signal): number {
+  if (typeof signal === "number") {
+    return signal;
+  }
+  const n = SIGNALS[signal];
+  if (n === undefined) {
+    throw new TypeError(`unknown signal ${JSON.stringify(signal)}`);
+  }
+  return n;
+}
+
+/** A signal's name, when it has one here. */
+export function signalName(n: number): keyof typeof SIGNALS | undefined {
+  return (Object.keys(SIGNALS) as (keyof typeof SIGNALS)[]).find((k) => SIGNALS[k] === n);
+}
+
+/**
+ * How a process ended: the daemon's {@link ProcessExit} with every field present, plus the
+ * status a shell would report.
+ */
+export interface ExitInfo extends ProcessExit {
+  /** The exit code, when it exited by itself; else `null`. */
+  code: number | null;
+  /** The signal that ended it, else `null` (9 when its VM went away). */
+  signal: number | null;
+  /** `signal`'s name (`"SIGKILL"`), when it has one. */
+  signalName: keyof typeof SIGNALS | null;
+  /** The guest never reported the end: the VM went away, or the connection to umbrad was lost. */
+  lost: boolean;
+  /** Its timeout passed. */
+  timed_out: boolean;
+  /** Why it ended, when it did not end by itself (lost, stopped session, lost connection). */
+  reason: string | null;
+  /**
+   * The status a shell would give (`ProcessExit::shell_status`): the code; 128 + signal; 124
+   * timed out; 125 lost.
+   */
+  status: number;
+}
+
+/** The status a shell gives an exit (docs/ipc.md, "Exit fields"). */
+export function shellStatus(e: Pick<ProcessExit, "code" | "signal" | "lost" | "timed_out" | "interrupted">): number {
+  if (e.lost) {
+    return 125;
+  }
+  if (e.timed_out) {
+    return 124;
+  }
+  const own = e.code ?? (e.signal !== null && e.signal !== undefined ? 128 + e.signal : 125);
+  return e.interrupted !== null && e.interrupted !== undefined && own !== 0 ? 128 + e.interrupted : own;
+}
+
+function exitInfo(event: ProcessExit): ExitInfo {
+  // The exit's own fields, without those of the event around it (`event`, `session`, `time_ms`).
+  const { event: _kind, session: _session, time_ms: _time, ...e } = event as ProcessExit & {
+    event?: unknown;
+    session?: unknown;
+    time_ms?: unknown;
+  };
+  const signal = e.signal ?? null;
+  return {
+    ...e,
+    code: e.code ?? null,
+    signal,
+    signalName: signal === null ? null : (signalName(signal) ?? null),
+    lost: e.lost ?? false,
+    timed_out: e.timed_out ?? false,
+    reason: e.reason ?? null,
+    status: shellStatus(e),
+  };
+}
+
+/** Bytes of a `data` + `encoding` pair. */
+export function decodeData(d: { data: string; encoding?: "utf8" | "base64" | null | undefined }): Buffer {
+  return d.encoding === "base64" ? Buffer.from(d.data, "base64") : Buffer.from(d.data, "utf8");
+}
+
+/**
+ * One output stream of a process. umbrad sends at most {@link OUTPUT_WINDOW} bytes ahead of
+ * this client's acks; a chunk is acknowledged once the stream took it without going over its
+ * `highWaterMark`, else when the consumer asks for more (`_read`). So a consumer that reads
+ * slowly slows the process, end to end, and memory stays bounded: at most `highWaterMark` plus
+ * one window per stream here, and nothing unbounded in umbrad.
+ */
+class OutputStream extends Readable {
+  /** Bytes taken but not acknowledged, because the consumer is behind. */
+  private unacked = 0;
+
+  constructor(private readonly ack: (bytes: number) => void) {
+    super();
+  }
+
+  deliver(bytes: Buffer): void {
+    if (this.destroyed || this.readableEnded) {
+      // Nobody will read it: let the process carry on.
+      this.ack(bytes.length);
+      return;
+    }
+    if (this.push(bytes)) {
+      this.ack(bytes.length);
+    } else {
+      this.unacked += bytes.length;
+    }
+  }
+
+  override _read(): void {
+    if (this.unacked > 0) {
+      const n = this.unacked;
+      this.unacked = 0;
+      this.ack(n);
+    }
+  }
+
+  override _destroy(error: Error | null, callback: (error?: Error | null) => void): void {
+    // Whatever was held back is released: the consumer gave up on this stream.
+    this._read();
+    callback(error);
+  }
+}
+
+/** A process's stdin: writes complete when the guest took them; `end()` closes it. */
+class InputStream extends Writable {
+  constructor(private readonly proc: UmbraProcess) {
+    super({ decodeStrings: true });
+  }
+
+  override _write(chunk: Buffer, _encoding: BufferEncoding, callback: (error?: Error | null) => void): void {
+    this.proc._sendStdin(chunk).then(() => callback(), callback);
+  }
+
+  override _writev(chunks: { chunk: Buffer }[], callback: (error?: Error | null) => void): void {
+    this.proc._sendStdin(Buffer.concat(chunks.map((c) => c.chunk))).then(() => callback(), callback);
+  }
+
+  override _final(callback: (error?: Error | null) => void): void {
+    this.proc._closeStdin().then(() => callback(), callback);
+  }
+}
+
+/** Where a process came from: internal. */
+export interface ProcessOrigin {
+  connection: Connection;
+  session: string;
+  id: number;
+  pid: number;
+  argv: string[];
+}
+
+/**
+ * A process spawned by {@link Session.spawn}. It belongs to this client's connection: if the
+ * connection is lost (umbrad restarts, say), umbrad kills it and `exited` resolves with
+ * `lost: true` and a reason saying so.
+ */
+export class UmbraProcess {
+  /** umbrad's id for it (unique while this umbrad runs). */
+  readonly id: number;
+  /** Its pid in the guest. */
+  readonly pid: number;
+  /** The session it runs in. */
+  readonly session: string;
+  /** The command. */
+  readonly argv: readonly string[];
+  /** Its standard output (with `tty`, everything the terminal shows). Consume it, or `resume()` it: a full stream pauses the process. */
+  readonly stdout: Readable;
+  /** Its standard error (empty with `tty`). */
+  readonly stderr: Readable;
+  /** Its standard input: `write()` completes when the guest took the bytes, `end()` closes it. */
+  readonly stdin: Writable;
+  /** Resolves once it ended, with how; never rejects. Its output may still be buffered in `stdout`/`stderr`. */
+  readonly exited: Promise<ExitInfo>;
+
+  private readonly connection: Connection;
+  private readonly out: OutputStream;
+  private readonly err: OutputStream;
+  private readonly started = Date.now();
+  private exit: ExitInfo | null = null;
+  private resolveExit!: (e: ExitInfo) => void;
+
+  /** @internal Use {@link Session.spawn}. */
+  constructor(origin: ProcessOrigin) {
+    this.connection = origin.connection;
+    this.id = origin.id;
+    this.pid = origin.pid;
+    this.session = origin.session;
+    this.argv = Object.freeze([...origin.argv]);
+    const ack = (stream: "stdout" | "stderr") => (bytes: number) => {
+      if (this.exit === null && bytes > 0) {
+        this.connection.notify("process.ack", { session: this.session, process: this.id, stream, bytes });
+      }
+    };
+    this.out = new OutputStream(ack("stdout"));
+    this.err = new OutputStream(ack("stderr"));
+    this.stdout = this.out;
+    this.stderr = this.err;
+    this.stdin = new InputStream(this);
+    this.exited = new Promise((resolve) => {
+      this.resolveExit = resolve;
+    });
+  }
+
+  /** How it ended, once it did; `null` while it runs. */
+  get exitInfo(): ExitInfo | null {
+    return this.exit;
+  }
+
+  /** Whether it is still running (as far as this client knows). */
+  get running(): boolean {
+    return this.exit === null;
+  }
+
+  /**
+   * Sends `signal` (default SIGTERM) to its process group, once. A process that already ended
+   * is not an error.
+   */
+  async kill(signal: Signal = "SIGTERM"): Promise<void> {
+    const n = signalNumber(signal);
+    if (this.exit !== null) {
+      return;
+    }
+    try {
+      await this.connection.request("process.kill", { session: this.session, process: this.id, signal: n });
+    } catch (e) {
+      if (!(e instanceof NotFoundError && this.exit !== null)) {
+        throw e;
+      }
+    }
+  }
+
+  /** Resizes its terminal (only for a process spawned with `tty`). */
+  async resize(cols: number, rows: number): Promise<void> {
+    await this.connection.request("process.resize", { session: this.session, process: this.id, cols, rows });
+  }
+
+  /**
+   * Waits for it to end, like `exited`, but gives up when `signal` fires (rejecting with an
+   * AbortError; the process keeps running: `kill()` it if that is what you want).
+   */
+  wait(options: { signal?: AbortSignal } = {}): Promise<ExitInfo> {
+    const { signal } = options;
+    if (!signal) {
+      return this.exited;
+    }
+    if (signal.aborted) {
+      return Promise.reject(new AbortError("waiting for the process was aborted", { cause: signal.reason }));
+    }
+    return new Promise((resolve, reject) => {
+      const onAbort = () => reject(new AbortError("waiting for the process was aborted", { cause: signal.reason }));
+      signal.addEventListener("abort", onAbort, { once: true });
+      void this.exited.then((e) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(e);
+      });
+    });
+  }
+
+  /** @internal A `process.event` of this process. */
+  _onEvent(event: SessionEvent): void {
+    switch (event.event) {
+      case "stdout":
+        this.out.deliver(decodeData(event));
+        break;
+      case "stderr":
+        this.err.deliver(decodeData(event));
+        break;
+      case "exit":
+        this.finish(exitInfo(event));
+        break;
+      default:
+        break;
+    }
+  }
+
+  /** @internal The connection this process belonged to was lost. */
+  _onConnectionLost(why: string): void {
+    this.finish(
+      exitInfo({
+        process: this.id,
+        code: null,
+        signal: null,
+        duration_ms: Date.now() - this.started,
+        lost: true,
+        timed_out: false,
+        reason: `the connection to umbrad was lost before the process ended: ${why}; a process ends with the connection that spawned it`,
+      }),
+    );
+  }
+
+  private finish(e: ExitInfo): void {
+    if (this.exit !== null) {
+      return;
+    }
+    this.exit = e;
+    this.out.push(null);
+    this.err.push(null);
+    // Writes after the end fail quietly, as they would on a closed pipe with nobody listening.
+    if (!this.stdin.writableFinished) {
+      this.stdin.destroy();
+    }
+    this.resolveExit(e);
+  }
+
+  /** @internal Sends stdin in pieces, at most {@link STDIN_QUEUE} unanswered at once, in order. */
+  _sendStdin(bytes: Buffer): Promise<void> {
+    if (this.exit !== null) {
+      return Promise.reject(new NotFoundError(`process ${this.id} has ended; its stdin is closed`));
+    }
+    const pieces: Buffer[] = [];
+    for (let at = 0; at < bytes.length; at += STDIN_PIECE) {
+      pieces.push(bytes.subarray(at, at + STDIN_PIECE));
+    }
+    if (pieces.length === 0) {
+      return Promise.resolve();
+    }
+    return new Promise((resolve, reject) => {
+      let next = 0;
+      let inFlight = 0;
+      let failed = false;
+      const pump = () => {
+        while (!failed && inFlight < STDIN_QUEUE && next < pieces.length) {
+          const piece = pieces[next++]!;
+          inFlight++;
+          this.connection
+            .request("process.stdin", {
+              session: this.session,
+              process: this.id,
+              data: piece.toString("base64"),
+              encoding: "base64",
+            })
+            .then(
+              () => {
+                inFlight--;
+                if (next >= pieces.length && inFlight === 0) {
+                  resolve();
+                } else {
+                  pump();
+                }
+              },
+              (error: unknown) => {
+                if (!failed) {
+                  failed = true;
+                  reject(error instanceof Error ? error : new UmbraError(String(error)));
+                }
+              },
+            );
+        }
+      };
+      pump();
+    });
+  }
+
+  /** @internal Closes stdin after everything written before. */
+  async _closeStdin(): Promise<void> {
+    if (this.exit !== null) {
+      return;
+    }
+    try {
+      await this.connection.request("process.close_stdin", { session: this.session, process: this.id });
+    } catch (e) {
+      if (!(e instanceof NotFoundError)) {
+        throw e;
+      }
+    }
+  }
+}

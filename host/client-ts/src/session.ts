@@ -1,0 +1,362 @@
+/**
+ * A session: a microVM with its folders, processes and disk, under a name. {@link Session} is a
+ * handle by name (cheap to make, nothing is held open); `info` is the state last fetched.
+ */
+
+import type { Umbra } from "./client";
+import { AbortError, throwIfAborted } from "./errors";
+import type {
+  DirList,
+  Exported,
+  FileStat,
+  FolderInfo,
+  FolderSpec,
+  SessionInfo,
+  SessionLogs,
+  SessionStatus,
+  WriteParams,
+  ShadowApplyReport,
+  ShadowChange,
+  ShareMode,
+} from "./generated/types";
+import { MAX_FILE_CHUNK } from "./generated/types";
+import { decodeData, type ExitInfo, type Signal, signalNumber, UmbraProcess } from "./process";
+
+/** Options of {@link Session.spawn}. */
+export interface SpawnOptions {
+  /** Working directory in the guest (absolute). */
+  cwd?: string;
+  /** Variables added to the guest's environment. */
+  env?: Record<string, string>;
+  /**
+   * Run on a pseudo-terminal: `true` for 80×24, or its size. Output then all arrives on
+   * `stdout`, with the terminal's `\r\n`.
+   */
+  tty?: boolean | { cols: number; rows: number };
+  /** SIGTERM after this many seconds, SIGKILL 3 s later; the exit then says `timed_out`. */
+  timeoutSecs?: number;
+}
+
+/** Options of {@link Session.exec}. */
+export interface ExecOptions extends SpawnOptions {
+  /** Written to its stdin, which is then closed (without it, stdin is closed at once). */
+  input?: string | Uint8Array;
+  /** Kills the process (SIGKILL) and rejects with an AbortError when it fires. */
+  signal?: AbortSignal;
+}
+
+/** What {@link Session.exec} gives: all the output, and how it ended. */
+export interface ExecResult {
+  stdout: Buffer;
+  stderr: Buffer;
+  exit: ExitInfo;
+}
+
+/** Where a path is: by default a guest path; with `host`, a host path inside a shared folder. */
+export interface PathOptions {
+  /** `path` is a host path inside one of the session's shared folders (outputs and uploads included), translated to its guest path. */
+  host?: boolean;
+}
+
+/** Options of {@link SessionFiles.read}. */
+export interface ReadOptions extends PathOptions {
+  /** Where to start. @defaultValue 0 */
+  offset?: number;
+  /** At most this many bytes (default: to the end of the file). */
+  length?: number;
+  /** Stops reading (between chunks of 1 MiB) and rejects with an AbortError. */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link SessionFiles.write}. */
+export interface WriteOptions extends PathOptions {
+  /** Append instead of replacing the file. */
+  append?: boolean;
+  /** Write at this offset instead (the file is not truncated). */
+  offset?: number;
+  /** Create missing parent directories. */
+  createDirs?: boolean;
+  /** Permission bits of a file this creates. @defaultValue 0o644 */
+  mode?: number;
+  /** Stops writing (between chunks of 1 MiB) and rejects with an AbortError. */
+  signal?: AbortSignal;
+}
+
+/** A folder to share: a host directory, the mode, and the name under `/sessions/<session>/mnt/`. */
+export interface FolderOptions {
+  /** Absolute host path of a directory. */
+  path: string;
+  /** `ro`, `rw` (no deletes), `rwd` or `shadow` (copy-on-write in the guest). @defaultValue "rw" */
+  mode?: ShareMode;
+  /** Its name in the guest (default: the folder's own name). */
+  name?: string;
+}
+
+/** The wire form of a folder. */
+export function folderSpec(f: FolderOptions): FolderSpec {
+  const spec: FolderSpec = { path: f.path };
+  if (f.mode !== undefined) {
+    spec.mode = f.mode;
+  }
+  if (f.name !== undefined) {
+    spec.name = f.name;
+  }
+  return spec;
+}
+
+/** Files in the session, through its guest agent (`file.*`). */
+export class SessionFiles {
+  /** @internal */
+  constructor(private readonly s: Session) {}
+
+  /** Reads a file (or part of it) as bytes. */
+  read(path: string, options?: ReadOptions & { encoding?: undefined }): Promise<Buffer>;
+  /** Reads a file (or part of it) as text. */
+  read(path: string, options: ReadOptions & { encoding: BufferEncoding }): Promise<string>;
+  async read(path: string, options: ReadOptions & { encoding?: BufferEncoding | undefined } = {}): Promise<Buffer | string> {
+    const { host = false, offset = 0, length, signal, encoding } = options;
+    const parts: Buffer[] = [];
+    let at = offset;
+    let left = length ?? Number.POSITIVE_INFINITY;
+    while (left > 0) {
+      throwIfAborted(signal);
+      const len = Math.min(left, MAX_FILE_CHUNK);
+      const r = await this.s.client.call(
+        "file.read",
+        { session: this.s.name, path, host, offset: at, len },
+        { signal },
+      );
+      const bytes = decodeData(r);
+      parts.push(bytes);
+      at += bytes.length;
+      left -= bytes.length;
+      if (r.eof || bytes.length === 0) {
+        break;
+      }
+    }
+    const all = Buffer.concat(parts);
+    return encoding === undefined ? all : all.toString(encoding);
+  }
+
+  /**
+   * Writes a file: replaces it by default, appends with `append`, or writes at `offset`. Data
+   * larger than 1 MiB goes in several requests. Resolves with the bytes written.
+   */
+  async write(path: string, data: string | Uint8Array, options: WriteOptions = {}): Promise<number> {
+    const { host = false, append = false, offset, createDirs = false, mode, signal } = options;
+    const bytes = typeof data === "string" ? Buffer.from(data, "utf8") : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+    let written = 0;
+    do {
+      throwIfAborted(signal);
+      const piece = bytes.subarray(written, written + MAX_FILE_CHUNK);
+      const params: WriteParams = {
+        session: this.s.name,
+        path,
+        host,
+        data: piece.toString("base64"),
+        encoding: "base64",
+        create_dirs: createDirs,
+      };
+      if (mode !== undefined) {
+        params.permissions = mode;
+      }
+      // The first piece replaces, appends or writes at `offset`; the rest continue after it.
+      if (offset !== undefined) {
+        params.offset = offset + written;
+      } else if (append) {
+        params.append = true;
+      } else if (written > 0) {
+        params.offset = written;
+      }
+      const r = await this.s.client.call("file.write", params, { signal });
+      written += r.bytes;
+      if (r.bytes === 0 && piece.length > 0) {
+        break;
+      }
+    } while (written < bytes.length);
+    return written;
+  }
+
+  /** A file's metadata. */
+  stat(path: string, options: PathOptions = {}): Promise<FileStat> {
+    return this.s.client.call("file.stat", { session: this.s.name, path, host: options.host ?? false });
+  }
+
+  /** A directory's entries (`truncated` when there were more than `limit`, default 10000). */
+  list(path: string, options: PathOptions & { limit?: number } = {}): Promise<DirList> {
+    return this.s.client.call("file.list", {
+      session: this.s.name,
+      path,
+      host: options.host ?? false,
+      ...(options.limit === undefined ? {} : { limit: options.limit }),
+    });
+  }
+}
+
+/** Folders shared with the session (`folder.*`). */
+export class SessionFolders {
+  /** @internal */
+  constructor(private readonly s: Session) {}
+
+  /** Shares another host folder with the running session (kept across restarts and resumes). */
+  mount(folder: FolderOptions): Promise<FolderInfo> {
+    return this.s.client.call("folder.mount", { session: this.s.name, ...folderSpec(folder) });
+  }
+
+  /** Stops sharing a folder (a shadow folder's unapplied changes are exported first). */
+  async unmount(name: string): Promise<void> {
+    await this.s.client.call("folder.unmount", { session: this.s.name, name });
+  }
+
+  /** The folders it has (or will have when resumed): the user's, then `outputs` and `uploads`. */
+  async list(): Promise<FolderInfo[]> {
+    return (await this.s.refresh()).folders;
+  }
+}
+
+/** Shadow folders: changes that stay in the guest until the host applies them (`shadow.*`). */
+export class SessionShadow {
+  /** @internal */
+  constructor(private readonly s: Session) {}
+
+  /** What the guest changed in shadow folder `folder`. */
+  async diff(folder: string): Promise<ShadowChange[]> {
+    return (await this.s.client.call("shadow.diff", { session: this.s.name, folder })).changes;
+  }
+
+  /** Writes the changes to the host folder, file by file; paths the host changed meanwhile are left alone (`conflicts`). */
+  apply(folder: string): Promise<ShadowApplyReport> {
+    return this.s.client.call("shadow.apply", { session: this.s.name, folder });
+  }
+
+  /** Throws the changes away. */
+  async reset(folder: string): Promise<void> {
+    await this.s.client.call("shadow.reset", { session: this.s.name, folder });
+  }
+
+  /** Writes the changes to a tar on the host (`dest`, absolute; default: in the session's storage). */
+  export(folder: string, options: { dest?: string } = {}): Promise<Exported> {
+    return this.s.client.call("shadow.export", {
+      session: this.s.name,
+      folder,
+      ...(options.dest === undefined ? {} : { dest: options.dest }),
+    });
+  }
+}
+
+/** A session, by name. Get one from `client.sessions.start/get/list/resume` or `client.sessions.session(name)`. */
+export class Session {
+  /** Its files (`read`, `write`, `stat`, `list`). */
+  readonly files: SessionFiles;
+  /** Its shared folders (`mount`, `unmount`, `list`). */
+  readonly folders: SessionFolders;
+  /** Its shadow folders (`diff`, `apply`, `reset`, `export`). */
+  readonly shadow: SessionShadow;
+  private current: SessionInfo | undefined;
+
+  /** @internal Use `client.sessions`. */
+  constructor(
+    /** @internal */ readonly client: Umbra,
+    /** Its name. */ readonly name: string,
+    info?: SessionInfo,
+  ) {
+    this.current = info;
+    this.files = new SessionFiles(this);
+    this.folders = new SessionFolders(this);
+    this.shadow = new SessionShadow(this);
+  }
+
+  /** Its state as last fetched (by the call that gave this handle, or `refresh()`); undefined if never fetched. */
+  get info(): SessionInfo | undefined {
+    return this.current;
+  }
+
+  /** Its status as last fetched. */
+  get status(): SessionStatus | undefined {
+    return this.current?.status;
+  }
+
+  /** Fetches its state again (`session.get`). */
+  async refresh(): Promise<SessionInfo> {
+    this.current = await this.client.call("session.get", { name: this.name });
+    return this.current;
+  }
+
+  /** Stops it: processes end, the VM goes; folders, outputs and disk stay. */
+  async stop(): Promise<SessionInfo> {
+    this.current = await this.client.call("session.stop", { name: this.name });
+    return this.current;
+  }
+
+  /**
+   * Boots it again (a stopped or failed session) and resolves once it is ready. With `signal`,
+   * aborting stops waiting and cancels the boot (`session.stop`).
+   */
+  async resume(options: { signal?: AbortSignal } = {}): Promise<SessionInfo> {
+    this.current = await this.client.sessions._boot("session.resume", { name: this.name }, this.name, options.signal);
+    return this.current;
+  }
+
+  /** Stops it and removes it with its outputs, uploads and disk. */
+  async delete(): Promise<void> {
+    await this.client.call("session.delete", { name: this.name });
+  }
+
+  /** Its recent lifecycle events and console lines (`lines` of each, default 100). */
+  logs(options: { lines?: number } = {}): Promise<SessionLogs> {
+    return this.client.call("session.logs", {
+      name: this.name,
+      ...(options.lines === undefined ? {} : { lines: options.lines }),
+    });
+  }
+
+  /**
+   * Starts a process and resolves once the guest started it. `argv[0]` is looked up in the
+   * guest's `PATH`; a command that is not found rejects with a {@link NotFoundError}.
+   *
+   * ```ts
+   * const p = await session.spawn(["sh", "-c", "echo hi; exit 3"]);
+   * p.stdout.pipe(process.stdout);
+   * const { code } = await p.exited; // 3
+   * ```
+   */
+  spawn(argv: readonly string[], options: SpawnOptions = {}): Promise<UmbraProcess> {
+    return this.client._spawn(this.name, argv, options);
+  }
+
+  /** Runs a command to its end and collects its output (in memory: for commands with modest output). */
+  async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
+    const { input, signal, ...spawnOptions } = options;
+    throwIfAborted(signal);
+    const p = await this.spawn(argv, spawnOptions);
+    const onAbort = () => void p.kill("SIGKILL").catch(() => undefined);
+    signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      const stdout: Buffer[] = [];
+      const stderr: Buffer[] = [];
+      p.stdout.on("data", (b: Buffer) => stdout.push(b));
+      p.stderr.on("data", (b: Buffer) => stderr.push(b));
+      const drained = Promise.all([
+        new Promise<void>((resolve) => p.stdout.once("end", resolve)),
+        new Promise<void>((resolve) => p.stderr.once("end", resolve)),
+      ]);
+      p.stdin.on("error", () => undefined); // the process may end without reading its input
+      p.stdin.end(input === undefined ? undefined : typeof input === "string" ? Buffer.from(input) : input);
+      const exit = await p.wait(signal ? { signal } : {});
+      await drained;
+      return { stdout: Buffer.concat(stdout), stderr: Buffer.concat(stderr), exit };
+    } catch (e) {
+      if (e instanceof AbortError) {
+        onAbort();
+      }
+      throw e;
+    } finally {
+      signal?.removeEventListener("abort", onAbort);
+    }
+  }
+
+  /** Signals every process of the session, other clients' included (default SIGKILL). */
+  async killAll(signal: Signal = "SIGKILL"): Promise<void> {
+    await this.client.call("process.kill_all", { session: this.name, signal: signalNumber(signal) });
+  }
+}

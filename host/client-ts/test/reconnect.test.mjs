@@ -1,0 +1,92 @@
+// umbrad restarts under a connected client: running processes end with a clear reason, the
+// client says it lost the daemon, reconnects by itself, says so, and its subscription is back.
+
+import assert from "node:assert/strict";
+import { after, test } from "node:test";
+
+import { Umbra, UnavailableError } from "../dist/index.js";
+import { TestDaemon, nextEvent } from "./daemon.mjs";
+
+/** @type {TestDaemon | undefined} */
+let daemon;
+/** @type {Umbra | undefined} */
+let client;
+
+after(async () => {
+  await client?.close();
+  if (daemon) {
+    if (process.exitCode) console.error(`--- umbrad's log:\n${daemon.logTail()}`);
+    await daemon.stop();
+  }
+});
+
+test("after umbrad restarts, the client reconnects and subscribes again; running processes end lost", async () => {
+  daemon = await TestDaemon.start("reconnect");
+  client = await Umbra.connect({ socketPath: daemon.socket, reconnect: { initialDelayMs: 50, maxDelayMs: 500 } });
+  const session = await client.sessions.start({ name: "r" });
+  const firstPid = client.daemon.pid;
+
+  // 1. umbrad dies (SIGKILL): its VMs die with it.
+  const p = await session.spawn(["sleep", "1000"]);
+  const disconnected = nextEvent(client, "disconnected");
+  await daemon.kill9();
+  const exit = await p.exited;
+  assert.equal(exit.lost, true);
+  assert.match(exit.reason, /connection to umbrad was lost/);
+  assert.equal(exit.status, 125);
+  console.log(`after SIGKILL of umbrad, the process's exit: ${JSON.stringify(exit)}`);
+  const d = await disconnected;
+  assert.ok(d.error instanceof UnavailableError, String(d.error));
+  assert.equal(d.willReconnect, true);
+  assert.equal(client.connected, false);
+  const e = await client.sessions.list().catch((x) => x);
+  assert.ok(e instanceof UnavailableError && /reconnecting/.test(e.message), String(e));
+  await daemon.assertNoHelpersWithin(5_000);
+
+  // 2. A new umbrad: the client finds it by itself.
+  const reconnected = nextEvent(client, "reconnected");
+  await daemon.launch();
+  const r = await reconnected;
+  assert.equal(r.daemon.pid, daemon.pid);
+  assert.notEqual(r.daemon.pid, firstPid);
+  assert.ok(r.attempts >= 1 && r.downtimeMs >= 0);
+  assert.equal(client.connected, true);
+  assert.equal(client.daemon.pid, daemon.pid);
+
+  // 3. The subscription is back: resuming the session is heard as events.
+  const [listed] = await client.sessions.list();
+  assert.equal(listed.status, "stopped");
+  const ready = nextEvent(client, "session-status", (ev) => ev.session === "r" && ev.status === "ready");
+  await client.sessions.resume("r");
+  await ready;
+  const { stdout } = await session.exec(["echo", "back"]);
+  assert.equal(stdout.toString(), "back\n");
+
+  // 4. A graceful restart (SIGTERM): umbrad stops its sessions, the process still ends with a reason.
+  const q = await session.spawn(["sleep", "1000"]);
+  const again = nextEvent(client, "reconnected");
+  await daemon.terminate();
+  const qexit = await q.exited;
+  console.log(`after SIGTERM of umbrad, the process's exit: ${JSON.stringify(qexit)}`);
+  assert.match(qexit.reason ?? "", /session was stopped|connection to umbrad was lost/, JSON.stringify(qexit));
+  assert.equal(qexit.code, null);
+  await daemon.launch();
+  await again;
+  assert.equal((await client.sessions.get("r")).status, "stopped");
+});
+
+test("with reconnect off, the client stays disconnected and says so", async () => {
+  const d2 = await TestDaemon.start("noreconnect");
+  try {
+    const c = await Umbra.connect({ socketPath: d2.socket, reconnect: false });
+    const disconnected = nextEvent(c, "disconnected");
+    await d2.kill9();
+    const info = await disconnected;
+    assert.equal(info.willReconnect, false);
+    const e = await c.call("daemon.info", {}).catch((x) => x);
+    assert.ok(e instanceof UnavailableError, String(e));
+    await c.close();
+  } finally {
+    await d2.stop();
+  }
+});
