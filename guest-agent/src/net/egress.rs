@@ -295,10 +295,21 @@ async fn read_reply(stream: &mut HostStream) -> Result<(EgressReply, Vec<u8>), F
     }
 }
 
+/// How long a connection whose guest end has closed its sending side still waits for the
+/// host's bytes. The backends' vsock (vhost-device-vsock, like virtio-vsock's host ends in
+/// general) does not pass a half-close on: the host end would never hear that the guest is
+/// done, and a connection the guest program closed would stay open until the host's idle
+/// timeout. So after the guest's end of stream the relay keeps delivering what the host sends
+/// — a response to a request that was half-closed still arrives — and closes both ends once the
+/// host has been silent this long.
+pub const HALF_CLOSED_LINGER: Duration = Duration::from_secs(5);
+
 /// Carries bytes both ways between a guest connection and its host stream until both
 /// directions are done. `to_host` and `to_client` are bytes already read from the other side
-/// (a request's body, what followed the host's reply). One side's end of stream is passed on as
-/// a write shutdown, so half-closed connections work; an error on either side ends both.
+/// (a request's body, what followed the host's reply). The guest's end of stream is passed on
+/// as a write shutdown and ends the connection after [`HALF_CLOSED_LINGER`] of host silence;
+/// the host's end of stream ends it at once (the host's half-close arrives as a full shutdown).
+/// An error on either side ends both.
 pub async fn relay<C>(client: &mut C, host: &mut HostStream, to_host: &[u8], to_client: &[u8]) -> io::Result<()>
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -309,7 +320,30 @@ where
     if !to_client.is_empty() {
         client.write_all(to_client).await?;
     }
-    tokio::io::copy_bidirectional(client, host).await.map(drop)
+    let (mut cr, mut cw) = tokio::io::split(client);
+    let (mut hr, mut hw) = tokio::io::split(host);
+    let mut up = vec![0u8; 64 * 1024];
+    let mut down = vec![0u8; 64 * 1024];
+    let mut client_open = true;
+    loop {
+        tokio::select! {
+            r = cr.read(&mut up), if client_open => match r? {
+                0 => {
+                    client_open = false;
+                    let _ = hw.shutdown().await;
+                }
+                n => hw.write_all(&up[..n]).await?,
+            },
+            r = hr.read(&mut down) => match r? {
+                0 => {
+                    let _ = cw.shutdown().await;
+                    return Ok(());
+                }
+                n => cw.write_all(&down[..n]).await?,
+            },
+            () = tokio::time::sleep(HALF_CLOSED_LINGER), if !client_open => return Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]

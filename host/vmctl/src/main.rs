@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_fs;
+mod bench_net;
 mod bench_session;
 mod bench_vmm;
 mod bundle_bench;
@@ -60,6 +61,9 @@ enum BenchCommand {
     /// Session start -> first output beside a bare VM boot; spawn round-trips: agent, runtime,
     /// umbrad.
     Session(bench_session::SessionBenchArgs),
+    /// Network egress: a download, connection set-up and 1,000 held connections from a guest,
+    /// beside the same client on the host.
+    Net(bench_net::NetBenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -125,6 +129,15 @@ fn main() {
         }),
         Command::Bench { command: BenchCommand::Session(args) } => async_main(async move {
             match bench_session::session(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("vmctl: error: {e:#}");
+                    1
+                }
+            }
+        }),
+        Command::Bench { command: BenchCommand::Net(args) } => async_main(async move {
+            match bench_net::net(args).await {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("vmctl: error: {e:#}");
