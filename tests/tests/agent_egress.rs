@@ -1,78 +1,60 @@
-//! Network egress, guest side, with the real agent binary on the host: `--egress unix:PATH`
-//! sends its egress streams to a fake host endpoint run by the test, and `--net-ports` puts the
+//! Network egress, guest side, with the real agent binary on the host and the real host end:
+//! `--egress unix:PATH` sends the agent's egress streams to umbra-runtime's `EgressProxy`
+//! listening there (as it listens on a VM's `<vsock socket>_1026`), and `--net-ports` puts the
 //! HTTP proxy, SOCKS5 proxy, DNS server and transparent listener on free loopback ports.
 //!
-//! The fake endpoint reads each request line, refuses `denied.test` (denied) and
-//! `missing.test` (not found), and for anything else connects to a server the test runs on
-//! 127.0.0.1 at the requested port. Network safety: traffic goes only to servers these tests
-//! start on 127.0.0.1 (and, in the netns test, to addresses inside a private network namespace
-//! that has no interface but lo).
+//! The proxy's policy is an allowlist whose names are all overridden to 127.0.0.1 (allowed by
+//! an explicit CIDR): `allowed.test` and `other.test` reach servers the test runs there,
+//! `closed.test` a port nothing listens on; `denied.test` is not in the list. Network safety:
+//! traffic goes only to servers these tests start on 127.0.0.1; no name is resolved by DNS
+//! (every name is refused or overridden), and in the netns test every address is local to a
+//! private network namespace that has no interface but lo.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
 use hickory_proto::serialize::binary::BinEncodable;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream, UdpSocket, UnixListener};
-use umbra_proto::egress::{EgressReply, EgressRequest, EgressVia};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use umbra_api::session::{NetworkMode, NetworkPolicy};
+use umbra_api::EventKind;
+use umbra_proto::egress::{EgressRequest, EgressVia};
 use umbra_proto::SpawnRequest;
+use umbra_runtime::egress::{EgressLimits, EgressProxy, Policy};
 use umbra_tests::{HostAgent, TempDir};
 
-/// What the fake host endpoint was asked, in order.
+/// What the host was asked, in order (each decision, as the request it answered).
 type Log = Arc<Mutex<Vec<EgressRequest>>>;
 
-/// The host side, faked: decides by name, connects allowed names to 127.0.0.1:port.
-async fn fake_host(path: &Path) -> Log {
+/// The host end: umbra-runtime's egress proxy on `path`, its decisions logged.
+fn real_host(path: &Path) -> (EgressProxy, Log) {
+    let local: std::net::IpAddr = Ipv4Addr::LOCALHOST.into();
+    let names = ["allowed.test", "other.test", "closed.test"];
+    let policy = NetworkPolicy {
+        mode: NetworkMode::Allowlist,
+        allow_domains: names.iter().map(|n| n.to_string()).collect(),
+        allow_cidrs: vec!["127.0.0.1/32".into()],
+        resolve: names.iter().map(|n| (n.to_string(), local)).collect(),
+    };
     let log: Log = Arc::default();
-    let listener = UnixListener::bind(path).unwrap();
     let seen = log.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { return };
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                let mut reader = BufReader::new(stream);
-                let mut line = Vec::new();
-                if reader.read_until(b'\n', &mut line).await.unwrap_or(0) == 0 {
-                    return;
-                }
-                let request = EgressRequest::parse(&line[..line.len() - 1]).expect("a valid request line");
-                seen.lock().unwrap().push(request.clone());
-                let name = match &request {
-                    EgressRequest::Connect { name, .. } | EgressRequest::Resolve { name } => name.clone(),
-                };
-                use umbra_proto::egress::EgressRefusal as R;
-                let refusal = match name.as_str() {
-                    "denied.test" => Some(EgressReply::refused(R::Denied, "denied.test is not in the allowlist")),
-                    "missing.test" => Some(EgressReply::refused(R::NotFound, "missing.test does not resolve")),
-                    _ => None,
-                };
-                let mut stream = reader.into_inner();
-                if let Some(no) = refusal {
-                    let _ = stream.write_all(&no.to_line()).await;
-                    return;
-                }
-                let EgressRequest::Connect { port, .. } = request else {
-                    let _ = stream.write_all(&EgressReply::ok().to_line()).await;
-                    return;
-                };
-                let Ok(mut upstream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await else {
-                    let no = EgressReply::refused(R::Unreachable, "connection refused");
-                    let _ = stream.write_all(&no.to_line()).await;
-                    return;
-                };
-                stream.write_all(&EgressReply::ok().to_line()).await.unwrap();
-                let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+    let report = Arc::new(move |kind: EventKind| {
+        if let EventKind::Egress { name, port, via, .. } = kind {
+            seen.lock().unwrap().push(match via {
+                EgressVia::Dns => EgressRequest::Resolve { name },
+                via => EgressRequest::Connect { name, port, via },
             });
         }
     });
-    log
+    let proxy = EgressProxy::start(path, Arc::new(RwLock::new(Policy::new(&policy))), report, EgressLimits::default())
+        .expect("start the host's egress proxy");
+    (proxy, log)
 }
 
 /// An echo server on 127.0.0.1: sends back "echo:" and everything it received, once the
@@ -132,14 +114,20 @@ struct Setup {
     agent: HostAgent,
     ports: Ports,
     log: Log,
+    _host: Option<EgressProxy>,
     _dir: TempDir,
 }
 
-/// The agent with egress to a fake host at `egress` (started unless `no_host`).
+/// The agent with egress to the host's proxy at `egress` (started unless `no_host`).
 async fn start(no_host: bool, extra: impl FnOnce(&mut std::process::Command)) -> Setup {
     let dir = TempDir::new("egress");
     let egress = dir.0.join("egress.sock");
-    let log = if no_host { Log::default() } else { fake_host(&egress).await };
+    let (host, log) = if no_host {
+        (None, Log::default())
+    } else {
+        let (proxy, log) = real_host(&egress);
+        (Some(proxy), log)
+    };
     let ports = Ports { http: free_port(), socks: free_port(), dns: free_port(), transparent: free_port() };
     let flag = format!("{},{},{},{}", ports.http, ports.socks, ports.dns, ports.transparent);
     let egress_arg = format!("unix:{}", egress.display());
@@ -148,7 +136,7 @@ async fn start(no_host: bool, extra: impl FnOnce(&mut std::process::Command)) ->
         extra(cmd);
     })
     .await;
-    Setup { agent, ports, log, _dir: dir }
+    Setup { agent, ports, log, _host: host, _dir: dir }
 }
 
 async fn connect_http_proxy(s: &Setup, target: &str) -> (TcpStream, String) {
@@ -209,8 +197,8 @@ async fn http_refusals_name_the_reason() {
     let (c, head) = connect_http_proxy(&s, "denied.test:443").await;
     assert!(head.starts_with("HTTP/1.1 403 "), "{head}");
     let body = read_all(c).await;
-    assert!(body.contains("denied.test is not in the allowlist"), "{body}");
-    let (c, head) = connect_http_proxy(&s, "missing.test:443").await;
+    assert!(body.contains("denied.test is not in the session's allowlist"), "{body}");
+    let (c, head) = connect_http_proxy(&s, &format!("closed.test:{}", free_port())).await;
     assert!(head.starts_with("HTTP/1.1 502 "), "{head}");
     drop(c);
     // Not a proxy request.
@@ -260,7 +248,7 @@ async fn socks5_domain_connect_and_refusals() {
         EgressRequest::Connect { name: "allowed.test".into(), port: echo, via: EgressVia::Socks }
     );
     assert_eq!(socks_connect(&s, &domain("denied.test"), 443).await.1, 2, "not allowed");
-    assert_eq!(socks_connect(&s, &domain("missing.test"), 443).await.1, 4, "host unreachable");
+    assert_eq!(socks_connect(&s, &domain("closed.test"), free_port()).await.1, 4, "host unreachable");
     // A fake address nobody was given is unreachable, without asking the host.
     let before = s.log.lock().unwrap().len();
     assert_eq!(socks_connect(&s, &[1, 198, 19, 1, 1], 443).await.1, 4);
@@ -317,8 +305,6 @@ async fn dns_answers_fake_addresses_that_lead_back_to_the_name() {
 
     let r = ask_udp(s.ports.dns, &dns_query(4, "denied.test.", RecordType::A)).await;
     assert_eq!((r.response_code(), r.answers().len()), (ResponseCode::Refused, 0));
-    let r = ask_udp(s.ports.dns, &dns_query(5, "missing.test.", RecordType::A)).await;
-    assert_eq!(r.response_code(), ResponseCode::NXDomain);
     let r = ask_udp(s.ports.dns, &dns_query(6, "allowed.test.", RecordType::AAAA)).await;
     assert_eq!((r.response_code(), r.answers().len()), (ResponseCode::NoError, 0), "no IPv6");
 
@@ -387,8 +373,9 @@ async fn without_a_host_proxy_everything_fails_cleanly() {
 /// The whole transparent path: the agent in a private network namespace (only lo) programs
 /// it as in a guest (`--net-kernel`: lo's fake range, the local default route, the nftables
 /// redirect); a process it spawns there looks a name up, connects to the fake address it got
-/// and to an address literal, knowing nothing of proxies; both arrive at the fake host by name
-/// (or literal) and reach the test's echo server on 127.0.0.1 in the test's own namespace.
+/// and to an address literal, knowing nothing of proxies; both arrive at the host's proxy, by
+/// name (which reaches the test's echo server on 127.0.0.1 in the test's own namespace) and by
+/// literal (which the allowlist refuses: no CIDR names it, and no packet is sent to it).
 #[tokio::test]
 async fn transparent_redirect_in_a_private_netns() {
     if !nix_is_root() {
@@ -412,7 +399,7 @@ async fn transparent_redirect_in_a_private_netns() {
     let echo = echo_server().await;
     let query: String = dns_query(9, "allowed.test.", RecordType::A).iter().map(|b| format!("{b:02x}")).collect();
     // Inside the namespace: ask the agent's DNS server, connect to the answer, then to a
-    // literal (203.0.113.9, TEST-NET-3: local there, like every address).
+    // literal (203.0.113.9, TEST-NET-3: local there, like every address, and refused by the host).
     let script = r#"
 import socket, sys
 q = bytes.fromhex(sys.argv[1]); dns = int(sys.argv[2]); port = int(sys.argv[3])
@@ -420,14 +407,17 @@ u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(10)
 u.sendto(q, ("127.0.0.1", dns)); a, _ = u.recvfrom(4096)
 ip = socket.inet_ntoa(a[-4:])
 for host in (ip, "203.0.113.9"):
-    s = socket.create_connection((host, port), timeout=10)
-    s.sendall(b"ping " + host.encode()); s.shutdown(socket.SHUT_WR)
     data = b""
-    while True:
-        chunk = s.recv(4096)
-        if not chunk: break
-        data += chunk
-    print(host, data.decode())
+    try:
+        s = socket.create_connection((host, port), timeout=10)
+        s.sendall(b"ping " + host.encode()); s.shutdown(socket.SHUT_WR)
+        while True:
+            chunk = s.recv(4096)
+            if not chunk: break
+            data += chunk
+    except OSError as e:
+        data = b"closed"
+    print(host, data.decode() or "closed")
 "#;
     let client = s.agent.connect().await;
     let req = SpawnRequest {
@@ -442,7 +432,7 @@ for host in (ip, "203.0.113.9"):
     let fake: Ipv4Addr = lines[0].split(' ').next().unwrap().parse().unwrap();
     assert_eq!(u32::from(fake) >> 17, u32::from(Ipv4Addr::new(198, 18, 0, 0)) >> 17, "{stdout}");
     assert_eq!(lines[0], format!("{fake} echo:ping {fake}"));
-    assert_eq!(lines[1], "203.0.113.9 echo:ping 203.0.113.9");
+    assert_eq!(lines[1], "203.0.113.9 closed", "the host refused the literal");
     let log = s.log.lock().unwrap().clone();
     assert!(
         log.contains(&EgressRequest::Connect { name: "allowed.test".into(), port: echo, via: EgressVia::Transparent }),
