@@ -1,0 +1,306 @@
+//! The restriction order of the set-valued fields, and their meets (the most restrictive value
+//! two sources both allow).
+//!
+//! Each set is kept in a canonical form — sorted, with no entry that another entry already
+//! implies — so that two merges that allow the same things are *equal*, which is what makes
+//! merging commutative and associative as values, not only in meaning.
+//!
+//! - Extra paths: an access function (none < read-only < read-write) over paths where the most
+//!   specific listed entry decides. The meet is the pointwise minimum; it only ever needs the
+//!   paths some source listed (the longest listed prefix of any path decides its access in every
+//!   source at once), and a path with no access never sits below one with access.
+//! - Domains: `name` (that name) or `*.suffix` (names strictly below it); the meet keeps each
+//!   pattern the other side covers.
+//! - CIDRs: ranges nest or are disjoint, so the meet keeps each range the other side contains.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use ipnet::IpNet;
+use umbra_api::session::{NetworkMode, NetworkPolicy};
+
+use crate::policy::{normalize_path, SandboxPolicy};
+
+/// Access to a path; `Ord` is the restriction order (`None` most restrictive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Access {
+    None,
+    ReadOnly,
+    ReadWrite,
+}
+
+/// The extra-paths part of a policy, canonical: only the paths whose access differs from their
+/// nearest listed ancestor's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PathAccess {
+    grants: BTreeMap<PathBuf, Access>,
+}
+
+impl PathAccess {
+    /// `None` when the policy says nothing about paths (neither list set); a policy that sets
+    /// one list has the other empty. Paths that do not normalize are left out (validation
+    /// refuses them).
+    pub fn from_policy(policy: &SandboxPolicy) -> Option<Self> {
+        if policy.additional_readwrite_paths.is_none() && policy.additional_readonly_paths.is_none() {
+            return None;
+        }
+        let mut grants = BTreeMap::new();
+        for path in policy.additional_readwrite_paths.iter().flatten() {
+            if let Some(path) = normalize_path(path) {
+                grants.insert(path, Access::ReadWrite);
+            }
+        }
+        // A path in both lists is read-only: the more restrictive reading of a contradiction.
+        for path in policy.additional_readonly_paths.iter().flatten() {
+            if let Some(path) = normalize_path(path) {
+                grants.insert(path, Access::ReadOnly);
+            }
+        }
+        Some(Self { grants }.canonical())
+    }
+
+    /// The access the most specific listed entry gives `path`.
+    pub fn access(&self, path: &Path) -> Access {
+        path.ancestors().find_map(|p| self.grants.get(p).copied()).unwrap_or(Access::None)
+    }
+
+    /// Access of the nearest listed strict ancestor.
+    fn inherited(&self, path: &Path) -> Access {
+        path.ancestors().skip(1).find_map(|p| self.grants.get(p).copied()).unwrap_or(Access::None)
+    }
+
+    fn canonical(self) -> Self {
+        let grants =
+            self.grants.iter().filter(|(p, a)| self.inherited(p) != **a).map(|(p, a)| (p.clone(), *a)).collect();
+        Self { grants }
+    }
+
+    /// Pointwise minimum of the two access functions.
+    pub fn meet(&self, other: &Self) -> Self {
+        let grants = self
+            .grants
+            .keys()
+            .chain(other.grants.keys())
+            .map(|p| (p.clone(), self.access(p).min(other.access(p))))
+            .filter(|(_, a)| *a != Access::None)
+            .collect();
+        Self { grants }.canonical()
+    }
+
+    /// Whether every path has at most the access `other` gives it.
+    pub fn within(&self, other: &Self) -> bool {
+        self.grants.keys().chain(other.grants.keys()).all(|p| self.access(p) <= other.access(p))
+    }
+
+    /// Back to the policy's two lists, sorted.
+    pub fn into_lists(self) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let mut rw = Vec::new();
+        let mut ro = Vec::new();
+        for (path, access) in self.grants {
+            match access {
+                Access::ReadWrite => rw.push(path),
+                Access::ReadOnly => ro.push(path),
+                Access::None => {}
+            }
+        }
+        (rw, ro)
+    }
+}
+
+/// A domain pattern, lower-case and without a trailing dot.
+fn domain_key(pattern: &str) -> String {
+    pattern.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// Whether every name `pattern` matches is matched by `by`.
+fn domain_covered(pattern: &str, by: &str) -> bool {
+    let Some(suffix) = by.strip_prefix("*.") else { return pattern == by };
+    let below = |name: &str| name.ends_with(&format!(".{suffix}"));
+    match pattern.strip_prefix("*.") {
+        // `*.sub` is covered by `*.suffix` when sub is suffix or below it.
+        Some(sub) => sub == suffix || below(sub),
+        // A name is covered when it is strictly below the suffix.
+        None => below(pattern),
+    }
+}
+
+fn canonical_domains(domains: &[String]) -> Vec<String> {
+    let mut keys: Vec<String> = domains.iter().map(|d| domain_key(d)).collect();
+    keys.sort();
+    keys.dedup();
+    keys.iter().filter(|d| !keys.iter().any(|other| other != *d && domain_covered(d, other))).cloned().collect()
+}
+
+fn domains_meet(a: &[String], b: &[String]) -> Vec<String> {
+    let kept: Vec<String> = a
+        .iter()
+        .filter(|d| b.iter().any(|o| domain_covered(d, o)))
+        .chain(b.iter().filter(|d| a.iter().any(|o| domain_covered(d, o))))
+        .cloned()
+        .collect();
+    canonical_domains(&kept)
+}
+
+fn domains_within(a: &[String], b: &[String]) -> bool {
+    a.iter().all(|d| b.iter().any(|o| domain_covered(&domain_key(d), &domain_key(o))))
+}
+
+/// A CIDR as written, or its network if it parses (an unparsable one only matches itself;
+/// validation refuses it anyway).
+fn cidr_key(cidr: &str) -> Result<IpNet, String> {
+    cidr.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| cidr.to_string())
+}
+
+fn cidr_covered(a: &Result<IpNet, String>, b: &Result<IpNet, String>) -> bool {
+    match (a, b) {
+        (Ok(a), Ok(b)) => b.contains(a),
+        (Err(a), Err(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn cidr_text(key: &Result<IpNet, String>) -> String {
+    match key {
+        Ok(net) => net.to_string(),
+        Err(raw) => raw.clone(),
+    }
+}
+
+fn canonical_cidrs(cidrs: &[String]) -> Vec<String> {
+    let keys: Vec<_> = cidrs.iter().map(|c| cidr_key(c)).collect();
+    let mut out: Vec<String> = keys
+        .iter()
+        .filter(|k| !keys.iter().any(|o| cidr_text(o) != cidr_text(k) && cidr_covered(k, o)))
+        .map(cidr_text)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn cidrs_meet(a: &[String], b: &[String]) -> Vec<String> {
+    let (ka, kb): (Vec<_>, Vec<_>) = (a.iter().map(|c| cidr_key(c)).collect(), b.iter().map(|c| cidr_key(c)).collect());
+    let kept: Vec<String> = ka
+        .iter()
+        .filter(|k| kb.iter().any(|o| cidr_covered(k, o)))
+        .chain(kb.iter().filter(|k| ka.iter().any(|o| cidr_covered(k, o))))
+        .map(cidr_text)
+        .collect();
+    canonical_cidrs(&kept)
+}
+
+fn cidrs_within(a: &[String], b: &[String]) -> bool {
+    a.iter().all(|c| b.iter().any(|o| cidr_covered(&cidr_key(c), &cidr_key(o))))
+}
+
+fn mode_rank(mode: NetworkMode) -> u8 {
+    match mode {
+        NetworkMode::None => 0,
+        NetworkMode::Allowlist => 1,
+        NetworkMode::Any => 2,
+    }
+}
+
+/// The canonical form of a network policy: `none` allows nothing (no domains, no CIDRs), `any`
+/// needs no domains; domains and CIDRs without redundant entries, sorted.
+pub fn canonical_network(n: &NetworkPolicy) -> NetworkPolicy {
+    let mut out = NetworkPolicy { mode: n.mode, resolve: n.resolve.clone(), ..Default::default() };
+    if n.mode != NetworkMode::None {
+        out.allow_cidrs = canonical_cidrs(&n.allow_cidrs);
+    }
+    if n.mode == NetworkMode::Allowlist {
+        out.allow_domains = canonical_domains(&n.allow_domains);
+    }
+    out
+}
+
+/// The most restrictive network both allow: the stricter mode, the domains both allow, the
+/// ranges both allow. `resolve` pins are a testing aid, not a permission: they are united, and
+/// where two sources pin one name differently the lower address wins (so the result does not
+/// depend on the order).
+pub fn network_meet(a: &NetworkPolicy, b: &NetworkPolicy) -> NetworkPolicy {
+    let (a, b) = (canonical_network(a), canonical_network(b));
+    let mode = if mode_rank(a.mode) <= mode_rank(b.mode) { a.mode } else { b.mode };
+    let mut resolve: BTreeMap<String, IpAddr> = a.resolve.clone();
+    for (name, addr) in &b.resolve {
+        resolve.entry(name.clone()).and_modify(|e| *e = (*e).min(*addr)).or_insert(*addr);
+    }
+    let mut out = NetworkPolicy { mode, resolve, ..Default::default() };
+    if mode != NetworkMode::None {
+        out.allow_cidrs = cidrs_meet(&a.allow_cidrs, &b.allow_cidrs);
+    }
+    if mode == NetworkMode::Allowlist {
+        out.allow_domains = match (a.mode, b.mode) {
+            (NetworkMode::Allowlist, NetworkMode::Allowlist) => domains_meet(&a.allow_domains, &b.allow_domains),
+            (NetworkMode::Allowlist, _) => a.allow_domains,
+            _ => b.allow_domains,
+        };
+    }
+    out
+}
+
+/// Whether `a` allows no connection `b` does not (`resolve` aside).
+pub fn network_within(a: &NetworkPolicy, b: &NetworkPolicy) -> bool {
+    let (a, b) = (canonical_network(a), canonical_network(b));
+    if mode_rank(a.mode) > mode_rank(b.mode) {
+        return false;
+    }
+    if a.mode == NetworkMode::None {
+        return true;
+    }
+    let domains_ok = !(a.mode == NetworkMode::Allowlist && b.mode == NetworkMode::Allowlist)
+        || domains_within(&a.allow_domains, &b.allow_domains);
+    domains_ok && cidrs_within(&a.allow_cidrs, &b.allow_cidrs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn domain_coverage() {
+        assert!(domain_covered("api.example.com", "*.example.com"));
+        assert!(!domain_covered("example.com", "*.example.com"), "a wildcard does not match its apex");
+        assert!(domain_covered("*.a.example.com", "*.example.com"));
+        assert!(!domain_covered("*.example.com", "example.com"));
+        assert!(!domain_covered("badexample.com", "*.example.com"));
+        assert_eq!(
+            domains_meet(&s(&["*.example.com", "pypi.org"]), &s(&["api.example.com", "*.org"])),
+            s(&["api.example.com", "pypi.org"])
+        );
+        assert_eq!(canonical_domains(&s(&["A.example.com.", "*.example.com"])), s(&["*.example.com"]));
+    }
+
+    #[test]
+    fn cidr_meet_keeps_the_narrower_range() {
+        assert_eq!(cidrs_meet(&s(&["10.0.0.0/8"]), &s(&["10.1.2.0/24", "192.168.0.0/16"])), s(&["10.1.2.0/24"]));
+        assert_eq!(canonical_cidrs(&s(&["10.1.2.3/8", "10.0.0.0/16"])), s(&["10.0.0.0/8"]));
+    }
+
+    #[test]
+    fn most_specific_path_decides_and_meet_is_pointwise() {
+        let p = |rw: &[&str], ro: &[&str]| {
+            PathAccess::from_policy(&SandboxPolicy {
+                additional_readwrite_paths: Some(rw.iter().map(PathBuf::from).collect()),
+                additional_readonly_paths: Some(ro.iter().map(PathBuf::from).collect()),
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        let a = p(&["/data"], &["/data/vendor"]);
+        assert_eq!(a.access(Path::new("/data/src/x")), Access::ReadWrite);
+        assert_eq!(a.access(Path::new("/data/vendor/x")), Access::ReadOnly);
+        assert_eq!(a.access(Path::new("/etc")), Access::None);
+        let b = p(&[], &["/data/src"]);
+        let m = a.meet(&b);
+        assert_eq!(m.clone().into_lists(), (vec![], vec![PathBuf::from("/data/src")]));
+        assert!(m.within(&a) && m.within(&b));
+        // A redundant entry (read-write inside read-write) disappears.
+        assert_eq!(p(&["/a", "/a/b"], &[]).into_lists().0, vec![PathBuf::from("/a")]);
+    }
+}
