@@ -1,1 +1,266 @@
+//! Command approval: whether a command line runs, is refused, or waits for a person — and the
+//! rule that said so.
+//!
+//! The order, after seed 003's `xOh` with its gaps closed:
+//! 1. the line is split into every simple command it would run (`parse.rs`, a real shell
+//!    parser); a line that cannot be split needs approval in every mode (it is refused if a
+//!    deny pattern matches its text);
+//! 2. any part matching a deny pattern refuses the whole line (deny wins);
+//! 3. a part whose program is only known when it runs (`$CMD x`) needs approval;
+//! 4. `sudo` (and `doas`, `su`, `pkexec`), and `rm` outside the workspace or recursive on a
+//!    root-like path, need approval in every mode — run-everything included — unless an allow
+//!    pattern for that program matches the part (`rules.rs`);
+//! 5. the mode: ask-every-time asks; allowlist allows when every part matches an allow pattern
+//!    (or runs inside a wrapper or shell whose part did); run-everything allows;
+//! 6. hooks (`hook.rs`, only in [`decide`]) may make the answer stricter, never laxer.
 
+mod hook;
+mod parse;
+mod rules;
+
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use hook::{HookAnswer, HookError, HookSpec};
+pub use parse::{split, Part, SplitError, Word, MAX_COMMAND_LEN, MAX_DEPTH};
+pub use rules::{prefix_matches, Protection, PRIVILEGE_PROGRAMS};
+
+/// When commands run without asking (seed 003's auto-run modes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalMode {
+    /// Every command waits for a person.
+    #[default]
+    AskEveryTime,
+    /// Commands whose every part matches the allow list run; others wait.
+    Allowlist,
+    /// Everything runs, except what the deny list, the protections or a hook stop.
+    RunEverything,
+}
+
+/// The approval settings of a session (merged from wherever they come from by the caller).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApprovalSettings {
+    pub mode: ApprovalMode,
+    /// Command prefixes, as words: `git status`, `cargo`, `npm test`.
+    pub allow: Vec<String>,
+    /// Command prefixes that refuse a command outright; they win over everything.
+    pub deny: Vec<String>,
+    /// Executables asked in turn after the rules (see [`HookSpec`]).
+    pub hooks: Vec<HookSpec>,
+}
+
+/// A command to decide on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CommandRequest {
+    /// The command line, as a shell would get it.
+    pub command: String,
+    /// Its working directory (a guest path).
+    pub cwd: PathBuf,
+    /// The workspace folders (guest paths); `rm` outside them needs approval.
+    #[serde(default)]
+    pub workspace: Vec<PathBuf>,
+    /// The session it would run in, for hooks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+}
+
+/// The answer; `Ord` is the order of strictness (`Deny` strictest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Allow,
+    Ask,
+    Deny,
+}
+
+/// The rule behind a verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "rule", rename_all = "snake_case")]
+pub enum Reason {
+    /// A part matched a deny pattern.
+    DenyList { pattern: String, part: String },
+    /// The line could not be split into commands; the error says why.
+    Unparseable { error: String },
+    /// The line runs no command.
+    NoCommand,
+    /// A part's program is an expansion, known only when the shell runs it.
+    DynamicProgram { part: String },
+    /// `sudo` and the like.
+    Privilege { program: String, part: String },
+    /// `rm -r` on `/`, a top-level directory, a home directory or a workspace folder itself.
+    RmRecursiveRoot { path: String, part: String },
+    /// `rm` of a path outside every workspace folder.
+    RmOutsideWorkspace { path: String, part: String },
+    /// `rm` of a path only known when the shell runs (`"$DIR"`).
+    RmUnknownTarget { target: String, part: String },
+    /// The mode is ask-every-time.
+    AskEveryTime,
+    /// A part matched no allow pattern.
+    NotAllowlisted { part: String },
+    /// Every part matched an allow pattern (these).
+    Allowlisted { patterns: Vec<String> },
+    /// The mode is run-everything.
+    RunEverything,
+    /// A hook answered.
+    Hook { hook: String, permission: Verdict, message: Option<String> },
+    /// A hook failed or did not answer in time; a person decides instead.
+    HookFailed { hook: String, error: String },
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reason::DenyList { pattern, part } => write!(f, "`{part}` matches the deny pattern `{pattern}`"),
+            Reason::Unparseable { error } => write!(f, "the command cannot be checked: {error}"),
+            Reason::NoCommand => write!(f, "the line runs no command"),
+            Reason::DynamicProgram { part } => write!(f, "`{part}`: the program is only known when the shell runs it"),
+            Reason::Privilege { program, part } => write!(f, "`{part}` runs {program}, which always needs approval"),
+            Reason::RmRecursiveRoot { path, part } => write!(f, "`{part}` deletes {path} recursively"),
+            Reason::RmOutsideWorkspace { path, part } => write!(f, "`{part}` deletes {path}, outside the workspace"),
+            Reason::RmUnknownTarget { target, part } => {
+                write!(f, "`{part}` deletes {target}, only known when the shell runs")
+            }
+            Reason::AskEveryTime => write!(f, "the approval mode is ask-every-time"),
+            Reason::NotAllowlisted { part } => write!(f, "`{part}` matches no allow pattern"),
+            Reason::Allowlisted { patterns } => write!(f, "allowed by {}", patterns.join(", ")),
+            Reason::RunEverything => write!(f, "the approval mode is run-everything"),
+            Reason::Hook { hook, permission, message } => {
+                write!(f, "hook {hook} answered {permission:?}")?;
+                match message {
+                    Some(m) => write!(f, ": {m}"),
+                    None => Ok(()),
+                }
+            }
+            Reason::HookFailed { hook, error } => write!(f, "hook {hook} failed ({error}); a person decides"),
+        }
+    }
+}
+
+/// A decision: the verdict, the rule, and the commands the line was split into (the candidates
+/// a front end offers for the allow list).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub reason: Reason,
+    pub parts: Vec<Vec<String>>,
+}
+
+impl Decision {
+    fn new(verdict: Verdict, reason: Reason, parts: &[Part]) -> Self {
+        Self { verdict, reason, parts: parts.iter().map(Part::argv).collect() }
+    }
+}
+
+fn text(part: &Part) -> String {
+    part.argv().join(" ")
+}
+
+/// The decision of the rules alone (no hooks).
+pub fn evaluate(settings: &ApprovalSettings, request: &CommandRequest) -> Decision {
+    let parts = match split(&request.command) {
+        Ok(parts) => parts,
+        Err(error) => {
+            // Refused if a deny pattern matches the raw text, else a person decides: an
+            // unparseable command is never allowed silently, whatever the mode.
+            let raw = Part {
+                words: request
+                    .command
+                    .split_whitespace()
+                    .map(|w| Word { text: w.to_string(), literal: true })
+                    .collect(),
+                via: None,
+            };
+            if let Some(pattern) = settings.deny.iter().find(|p| prefix_matches(&raw, p, true)) {
+                let reason = Reason::DenyList { pattern: pattern.clone(), part: request.command.clone() };
+                return Decision::new(Verdict::Deny, reason, &[]);
+            }
+            return Decision::new(Verdict::Ask, Reason::Unparseable { error: error.to_string() }, &[]);
+        }
+    };
+    if parts.is_empty() {
+        return Decision::new(Verdict::Ask, Reason::NoCommand, &parts);
+    }
+    for part in &parts {
+        if let Some(pattern) = settings.deny.iter().find(|p| prefix_matches(part, p, true)) {
+            return Decision::new(
+                Verdict::Deny,
+                Reason::DenyList { pattern: pattern.clone(), part: text(part) },
+                &parts,
+            );
+        }
+    }
+    for part in &parts {
+        if !part.words[0].literal {
+            return Decision::new(Verdict::Ask, Reason::DynamicProgram { part: text(part) }, &parts);
+        }
+    }
+    for part in &parts {
+        let Some(protection) = rules::protection(part, &request.cwd, &request.workspace) else { continue };
+        let program = part.program().unwrap_or_default();
+        let explicitly_allowed = settings.allow.iter().any(|p| {
+            p.split_whitespace().next().is_some_and(|first| first.rsplit('/').next() == Some(program))
+                && prefix_matches(part, p, false)
+        });
+        if explicitly_allowed {
+            continue;
+        }
+        let part = text(part);
+        let reason = match protection {
+            Protection::Privilege { program } => Reason::Privilege { program, part },
+            Protection::RmRecursiveRoot { path } => Reason::RmRecursiveRoot { path, part },
+            Protection::RmOutsideWorkspace { path } => Reason::RmOutsideWorkspace { path, part },
+            Protection::RmUnknownTarget { target } => Reason::RmUnknownTarget { target, part },
+        };
+        return Decision::new(Verdict::Ask, reason, &parts);
+    }
+    match settings.mode {
+        ApprovalMode::AskEveryTime => Decision::new(Verdict::Ask, Reason::AskEveryTime, &parts),
+        ApprovalMode::RunEverything => Decision::new(Verdict::Allow, Reason::RunEverything, &parts),
+        ApprovalMode::Allowlist => {
+            let mut matched: Vec<Option<&String>> = Vec::with_capacity(parts.len());
+            for part in &parts {
+                let own = settings.allow.iter().find(|p| prefix_matches(part, p, false));
+                let inherited = part.via.and_then(|i| matched.get(i).copied().flatten());
+                match own.or(inherited) {
+                    Some(p) => matched.push(Some(p)),
+                    None => return Decision::new(Verdict::Ask, Reason::NotAllowlisted { part: text(part) }, &parts),
+                }
+            }
+            let mut patterns: Vec<String> = matched.into_iter().flatten().cloned().collect();
+            patterns.sort();
+            patterns.dedup();
+            Decision::new(Verdict::Allow, Reason::Allowlisted { patterns }, &parts)
+        }
+    }
+}
+
+/// The decision of the rules, then of each hook in turn: a hook can make it stricter (ask,
+/// deny), never laxer; a hook that fails or does not answer in time makes it at least `ask`.
+/// Hooks are not run for a line the rules already refuse.
+pub async fn decide(settings: &ApprovalSettings, request: &CommandRequest) -> Decision {
+    let mut decision = evaluate(settings, request);
+    for spec in &settings.hooks {
+        if decision.verdict == Verdict::Deny {
+            break;
+        }
+        let hook = spec.command.display().to_string();
+        let (verdict, reason) = match hook::run(spec, request, &decision).await {
+            Ok(answer) => {
+                (answer.permission, Reason::Hook { hook, permission: answer.permission, message: answer.reason })
+            }
+            Err(e) => (Verdict::Ask, Reason::HookFailed { hook, error: e.to_string() }),
+        };
+        if verdict > decision.verdict {
+            decision.verdict = verdict;
+            decision.reason = reason;
+        }
+    }
+    decision
+}
+
+#[cfg(test)]
+mod tests;

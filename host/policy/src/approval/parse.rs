@@ -1,0 +1,431 @@
+//! Splitting a command line into the simple commands it would run, with a real shell parser.
+//!
+//! brush-parser (the parser of the `brush` shell: POSIX and bash syntax) gives the syntax tree;
+//! this module walks it and collects every simple command: the parts of `&&`, `||`, `;` and `&`
+//! lists and of pipelines, the bodies of subshells, brace groups, `if`, `while`, `until`,
+//! `for` and `case`, process substitutions, and every command substitution (`$(…)` and
+//! backticks, parsed again from their text) wherever it appears — in an argument, an
+//! assignment, a redirection, a here-document. It also looks *through* what runs another
+//! command: wrappers (`env`, `sudo`, `nice`, `timeout`, `xargs`, …) add the command they run as
+//! a part of its own, and `sh -c SCRIPT` / `eval` add the commands of their script.
+//!
+//! What it cannot see into it refuses (the caller then asks a person): a function definition,
+//! a command inside a parameter expansion (`${x:-$(cmd)}`) or an arithmetic expression, a
+//! script known only when the shell runs (`sh -c "$X"`), nesting deeper than [`MAX_DEPTH`].
+
+use std::io::BufReader;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use brush_parser::ast::{self, Command, CommandPrefixOrSuffixItem, CompoundCommand, IoFileRedirectTarget, IoRedirect};
+use brush_parser::word::{self as bword, WordPiece, WordPieceWithSource};
+use brush_parser::{Parser, ParserOptions, SourceInfo};
+
+/// Longest command line considered (longer ones need approval).
+pub const MAX_COMMAND_LEN: usize = 64 * 1024;
+/// Deepest nesting of substitutions and scripts followed.
+pub const MAX_DEPTH: usize = 16;
+
+/// One word of a command, unquoted. An expansion keeps its source text (`$HOME`, `~`,
+/// `$(pwd)`), and the word is then not `literal`: its value is only known when the shell runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Word {
+    pub text: String,
+    pub literal: bool,
+}
+
+/// A simple command found in a command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    pub words: Vec<Word>,
+    /// The part this one runs inside: the wrapper (`sudo`, `env`, …) or shell (`sh -c`) whose
+    /// command it is.
+    pub via: Option<usize>,
+}
+
+impl Part {
+    pub fn argv(&self) -> Vec<String> {
+        self.words.iter().map(|w| w.text.clone()).collect()
+    }
+
+    /// The program's name without its directory (`/usr/bin/sudo` → `sudo`).
+    pub fn program(&self) -> Option<&str> {
+        let w = self.words.first()?;
+        Some(w.text.rsplit('/').next().unwrap_or(&w.text))
+    }
+}
+
+/// Why a command line could not be split.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SplitError {
+    #[error("not valid shell syntax: {0}")]
+    Syntax(String),
+    #[error("contains {0}, which cannot be checked before it runs")]
+    Unsupported(&'static str),
+    #[error("longer than {MAX_COMMAND_LEN} bytes")]
+    TooLong,
+    #[error("nests commands more than {MAX_DEPTH} deep")]
+    TooDeep,
+}
+
+/// Every simple command `text` would run, in order of appearance (a substitution before the
+/// command whose word holds it).
+pub fn split(text: &str) -> Result<Vec<Part>, SplitError> {
+    if text.len() > MAX_COMMAND_LEN {
+        return Err(SplitError::TooLong);
+    }
+    let mut walker = Walker { parts: Vec::new(), options: ParserOptions::default() };
+    walker.program(text, 0, None)?;
+    Ok(walker.parts)
+}
+
+struct Walker {
+    parts: Vec<Part>,
+    options: ParserOptions,
+}
+
+type Result<T, E = SplitError> = std::result::Result<T, E>;
+
+impl Walker {
+    fn program(&mut self, text: &str, depth: usize, via: Option<usize>) -> Result<()> {
+        if depth > MAX_DEPTH {
+            return Err(SplitError::TooDeep);
+        }
+        let mut parser = Parser::new(BufReader::new(text.as_bytes()), &self.options, &SourceInfo::default());
+        // The parser is not meant to panic; if it does on some input, that input is simply
+        // not understood.
+        let program = catch_unwind(AssertUnwindSafe(|| parser.parse_program()))
+            .map_err(|_| SplitError::Syntax("the parser gave up".into()))?
+            .map_err(|e| SplitError::Syntax(e.to_string()))?;
+        for list in &program.complete_commands {
+            self.list(list, depth, via)?;
+        }
+        Ok(())
+    }
+
+    fn list(&mut self, list: &ast::CompoundList, depth: usize, via: Option<usize>) -> Result<()> {
+        for ast::CompoundListItem(and_or, _) in &list.0 {
+            for (_, pipeline) in and_or.iter() {
+                for command in &pipeline.seq {
+                    self.command(command, depth, via)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn command(&mut self, command: &Command, depth: usize, via: Option<usize>) -> Result<()> {
+        match command {
+            Command::Simple(simple) => self.simple(simple, depth, via),
+            Command::Compound(compound, redirects) => {
+                self.compound(compound, depth, via)?;
+                for r in redirects.iter().flat_map(|r| &r.0) {
+                    self.redirect(r, depth, via)?;
+                }
+                Ok(())
+            }
+            Command::Function(_) => Err(SplitError::Unsupported("a function definition")),
+            Command::ExtendedTest(test) => self.test(test, depth, via),
+        }
+    }
+
+    fn test(&mut self, test: &ast::ExtendedTestExpr, depth: usize, via: Option<usize>) -> Result<()> {
+        use ast::ExtendedTestExpr as T;
+        match test {
+            T::And(a, b) | T::Or(a, b) => {
+                self.test(a, depth, via)?;
+                self.test(b, depth, via)
+            }
+            T::Not(a) | T::Parenthesized(a) => self.test(a, depth, via),
+            T::UnaryTest(_, w) => self.word(w, depth, via).map(drop),
+            T::BinaryTest(_, a, b) => {
+                self.word(a, depth, via)?;
+                self.word(b, depth, via).map(drop)
+            }
+        }
+    }
+
+    fn compound(&mut self, compound: &CompoundCommand, depth: usize, via: Option<usize>) -> Result<()> {
+        match compound {
+            CompoundCommand::BraceGroup(ast::BraceGroupCommand(list))
+            | CompoundCommand::Subshell(ast::SubshellCommand(list)) => self.list(list, depth, via),
+            CompoundCommand::ForClause(f) => {
+                for w in f.values.iter().flatten() {
+                    self.word(w, depth, via)?;
+                }
+                self.list(&f.body.0, depth, via)
+            }
+            CompoundCommand::CaseClause(c) => {
+                self.word(&c.value, depth, via)?;
+                for item in &c.cases {
+                    for w in &item.patterns {
+                        self.word(w, depth, via)?;
+                    }
+                    if let Some(cmd) = &item.cmd {
+                        self.list(cmd, depth, via)?;
+                    }
+                }
+                Ok(())
+            }
+            CompoundCommand::IfClause(i) => {
+                self.list(&i.condition, depth, via)?;
+                self.list(&i.then, depth, via)?;
+                for e in i.elses.iter().flatten() {
+                    if let Some(c) = &e.condition {
+                        self.list(c, depth, via)?;
+                    }
+                    self.list(&e.body, depth, via)?;
+                }
+                Ok(())
+            }
+            CompoundCommand::WhileClause(w) | CompoundCommand::UntilClause(w) => {
+                self.list(&w.0, depth, via)?;
+                self.list(&w.1 .0, depth, via)
+            }
+            CompoundCommand::Arithmetic(a) => arithmetic(&a.expr),
+            CompoundCommand::ArithmeticForClause(f) => {
+                for e in [&f.initializer, &f.condition, &f.updater].into_iter().flatten() {
+                    arithmetic(e)?;
+                }
+                self.list(&f.body.0, depth, via)
+            }
+        }
+    }
+
+    fn redirect(&mut self, r: &IoRedirect, depth: usize, via: Option<usize>) -> Result<()> {
+        match r {
+            IoRedirect::File(_, _, target) => match target {
+                IoFileRedirectTarget::Filename(w) | IoFileRedirectTarget::Duplicate(w) => {
+                    self.word(w, depth, via).map(drop)
+                }
+                IoFileRedirectTarget::Fd(_) => Ok(()),
+                IoFileRedirectTarget::ProcessSubstitution(_, ast::SubshellCommand(list)) => self.list(list, depth, via),
+            },
+            IoRedirect::HereDocument(_, doc) if doc.requires_expansion => self.word(&doc.doc, depth, via).map(drop),
+            IoRedirect::HereDocument(..) => Ok(()),
+            IoRedirect::HereString(_, w) | IoRedirect::OutputAndError(w, _) => self.word(w, depth, via).map(drop),
+        }
+    }
+
+    fn simple(&mut self, simple: &ast::SimpleCommand, depth: usize, via: Option<usize>) -> Result<()> {
+        let mut words = Vec::new();
+        let prefix = simple.prefix.iter().flat_map(|p| &p.0);
+        let suffix = simple.suffix.iter().flat_map(|s| &s.0);
+        for item in prefix {
+            match item {
+                // `X=$(cmd) make`: the assignment's substitution runs, the assignment is no word.
+                CommandPrefixOrSuffixItem::AssignmentWord(_, w) => drop(self.word(w, depth, via)?),
+                other => self.item(other, &mut words, depth, via)?,
+            }
+        }
+        if let Some(name) = &simple.word_or_name {
+            words.push(self.word(name, depth, via)?);
+        }
+        for item in suffix {
+            self.item(item, &mut words, depth, via)?;
+        }
+        if words.is_empty() {
+            return Ok(());
+        }
+        self.part(words, depth, via)
+    }
+
+    fn item(
+        &mut self,
+        item: &CommandPrefixOrSuffixItem,
+        words: &mut Vec<Word>,
+        depth: usize,
+        via: Option<usize>,
+    ) -> Result<()> {
+        match item {
+            CommandPrefixOrSuffixItem::Word(w) | CommandPrefixOrSuffixItem::AssignmentWord(_, w) => {
+                words.push(self.word(w, depth, via)?)
+            }
+            CommandPrefixOrSuffixItem::IoRedirect(r) => self.redirect(r, depth, via)?,
+            CommandPrefixOrSuffixItem::ProcessSubstitution(_, ast::SubshellCommand(list)) => {
+                self.list(list, depth, via)?
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a simple command, then what it runs in turn (a wrapper's command, a shell's
+    /// script).
+    fn part(&mut self, words: Vec<Word>, depth: usize, via: Option<usize>) -> Result<()> {
+        if depth > MAX_DEPTH {
+            return Err(SplitError::TooDeep);
+        }
+        let index = self.parts.len();
+        self.parts.push(Part { words: words.clone(), via });
+        if let Some(inner) = super::rules::unwrap_wrapper(&words) {
+            if !inner.is_empty() {
+                self.part(inner.to_vec(), depth + 1, Some(index))?;
+            }
+        }
+        if let Some(script) = super::rules::shell_script(&words) {
+            let script = script.ok_or(SplitError::Unsupported("a shell script known only when it runs"))?;
+            self.program(&script, depth + 1, Some(index))?;
+        }
+        Ok(())
+    }
+
+    fn word(&mut self, word: &ast::Word, depth: usize, via: Option<usize>) -> Result<Word> {
+        let pieces =
+            bword::parse(&word.value, &self.options).map_err(|e| SplitError::Syntax(format!("{}: {e}", word.value)))?;
+        let mut out = Word { text: String::new(), literal: true };
+        self.pieces(&pieces, &word.value, &mut out, depth, via)?;
+        Ok(out)
+    }
+
+    fn pieces(
+        &mut self,
+        pieces: &[WordPieceWithSource],
+        source: &str,
+        out: &mut Word,
+        depth: usize,
+        via: Option<usize>,
+    ) -> Result<()> {
+        for piece in pieces {
+            let raw = source.get(piece.start_index..piece.end_index).unwrap_or("$…");
+            match &piece.piece {
+                WordPiece::Text(s) | WordPiece::SingleQuotedText(s) => out.text.push_str(s),
+                WordPiece::AnsiCQuotedText(s) => {
+                    out.literal &= !s.contains('\\');
+                    out.text.push_str(s);
+                }
+                WordPiece::EscapeSequence(s) => out.text.push_str(s.strip_prefix('\\').unwrap_or(s)),
+                WordPiece::DoubleQuotedSequence(inner) | WordPiece::GettextDoubleQuotedSequence(inner) => {
+                    self.pieces(inner, source, out, depth, via)?
+                }
+                WordPiece::TildePrefix(user) => {
+                    out.literal = false;
+                    out.text.push('~');
+                    out.text.push_str(user);
+                }
+                WordPiece::ParameterExpansion(expr) => {
+                    if runs_commands(&format!("{expr:?}")) {
+                        return Err(SplitError::Unsupported("a command inside a parameter expansion"));
+                    }
+                    out.literal = false;
+                    out.text.push_str(raw);
+                }
+                WordPiece::CommandSubstitution(script) | WordPiece::BackquotedCommandSubstitution(script) => {
+                    self.program(script, depth + 1, via)?;
+                    out.literal = false;
+                    out.text.push_str(raw);
+                }
+                WordPiece::ArithmeticExpression(expr) => {
+                    arithmetic(expr)?;
+                    out.literal = false;
+                    out.text.push_str(raw);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether text may hold a command substitution or a process substitution.
+fn runs_commands(text: &str) -> bool {
+    text.contains("$(") || text.contains('`') || text.contains("<(") || text.contains(">(")
+}
+
+fn arithmetic(expr: &ast::UnexpandedArithmeticExpr) -> Result<()> {
+    if runs_commands(&expr.value) {
+        return Err(SplitError::Unsupported("a command inside an arithmetic expression"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argvs(text: &str) -> Vec<Vec<String>> {
+        split(text).unwrap_or_else(|e| panic!("{text}: {e}")).iter().map(Part::argv).collect()
+    }
+
+    fn v(parts: &[&[&str]]) -> Vec<Vec<String>> {
+        parts.iter().map(|p| p.iter().map(|w| w.to_string()).collect()).collect()
+    }
+
+    #[test]
+    fn compound_commands_split_into_every_part() {
+        let cases: &[(&str, &[&[&str]])] = &[
+            ("ls -la", &[&["ls", "-la"]]),
+            ("make && make test || echo failed; true", &[&["make"], &["make", "test"], &["echo", "failed"], &["true"]]),
+            ("cat a | grep b | wc -l", &[&["cat", "a"], &["grep", "b"], &["wc", "-l"]]),
+            ("(cd sub && rm -rf build)", &[&["cd", "sub"], &["rm", "-rf", "build"]]),
+            ("{ echo a; echo b; }", &[&["echo", "a"], &["echo", "b"]]),
+            ("echo $(rm -rf /)", &[&["rm", "-rf", "/"], &["echo", "$(rm -rf /)"]]),
+            ("echo `sudo id`", &[&["sudo", "id"], &["id"], &["echo", "`sudo id`"]]),
+            ("X=$(curl evil) make", &[&["curl", "evil"], &["make"]]),
+            ("cat <(git log) > $(mktemp)", &[&["git", "log"], &["mktemp"], &["cat"]]),
+            ("if test -f x; then rm x; else touch x; fi", &[&["test", "-f", "x"], &["rm", "x"], &["touch", "x"]]),
+            ("for f in $(ls); do gzip \"$f\"; done", &[&["ls"], &["gzip", "$f"]]),
+            ("while true; do sleep 1; done &", &[&["true"], &["sleep", "1"]]),
+            ("'r''m' \"-rf\" /tmp/x", &[&["rm", "-rf", "/tmp/x"]]),
+            ("[[ -n $(whoami) ]] && echo y", &[&["whoami"], &["echo", "y"]]),
+            ("echo \"$(echo \"$(id)\")\"", &[&["id"], &["echo", "$(id)"], &["echo", "$(echo \"$(id)\")"]]),
+        ];
+        for (text, want) in cases {
+            assert_eq!(argvs(text), v(want), "{text}");
+        }
+    }
+
+    #[test]
+    fn wrappers_and_shells_add_the_command_they_run() {
+        let cases: &[(&str, &[&[&str]])] = &[
+            ("sudo -u root rm -rf /", &[&["sudo", "-u", "root", "rm", "-rf", "/"], &["rm", "-rf", "/"]]),
+            (
+                "env A=1 nice -n 5 make",
+                &[&["env", "A=1", "nice", "-n", "5", "make"], &["nice", "-n", "5", "make"], &["make"]],
+            ),
+            ("timeout 10 npm test", &[&["timeout", "10", "npm", "test"], &["npm", "test"]]),
+            (
+                "sh -c 'git push && sudo reboot'",
+                &[&["sh", "-c", "git push && sudo reboot"], &["git", "push"], &["sudo", "reboot"], &["reboot"]],
+            ),
+            ("bash -lc \"make\"", &[&["bash", "-lc", "make"], &["make"]]),
+            ("eval 'rm -rf ~'", &[&["eval", "rm -rf ~"], &["rm", "-rf", "~"]]),
+            ("find . | xargs -n 1 rm", &[&["find", "."], &["xargs", "-n", "1", "rm"], &["rm"]]),
+            ("bash script.sh", &[&["bash", "script.sh"]]),
+        ];
+        for (text, want) in cases {
+            assert_eq!(argvs(text), v(want), "{text}");
+        }
+        let parts = split("sudo rm x").unwrap();
+        assert_eq!(parts[1].via, Some(0));
+    }
+
+    #[test]
+    fn expansions_are_marked_not_literal() {
+        let parts = split("rm -rf ~ $HOME \"$DIR\"/x build").unwrap();
+        let literal: Vec<bool> = parts[0].words.iter().map(|w| w.literal).collect();
+        assert_eq!(literal, [true, true, false, false, false, true]);
+    }
+
+    #[test]
+    fn what_cannot_be_checked_is_refused() {
+        for text in [
+            "echo 'unterminated",
+            "ls &&",
+            "f() { rm -rf /; }; f",
+            "echo ${X:-$(rm -rf /)}",
+            "echo $(( $(id -u) + 1 ))",
+            "sh -c \"$SCRIPT\"",
+            "if true; then",
+        ] {
+            assert!(split(text).is_err(), "{text} should not split");
+        }
+        let deep = "$(".repeat(MAX_DEPTH + 2) + "id" + &")".repeat(MAX_DEPTH + 2);
+        assert!(split(&format!("echo {deep}")).is_err());
+        assert_eq!(split(&"a".repeat(MAX_COMMAND_LEN + 1)), Err(SplitError::TooLong));
+    }
+
+    #[test]
+    fn nothing_to_run() {
+        assert!(argvs("").is_empty());
+        assert!(argvs("# just a comment").is_empty());
+        assert!(argvs("X=1").is_empty());
+    }
+}

@@ -1,0 +1,257 @@
+//! The rules applied to each part of a command: prefix matching of allow and deny patterns,
+//! what wrappers and shells run, and the `rm` and `sudo` protections.
+
+use std::path::{Component, Path, PathBuf};
+
+use super::parse::{Part, Word};
+
+/// Whether `argv` starts with the words of `pattern` (seed 003's `$Jt`, on parsed words: `rm`
+/// matches `rm -rf /` but not `rmdir foo`; `git push` matches `git push origin`). A pattern
+/// whose first word has no `/` also matches the program by its base name (`rm` matches
+/// `/bin/rm -rf /`) when `by_name` is set — deny lists do, allow lists do not (another
+/// directory's `rm` is another program).
+pub fn prefix_matches(part: &Part, pattern: &str, by_name: bool) -> bool {
+    let want: Vec<&str> = pattern.split_whitespace().collect();
+    if want.is_empty() || part.words.len() < want.len() {
+        return false;
+    }
+    let first = &part.words[0].text;
+    let first_ok = first == want[0] || (by_name && !want[0].contains('/') && part.program() == Some(want[0]));
+    first_ok && want[1..].iter().zip(&part.words[1..]).all(|(w, a)| *w == a.text)
+}
+
+fn program_of(words: &[Word]) -> Option<&str> {
+    let w = words.first()?;
+    if !w.literal {
+        return None;
+    }
+    Some(w.text.rsplit('/').next().unwrap_or(&w.text))
+}
+
+/// For a wrapper — a program that runs the command in its arguments (`sudo`, `env`, `nice`,
+/// `timeout`, `xargs`, …) — the words of that command (empty when it runs none). `None` for
+/// any other program.
+pub fn unwrap_wrapper(words: &[Word]) -> Option<&[Word]> {
+    // Options that take a separate value, per wrapper.
+    let (takes_value, positional): (&[&str], usize) = match program_of(words)? {
+        "sudo" => (&["-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T", "-R"], 0),
+        "doas" => (&["-u", "-C"], 0),
+        "env" => (&["-u", "-C", "--unset", "--chdir"], 0),
+        "nice" => (&["-n", "--adjustment"], 0),
+        "timeout" => (&["-s", "-k", "--signal", "--kill-after"], 1),
+        "xargs" => (&["-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s", "--arg-file", "--delimiter", "--max-args"], 0),
+        "stdbuf" => (&["-i", "-o", "-e"], 0),
+        "nohup" | "time" | "command" | "builtin" | "exec" | "setsid" => (&["-a"], 0),
+        _ => return None,
+    };
+    let mut rest = &words[1..];
+    let mut positional_left = positional;
+    while let Some(w) = rest.first() {
+        let t = w.text.as_str();
+        if t == "--" {
+            rest = &rest[1..];
+            break;
+        }
+        if t.starts_with('-') && t.len() > 1 {
+            // `command -v x` and `sudo -l` only look things up.
+            if matches!(program_of(words), Some("command")) && (t == "-v" || t == "-V") {
+                return Some(&[]);
+            }
+            rest = if takes_value.contains(&t) && rest.len() > 1 { &rest[2..] } else { &rest[1..] };
+            continue;
+        }
+        if program_of(words) == Some("env") && t.contains('=') {
+            rest = &rest[1..];
+            continue;
+        }
+        if positional_left > 0 {
+            positional_left -= 1;
+            rest = &rest[1..];
+            continue;
+        }
+        break;
+    }
+    Some(rest)
+}
+
+/// For a shell given a script (`sh -c SCRIPT`, `bash -lc SCRIPT`, `eval WORDS`): `Some(Some
+/// script)`, or `Some(None)` when the script is only known when it runs. `None` otherwise.
+pub fn shell_script(words: &[Word]) -> Option<Option<String>> {
+    let program = program_of(words)?;
+    if program == "eval" {
+        let args = &words[1..];
+        return Some(
+            args.iter().all(|w| w.literal).then(|| args.iter().map(|w| w.text.as_str()).collect::<Vec<_>>().join(" ")),
+        );
+    }
+    if !matches!(program, "sh" | "bash" | "dash" | "zsh" | "ksh" | "ash" | "mksh") {
+        return None;
+    }
+    let mut args = words[1..].iter();
+    while let Some(w) = args.next() {
+        let t = w.text.as_str();
+        if !t.starts_with('-') || t == "-" || t == "--" {
+            return None;
+        }
+        if !t.starts_with("--") && t.contains('c') {
+            return Some(args.next().and_then(|s| s.literal.then(|| s.text.clone())));
+        }
+    }
+    None
+}
+
+/// Programs that run commands as another user.
+pub const PRIVILEGE_PROGRAMS: [&str; 4] = ["sudo", "doas", "su", "pkexec"];
+
+/// A protection a part trips: it needs a person's approval in every mode unless an allow
+/// pattern names the program explicitly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Protection {
+    Privilege { program: String },
+    RmRecursiveRoot { path: String },
+    RmOutsideWorkspace { path: String },
+    RmUnknownTarget { target: String },
+}
+
+/// Which protection `part` trips, if any. `cwd` and `workspace` are guest paths; `rm` targets
+/// are resolved against `cwd` lexically.
+pub fn protection(part: &Part, cwd: &Path, workspace: &[PathBuf]) -> Option<Protection> {
+    let program = program_of(&part.words)?;
+    if PRIVILEGE_PROGRAMS.contains(&program) {
+        return Some(Protection::Privilege { program: program.to_string() });
+    }
+    if program != "rm" {
+        return None;
+    }
+    let mut recursive = false;
+    let mut targets = Vec::new();
+    let mut options_done = false;
+    for w in &part.words[1..] {
+        let t = w.text.as_str();
+        if !options_done && t == "--" {
+            options_done = true;
+        } else if !options_done && t.starts_with("--") {
+            recursive |= t == "--recursive";
+        } else if !options_done && t.starts_with('-') && t.len() > 1 && w.literal {
+            recursive |= t.contains('r') || t.contains('R');
+        } else {
+            targets.push(w);
+        }
+    }
+    // Recursive deletes on root-like paths first: they are the worse of the two.
+    let mut outside = None;
+    for target in targets {
+        if !target.literal {
+            if recursive && is_home_like(&target.text) {
+                return Some(Protection::RmRecursiveRoot { path: target.text.clone() });
+            }
+            outside.get_or_insert(Protection::RmUnknownTarget { target: target.text.clone() });
+            continue;
+        }
+        let Some(path) = resolve(cwd, &target.text) else {
+            outside.get_or_insert(Protection::RmUnknownTarget { target: target.text.clone() });
+            continue;
+        };
+        if recursive && is_root_like(&path, workspace) {
+            return Some(Protection::RmRecursiveRoot { path: path.display().to_string() });
+        }
+        if !workspace.iter().any(|root| path.starts_with(root)) {
+            outside.get_or_insert(Protection::RmOutsideWorkspace { path: path.display().to_string() });
+        }
+    }
+    outside
+}
+
+/// `~`, `~/`, `~user`, `$HOME`, `${HOME}`, optionally followed by `/*`.
+fn is_home_like(text: &str) -> bool {
+    let t = text.trim_end_matches('*').trim_end_matches('/');
+    t == "~" || (t.starts_with('~') && !t.contains('/')) || t == "$HOME" || t == "${HOME}"
+}
+
+/// A target resolved against the working directory, `..` applied lexically. `None` when the
+/// working directory is not absolute.
+fn resolve(cwd: &Path, target: &str) -> Option<PathBuf> {
+    let joined = if target.starts_with('/') { PathBuf::from(target) } else { cwd.join(target) };
+    if !joined.is_absolute() {
+        return None;
+    }
+    let mut out = PathBuf::from("/");
+    for c in joined.components() {
+        match c {
+            Component::Normal(p) => out.push(p),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    Some(out)
+}
+
+/// `/`, a top-level directory (`/usr`, `/etc`), a home directory (`/home/me`, `/root`), a
+/// workspace folder itself or one of its parents — or a glob (`/*`, `/home/*`) directly in one.
+fn is_root_like(path: &Path, workspace: &[PathBuf]) -> bool {
+    let is_glob = |s: &str| s.contains(['*', '?', '[']);
+    let path = match path.file_name().and_then(|n| n.to_str()) {
+        Some(name) if is_glob(name) => path.parent().unwrap_or(path),
+        _ => path,
+    };
+    let depth = path.components().filter(|c| matches!(c, Component::Normal(_))).count();
+    depth <= 1 || (path.starts_with("/home") && depth <= 2) || workspace.iter().any(|root| root.starts_with(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse::split;
+    use super::*;
+
+    fn part(text: &str) -> Part {
+        split(text).unwrap().remove(0)
+    }
+
+    #[test]
+    fn prefix_matching_follows_the_seed() {
+        // Seed 003's examples, then words rather than characters.
+        assert!(prefix_matches(&part("rm -rf /"), "rm", false));
+        assert!(!prefix_matches(&part("rmdir foo"), "rm", false));
+        assert!(prefix_matches(&part("git push"), "git", false));
+        assert!(prefix_matches(&part("git push origin main"), "git push", false));
+        assert!(!prefix_matches(&part("git pushx"), "git push", false));
+        assert!(!prefix_matches(&part("git"), "git push", false));
+        assert!(prefix_matches(&part("  git   push  "), "git  push", false));
+        assert!(!prefix_matches(&part("/bin/rm x"), "rm", false));
+        assert!(prefix_matches(&part("/bin/rm x"), "rm", true));
+        assert!(prefix_matches(&part("/bin/rm x"), "/bin/rm", false));
+        assert!(!prefix_matches(&part("ls"), "", true));
+    }
+
+    #[test]
+    fn rm_and_privilege_protection() {
+        let ws = [PathBuf::from("/sessions/s/mnt/work")];
+        let cwd = Path::new("/sessions/s/mnt/work");
+        let p = |t: &str| protection(&part(t), cwd, &ws);
+        assert_eq!(p("rm build/x.o"), None);
+        assert_eq!(p("rm -rf build target"), None);
+        assert_eq!(p("rm -rf ./src/../build/*"), None);
+        assert!(matches!(p("rm -rf /"), Some(Protection::RmRecursiveRoot { .. })));
+        assert!(matches!(p("rm -fr /*"), Some(Protection::RmRecursiveRoot { .. })));
+        assert!(matches!(p("rm -r --no-preserve-root /usr"), Some(Protection::RmRecursiveRoot { .. })));
+        assert!(matches!(p("rm --recursive /home/me"), Some(Protection::RmRecursiveRoot { .. })));
+        assert!(matches!(p("rm -rf ~"), Some(Protection::RmRecursiveRoot { .. })));
+        assert!(matches!(p("rm -rf $HOME/*"), Some(Protection::RmRecursiveRoot { .. })));
+        assert!(matches!(p("rm -rf ."), Some(Protection::RmRecursiveRoot { .. })), "the workspace itself");
+        assert!(matches!(p("rm -rf ../../mnt"), Some(Protection::RmRecursiveRoot { .. })));
+        assert!(matches!(p("rm /etc/passwd"), Some(Protection::RmOutsideWorkspace { .. })));
+        assert!(matches!(p("rm ../other/file"), Some(Protection::RmOutsideWorkspace { .. })));
+        assert!(matches!(p("rm -f \"$TARGET\""), Some(Protection::RmUnknownTarget { .. })));
+        assert!(p("rm -- -rf").is_none(), "after -- it is a file name");
+        assert_eq!(p("sudo ls"), Some(Protection::Privilege { program: "sudo".into() }));
+        assert_eq!(p("/usr/bin/sudo ls"), Some(Protection::Privilege { program: "sudo".into() }));
+        assert_eq!(p("rmdir /etc"), None);
+        // Without a workspace every rm target is outside it.
+        assert!(matches!(
+            protection(&part("rm x"), Path::new("/tmp"), &[]),
+            Some(Protection::RmOutsideWorkspace { .. })
+        ));
+    }
+}
