@@ -5,10 +5,18 @@
 //! (`broadcast::error::RecvError::Lagged`), so a stuck client can neither slow the runtime nor
 //! grow its memory. Process output does not travel here; it goes only to the process's owner,
 //! under flow control (see `exec`).
+//!
+//! Event logs are written by one background thread ([`LogWriter`]) that keeps the files open
+//! and flushes when it has caught up, so emitting an event never waits for the disk (it used
+//! to open, append and close the file inline, on the runtime's threads). Reads (`recent`) and
+//! `forget` first wait for what was emitted before them to be written.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::Write;
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::sync::Mutex;
 
 use tokio::sync::broadcast;
@@ -49,17 +57,176 @@ const RECENT: usize = 500;
 /// A session's event log is rotated (to `<name>.events.1`) when it passes this size.
 const LOG_ROTATE_BYTES: u64 = 1 << 20;
 
+/// Log lines waiting for the writer thread; beyond this, lines are dropped (and counted) rather
+/// than block the runtime.
+const LOG_QUEUE: usize = 8192;
+/// Event log files the writer keeps open at once.
+const LOG_OPEN_FILES: usize = 64;
+/// How long a read waits for the writer to catch up before it reads what is there.
+const LOG_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+enum LogOp {
+    Append { session: String, line: String },
+    Forget(String),
+    Flush(mpsc::SyncSender<()>),
+}
+
+/// The thread that appends to the event logs.
+struct LogWriter {
+    tx: Option<mpsc::SyncSender<LogOp>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    dropped: AtomicU64,
+}
+
+impl LogWriter {
+    fn start(dir: PathBuf) -> Self {
+        let (tx, rx) = mpsc::sync_channel(LOG_QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("umbra-event-log".into())
+            .spawn(move || write_logs(&dir, rx))
+            .expect("spawn the event log writer");
+        Self { tx: Some(tx), thread: Some(thread), dropped: AtomicU64::new(0) }
+    }
+
+    fn append(&self, session: &str, line: String) {
+        let op = LogOp::Append { session: session.to_string(), line };
+        if let Some(Err(mpsc::TrySendError::Full(_))) = self.tx.as_ref().map(|tx| tx.try_send(op)) {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed);
+            if n.is_power_of_two() {
+                tracing::warn!("the event log writer is behind: {} event(s) not logged", n + 1);
+            }
+        }
+    }
+
+    /// Waits (boundedly) until every operation sent before has been carried out.
+    fn flush(&self) {
+        let (done, wait) = mpsc::sync_channel(1);
+        if let Some(tx) = &self.tx {
+            if tx.send(LogOp::Flush(done)).is_ok() {
+                let _ = wait.recv_timeout(LOG_FLUSH_WAIT);
+            }
+        }
+    }
+
+    fn forget(&self, session: &str) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(LogOp::Forget(session.to_string()));
+        }
+        self.flush();
+    }
+}
+
+impl Drop for LogWriter {
+    fn drop(&mut self) {
+        // The thread writes what is queued, then ends.
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The writer thread: appends lines, rotating a log past [`LOG_ROTATE_BYTES`]; flushes its
+/// buffers whenever the queue is empty.
+fn write_logs(dir: &std::path::Path, rx: mpsc::Receiver<LogOp>) {
+    struct Log {
+        out: BufWriter<File>,
+        size: u64,
+    }
+    let mut open: HashMap<String, Log> = HashMap::new();
+    let flush_all = |open: &mut HashMap<String, Log>| {
+        for (session, log) in open.iter_mut() {
+            if let Err(e) = log.out.flush() {
+                tracing::warn!("cannot write the event log of {session}: {e}");
+            }
+        }
+    };
+    let path = |session: &str| dir.join(format!("{session}.events"));
+    loop {
+        let op = match rx.try_recv() {
+            Ok(op) => op,
+            Err(mpsc::TryRecvError::Empty) => {
+                flush_all(&mut open);
+                match rx.recv() {
+                    Ok(op) => op,
+                    Err(_) => break,
+                }
+            }
+            Err(mpsc::TryRecvError::Disconnected) => break,
+        };
+        match op {
+            LogOp::Append { session, line } => {
+                if !open.contains_key(&session) {
+                    if open.len() >= LOG_OPEN_FILES {
+                        flush_all(&mut open);
+                        open.clear();
+                    }
+                    let _ = std::fs::create_dir_all(dir);
+                    let opened = std::fs::OpenOptions::new().create(true).append(true).open(path(&session));
+                    match opened {
+                        Ok(f) => {
+                            let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+                            open.insert(session.clone(), Log { out: BufWriter::new(f), size });
+                        }
+                        Err(e) => {
+                            tracing::warn!("cannot append to {}: {e}", path(&session).display());
+                            continue;
+                        }
+                    }
+                }
+                let log = open.get_mut(&session).expect("opened above");
+                if log.size > LOG_ROTATE_BYTES {
+                    let _ = log.out.flush();
+                    open.remove(&session);
+                    let _ = std::fs::rename(path(&session), dir.join(format!("{session}.events.1")));
+                    match std::fs::OpenOptions::new().create(true).append(true).open(path(&session)) {
+                        Ok(f) => open.insert(session.clone(), Log { out: BufWriter::new(f), size: 0 }),
+                        Err(e) => {
+                            tracing::warn!("cannot append to {}: {e}", path(&session).display());
+                            continue;
+                        }
+                    };
+                }
+                let log = open.get_mut(&session).expect("opened above");
+                match writeln!(log.out, "{line}") {
+                    Ok(()) => log.size += line.len() as u64 + 1,
+                    Err(e) => tracing::warn!("cannot append to {}: {e}", path(&session).display()),
+                }
+            }
+            LogOp::Forget(session) => {
+                open.remove(&session);
+                let _ = std::fs::remove_file(path(&session));
+                let _ = std::fs::remove_file(dir.join(format!("{session}.events.1")));
+            }
+            LogOp::Flush(done) => {
+                flush_all(&mut open);
+                let _ = done.try_send(());
+            }
+        }
+    }
+    flush_all(&mut open);
+}
+
 pub struct EventBus {
     tx: broadcast::Sender<SessionEvent>,
     recent: Mutex<HashMap<String, VecDeque<SessionEvent>>>,
     /// Where each session's events are appended (`<name>.events`), if anywhere.
     log_dir: Option<PathBuf>,
+    writer: Option<LogWriter>,
 }
 
 impl EventBus {
     pub fn new(log_dir: Option<PathBuf>) -> Self {
         let (tx, _) = broadcast::channel(BUS_CAPACITY);
-        Self { tx, recent: Mutex::new(HashMap::new()), log_dir }
+        let writer = log_dir.clone().map(LogWriter::start);
+        Self { tx, recent: Mutex::new(HashMap::new()), log_dir, writer }
+    }
+
+    /// Waits until every event emitted so far is in its log (the owner is going away).
+    pub fn flush(&self) {
+        if let Some(w) = &self.writer {
+            w.flush();
+        }
     }
 
     /// Publishes a lifecycle event: to subscribers, and to its session's log.
@@ -79,23 +246,8 @@ impl EventBus {
     }
 
     fn record(&self, session: &str, event: &SessionEvent) {
-        match &self.log_dir {
-            Some(dir) => {
-                let path = dir.join(format!("{session}.events"));
-                let _ = std::fs::create_dir_all(dir);
-                if std::fs::metadata(&path).map(|m| m.len() > LOG_ROTATE_BYTES).unwrap_or(false) {
-                    let _ = std::fs::rename(&path, dir.join(format!("{session}.events.1")));
-                }
-                let line = serde_json::to_string(event).expect("events serialize");
-                let appended = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)
-                    .and_then(|mut f| writeln!(f, "{line}"));
-                if let Err(e) = appended {
-                    tracing::warn!("cannot append to {}: {e}", path.display());
-                }
-            }
+        match &self.writer {
+            Some(w) => w.append(session, serde_json::to_string(event).expect("events serialize")),
             None => {
                 let mut recent = self.recent.lock().unwrap();
                 let ring = recent.entry(session.to_string()).or_default();
@@ -109,6 +261,7 @@ impl EventBus {
 
     /// The last `n` lifecycle events of `session`, oldest first.
     pub fn recent(&self, session: &str, n: usize) -> Vec<SessionEvent> {
+        self.flush();
         match &self.log_dir {
             Some(dir) => tail_lines(&dir.join(format!("{session}.events")), n)
                 .iter()
@@ -125,9 +278,8 @@ impl EventBus {
     /// Drops what is kept about a deleted session.
     pub fn forget(&self, session: &str) {
         self.recent.lock().unwrap().remove(session);
-        if let Some(dir) = &self.log_dir {
-            let _ = std::fs::remove_file(dir.join(format!("{session}.events")));
-            let _ = std::fs::remove_file(dir.join(format!("{session}.events.1")));
+        if let Some(w) = &self.writer {
+            w.forget(session);
         }
     }
 }
@@ -161,6 +313,7 @@ mod tests {
         let bus = EventBus::new(Some(dir.path().to_path_buf()));
         bus.emit(status(SessionStatus::Starting));
         bus.emit(status(SessionStatus::Ready));
+        drop(bus); // its writer finishes what was queued
         let again = EventBus::new(Some(dir.path().to_path_buf()));
         let names: Vec<_> = again
             .recent("a", 10)

@@ -148,9 +148,7 @@ impl Session {
 
     fn persist(&self) {
         let record = self.state.lock().unwrap().record.clone();
-        if let Err(e) = self.ctx.records.save(&record) {
-            tracing::warn!("session {}: cannot save its record: {e}", self.name);
-        }
+        self.ctx.records.save(&record);
     }
 
     /// The session as clients see it.

@@ -71,9 +71,7 @@ impl SessionManager {
             if !matches!(record.status, SessionStatus::Stopped | SessionStatus::Failed) {
                 record.status = SessionStatus::Stopped;
                 record.last_error = Some("its VM ended when the daemon that ran it stopped".into());
-                if let Err(e) = ctx.records.save(&record) {
-                    tracing::warn!("session {}: cannot save its record: {e}", record.name);
-                }
+                ctx.records.save(&record);
             }
             sessions.insert(record.name.clone(), Session::new(ctx.clone(), record));
         }
@@ -200,6 +198,13 @@ impl SessionManager {
         let sessions: Vec<Arc<Session>> = self.sessions.lock().unwrap().values().cloned().collect();
         let stops = sessions.iter().map(|s| s.stop(StopReason::Shutdown));
         futures_util::future::join_all(stops).await;
+        // Records and event logs are written in the background: finish before the owner exits.
+        let ctx = self.ctx.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            ctx.records.flush();
+            ctx.bus.flush();
+        })
+        .await;
     }
 }
 

@@ -4,9 +4,18 @@
 //! Records are replaced atomically (write a temporary file, fsync, rename), so a crash leaves
 //! the old record or the new one, never half of one. The VMs themselves die with the daemon
 //! that ran them; a record that says a session was running is read back as stopped.
+//!
+//! Saving is asynchronous: one background thread writes the latest record of each session
+//! (several changes in a row are one write), because the fsyncs cost milliseconds each and
+//! status changes happen on the runtime's threads. [`RecordStore::flush`] waits for the writes
+//! (the manager's shutdown calls it; dropping the last handle does too). A daemon killed
+//! outright loses at most the last few milliseconds of status changes, and statuses are read
+//! back as stopped anyway.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
 
 use serde::{Deserialize, Serialize};
 use umbra_api::{FolderSpec, SessionSettings, SessionStatus};
@@ -41,32 +50,134 @@ impl SessionRecord {
     }
 }
 
-/// Where records live; `None` keeps nothing (a `vmctl run` session).
-#[derive(Debug, Clone)]
+/// Where records live; `None` keeps nothing (a `vmctl run` session). Clones share one writer.
+#[derive(Clone)]
 pub struct RecordStore {
     dir: Option<PathBuf>,
+    writer: Option<Arc<RecordWriter>>,
+}
+
+impl std::fmt::Debug for RecordStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordStore").field("dir", &self.dir).finish_non_exhaustive()
+    }
+}
+
+enum Pending {
+    Save(Box<SessionRecord>),
+    Remove,
+}
+
+#[derive(Default)]
+struct Queue {
+    pending: BTreeMap<String, Pending>,
+    /// The writer is carrying out a batch.
+    busy: bool,
+    closing: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Signalled when work arrives, and when a batch is done.
+    changed: Condvar,
+}
+
+struct RecordWriter {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for RecordWriter {
+    fn drop(&mut self) {
+        self.shared.queue.lock().unwrap().closing = true;
+        self.shared.changed.notify_all();
+        if let Some(t) = self.thread.lock().unwrap().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn write_records(dir: &Path, shared: &Shared) {
+    loop {
+        let batch = {
+            let mut q = shared.queue.lock().unwrap();
+            while q.pending.is_empty() && !q.closing {
+                q = shared.changed.wait(q).unwrap();
+            }
+            if q.pending.is_empty() {
+                return; // closing, and everything is written
+            }
+            q.busy = true;
+            std::mem::take(&mut q.pending)
+        };
+        for (name, op) in batch {
+            match op {
+                Pending::Save(record) => {
+                    if let Err(e) = save_now(dir, &record) {
+                        tracing::warn!("session {name}: cannot save its record: {e}");
+                    }
+                }
+                Pending::Remove => {
+                    let _ = std::fs::remove_file(dir.join(format!("{name}.json")));
+                }
+            }
+        }
+        shared.queue.lock().unwrap().busy = false;
+        shared.changed.notify_all();
+    }
+}
+
+/// Replaces `record`'s file atomically and durably.
+fn save_now(dir: &Path, record: &SessionRecord) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("{}.json", record.name));
+    let tmp = dir.join(format!(".{}.json.tmp", record.name));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(record).expect("records serialize"))?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    // The rename itself must survive a crash too.
+    std::fs::File::open(dir)?.sync_all()
 }
 
 impl RecordStore {
     pub fn new(dir: Option<PathBuf>) -> Self {
-        Self { dir }
+        let writer = dir.clone().map(|dir| {
+            let shared = Arc::new(Shared { queue: Mutex::default(), changed: Condvar::new() });
+            let for_thread = shared.clone();
+            let thread = std::thread::Builder::new()
+                .name("umbra-records".into())
+                .spawn(move || write_records(&dir, &for_thread))
+                .expect("spawn the session record writer");
+            Arc::new(RecordWriter { shared, thread: Mutex::new(Some(thread)) })
+        });
+        Self { dir, writer }
     }
 
     pub fn dir(&self) -> Option<&Path> {
         self.dir.as_deref()
     }
 
-    pub fn save(&self, record: &SessionRecord) -> std::io::Result<()> {
-        let Some(dir) = &self.dir else { return Ok(()) };
-        std::fs::create_dir_all(dir)?;
-        let path = dir.join(format!("{}.json", record.name));
-        let tmp = dir.join(format!(".{}.json.tmp", record.name));
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&serde_json::to_vec_pretty(record).expect("records serialize"))?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        // The rename itself must survive a crash too.
-        std::fs::File::open(dir)?.sync_all()
+    fn enqueue(&self, name: &str, op: Pending) {
+        if let Some(w) = &self.writer {
+            w.shared.queue.lock().unwrap().pending.insert(name.to_string(), op);
+            w.shared.changed.notify_all();
+        }
+    }
+
+    /// Saves `record` in the background (the latest record of a session wins).
+    pub fn save(&self, record: &SessionRecord) {
+        self.enqueue(&record.name, Pending::Save(Box::new(record.clone())));
+    }
+
+    /// Waits until every save and removal asked for so far is on disk.
+    pub fn flush(&self) {
+        if let Some(w) = &self.writer {
+            let mut q = w.shared.queue.lock().unwrap();
+            while !q.pending.is_empty() || q.busy {
+                q = w.shared.changed.wait(q).unwrap();
+            }
+        }
     }
 
     /// Every readable record; unreadable ones are skipped with a warning (a hand-edited or
@@ -94,9 +205,7 @@ impl RecordStore {
     }
 
     pub fn remove(&self, name: &str) {
-        if let Some(dir) = &self.dir {
-            let _ = std::fs::remove_file(dir.join(format!("{name}.json")));
-        }
+        self.enqueue(name, Pending::Remove);
     }
 }
 
@@ -114,8 +223,9 @@ mod tests {
         let store = RecordStore::new(Some(dir.path().to_path_buf()));
         let mut r = SessionRecord::new("a", settings(), vec![]);
         r.status = SessionStatus::Ready;
-        store.save(&r).unwrap();
-        store.save(&SessionRecord::new("b", settings(), vec![])).unwrap();
+        store.save(&r);
+        store.save(&SessionRecord::new("b", settings(), vec![]));
+        store.flush();
         std::fs::write(dir.path().join("c.json"), b"{ truncated").unwrap();
         std::fs::write(
             dir.path().join("d.json"),
@@ -126,7 +236,18 @@ mod tests {
         assert_eq!(loaded.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(loaded[0], r);
         store.remove("a");
+        store.flush();
         assert_eq!(store.load_all().len(), 1);
+        // Saves in a row coalesce, and the last one wins; dropping the store writes it.
+        let mut c = SessionRecord::new("f", settings(), vec![]);
+        for status in [SessionStatus::Ready, SessionStatus::Stopping, SessionStatus::Stopped] {
+            c.status = status;
+            store.save(&c);
+        }
+        drop(store);
+        let again = RecordStore::new(Some(dir.path().to_path_buf()));
+        let c_loaded = again.load_all().into_iter().find(|r| r.name == "f").unwrap();
+        assert_eq!(c_loaded.status, SessionStatus::Stopped);
         assert!(RecordStore::new(None).load_all().is_empty());
     }
 }
