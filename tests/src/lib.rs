@@ -178,3 +178,23 @@ pub fn backends() -> Vec<BackendKind> {
     }
     all
 }
+
+/// A session manager like umbrad's, on the minimal bundle (256 MiB, no session disk, no idle
+/// stop), keeping its records, logs and session storage under `dir`.
+pub fn session_manager(dir: &TempDir) -> umbra_runtime::session::SessionManager {
+    let session = umbra_api::SessionSettings {
+        bundle: test_bundle("minimal").display().to_string(),
+        memory_mib: 256,
+        disk_size_mib: 0,
+        idle_timeout_secs: 0,
+        ..Default::default()
+    };
+    let config =
+        umbra_api::DaemonConfig { session, boot_timeout_secs: daemon::boot_timeout_secs(), ..Default::default() };
+    umbra_runtime::session::SessionManager::new(umbra_runtime::session::ManagerOptions {
+        config,
+        state_dir: Some(dir.0.join("state")),
+        storage_root: Some(dir.0.join("data")),
+        bundles: umbra_bundle::Store::new(dir.0.join("bundles")),
+    })
+}

@@ -57,46 +57,47 @@ fn real_host(path: &Path) -> (EgressProxy, Log) {
     (proxy, log)
 }
 
-/// An echo server on 127.0.0.1: sends back "echo:" and everything it received, once the
-/// client has half-closed.
-async fn echo_server() -> u16 {
+/// A server on 127.0.0.1 running `handle` for each connection; returns its port.
+async fn serve<F, Fut>(handle: F) -> u16
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else { return };
-            tokio::spawn(async move {
-                let mut got = Vec::new();
-                let _ = s.read_to_end(&mut got).await;
-                let _ = s.write_all(b"echo:").await;
-                let _ = s.write_all(&got).await;
-            });
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(handle(s));
         }
     });
     port
 }
 
-/// An HTTP server on 127.0.0.1 that answers every request with the request head it received.
+/// An echo server: sends back "echo:" and everything it received, once the client has
+/// half-closed.
+async fn echo_server() -> u16 {
+    serve(|mut s| async move {
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got).await;
+        let _ = s.write_all(b"echo:").await;
+        let _ = s.write_all(&got).await;
+    })
+    .await
+}
+
+/// An HTTP server that answers every request with the request head it received.
 async fn http_server() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else { return };
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).await.unwrap_or(0) == 1 {
-                    head.push(byte[0]);
-                }
-                let response =
-                    format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", head.len());
-                let _ = s.write_all(response.as_bytes()).await;
-                let _ = s.write_all(&head).await;
-            });
+    serve(|mut s| async move {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).await.unwrap_or(0) == 1 {
+            head.push(byte[0]);
         }
-    });
-    port
+        let response = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", head.len());
+        let _ = s.write_all(response.as_bytes()).await;
+        let _ = s.write_all(&head).await;
+    })
+    .await
 }
 
 fn free_port() -> u16 {

@@ -351,28 +351,11 @@ fn https_git_and_guest_root_in_the_standard_image() {
 async fn a_running_sessions_policy_change_applies_to_new_connections() {
     use umbra_api::methods::StartParams;
     use umbra_api::session::{NetworkMode, NetworkPolicy};
-    use umbra_runtime::session::{ExecRequest, ManagerOptions, SessionManager};
+    use umbra_runtime::session::ExecRequest;
 
     let (port, hits) = http_server();
     let dir = TempDir::new("egress-live");
-    let session = umbra_api::SessionSettings {
-        bundle: test_bundle("minimal").display().to_string(),
-        memory_mib: 256,
-        disk_size_mib: 0,
-        idle_timeout_secs: 0,
-        ..Default::default()
-    };
-    let config = umbra_api::DaemonConfig {
-        session,
-        boot_timeout_secs: umbra_tests::daemon::boot_timeout_secs(),
-        ..Default::default()
-    };
-    let m = SessionManager::new(ManagerOptions {
-        config,
-        state_dir: Some(dir.0.join("state")),
-        storage_root: Some(dir.0.join("data")),
-        bundles: umbra_bundle::Store::new(dir.0.join("bundles")),
-    });
+    let m = umbra_tests::session_manager(&dir);
     let s = m.start(StartParams { name: "live".into(), ..Default::default() }).await.unwrap();
     assert_eq!(s.info().settings.network.mode, NetworkMode::None, "sessions default to no network");
     let fetch = || async {

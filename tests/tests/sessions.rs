@@ -4,30 +4,9 @@
 use std::time::Duration;
 
 use umbra_api::methods::StartParams;
-use umbra_api::{DaemonConfig, ErrorCode, EventKind, SessionStatus};
-use umbra_runtime::session::{ExecRequest, ManagerOptions, SessionManager};
-use umbra_tests::{test_bundle, TempDir};
-
-fn manager(dir: &TempDir) -> SessionManager {
-    let session = umbra_api::SessionSettings {
-        bundle: test_bundle("minimal").display().to_string(),
-        memory_mib: 256,
-        disk_size_mib: 0,
-        idle_timeout_secs: 0,
-        ..Default::default()
-    };
-    let config = DaemonConfig {
-        session,
-        boot_timeout_secs: umbra_tests::daemon::boot_timeout_secs(),
-        ..DaemonConfig::default()
-    };
-    SessionManager::new(ManagerOptions {
-        config,
-        state_dir: Some(dir.0.join("state")),
-        storage_root: Some(dir.0.join("data")),
-        bundles: umbra_bundle::Store::new(dir.0.join("bundles")),
-    })
-}
+use umbra_api::{ErrorCode, EventKind, SessionStatus};
+use umbra_runtime::session::ExecRequest;
+use umbra_tests::{session_manager as manager, TempDir};
 
 fn sh(script: &str) -> ExecRequest {
     ExecRequest { argv: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() }

@@ -20,6 +20,25 @@ pub mod schema;
 pub mod session;
 pub mod typescript;
 
+/// Checks a generated, checked-in file against what the types generate now; with
+/// `UMBRA_UPDATE_SCHEMA` set, rewrites it instead.
+#[cfg(test)]
+pub(crate) fn assert_generated_current(path: &std::path::Path, fresh: &str) {
+    let checked_in = std::fs::read_to_string(path).unwrap_or_default();
+    if std::env::var_os("UMBRA_UPDATE_SCHEMA").is_some() {
+        if checked_in != fresh {
+            std::fs::create_dir_all(path.parent().expect("a file in a directory")).unwrap();
+            std::fs::write(path, fresh).unwrap();
+        }
+        return;
+    }
+    assert!(
+        checked_in == fresh,
+        "{} is stale: regenerate it with `UMBRA_UPDATE_SCHEMA=1 cargo test -p umbra-api` and commit it",
+        path.display()
+    );
+}
+
 #[cfg(feature = "client")]
 pub mod client;
 

@@ -647,18 +647,7 @@ mod tests {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/ipc.md");
         let doc = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let fresh = splice(&doc, &markdown()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        if std::env::var_os("UMBRA_UPDATE_SCHEMA").is_some() {
-            if fresh != doc {
-                std::fs::write(&path, &fresh).unwrap();
-            }
-            return;
-        }
-        assert!(
-            fresh == doc,
-            "the generated reference in {} is stale: regenerate it with `UMBRA_UPDATE_SCHEMA=1 cargo test -p \
-             umbra-api` and commit it",
-            path.display()
-        );
+        crate::assert_generated_current(&path, &fresh);
     }
 
     #[test]

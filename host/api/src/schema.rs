@@ -51,17 +51,7 @@ mod tests {
     #[test]
     fn the_checked_in_schema_is_current() {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schema/umbrad-ipc.json");
-        let fresh = super::document_text();
-        if std::env::var_os("UMBRA_UPDATE_SCHEMA").is_some() {
-            std::fs::write(&path, &fresh).unwrap();
-            return;
-        }
-        let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            checked_in == fresh,
-            "{} is stale: regenerate it with `UMBRA_UPDATE_SCHEMA=1 cargo test -p umbra-api` and commit it",
-            path.display()
-        );
+        crate::assert_generated_current(&path, &super::document_text());
     }
 
     #[test]

@@ -557,20 +557,7 @@ mod tests {
         // host/api → the workspace root.
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).expect("host/api is two levels down");
         let path = root.join(GENERATED_PATH);
-        let fresh = definitions();
-        if std::env::var_os("UMBRA_UPDATE_SCHEMA").is_some() {
-            if std::fs::read_to_string(&path).ok().as_deref() != Some(fresh.as_str()) {
-                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-                std::fs::write(&path, &fresh).unwrap();
-            }
-            return;
-        }
-        let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            checked_in == fresh,
-            "{} is stale: regenerate it with `UMBRA_UPDATE_SCHEMA=1 cargo test -p umbra-api` and commit it",
-            path.display()
-        );
+        crate::assert_generated_current(&path, &definitions());
     }
 
     #[test]
