@@ -182,9 +182,14 @@ pub fn backends() -> Vec<BackendKind> {
 /// A session manager like umbrad's, on the minimal bundle (256 MiB, no session disk, no idle
 /// stop), keeping its records, logs and session storage under `dir`.
 pub fn session_manager(dir: &TempDir) -> umbra_runtime::session::SessionManager {
+    session_manager_for(dir, "minimal", 256)
+}
+
+/// [`session_manager`] on another built bundle flavor and memory size.
+pub fn session_manager_for(dir: &TempDir, flavor: &str, memory_mib: u32) -> umbra_runtime::session::SessionManager {
     let session = umbra_api::SessionSettings {
-        bundle: test_bundle("minimal").display().to_string(),
-        memory_mib: 256,
+        bundle: test_bundle(flavor).display().to_string(),
+        memory_mib,
         disk_size_mib: 0,
         idle_timeout_secs: 0,
         ..Default::default()

@@ -395,3 +395,125 @@ async fn a_running_sessions_policy_change_applies_to_new_connections() {
     assert_eq!(hits.load(Ordering::SeqCst), 1, "only the request made while allowed arrived");
     m.delete("live").await.unwrap();
 }
+
+/// The number of file descriptors this process has open.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
+/// A guest opening 10,000 connections at once gets some and is refused the rest; the host (this
+/// process runs the session and its egress proxy) holds a bounded number of descriptors, gives
+/// them back when the guest lets go, and the session carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_guest_connections_hold_a_bounded_number_of_host_fds() {
+    use umbra_api::methods::StartParams;
+    use umbra_api::session::{NetworkMode, NetworkPolicy, SettingsPatch};
+    use umbra_runtime::session::ExecRequest;
+
+    // Room for everything the bound allows, so a refusal below is the bound, not EMFILE.
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit read or write one `struct rlimit` through valid pointers.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max.min(65536);
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+    // A server that holds every connection until its client closes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let held = Arc::new(AtomicUsize::new(0));
+    let counter = held.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let mut sink = [0u8; 64];
+                while let Ok(n) = tokio::io::AsyncReadExt::read(&mut s, &mut sink).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+                counter.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+
+    let dir = TempDir::new("egress-flood");
+    let m = umbra_tests::session_manager_for(&dir, "standard", 1024);
+    let policy = NetworkPolicy {
+        mode: NetworkMode::Allowlist,
+        allow_domains: vec!["allowed.test".into()],
+        allow_cidrs: vec!["127.0.0.1/32".into()],
+        resolve: [("allowed.test".to_string(), "127.0.0.1".parse().unwrap())].into(),
+    };
+    let settings = SettingsPatch { network: Some(policy), ..Default::default() };
+    let s = m.start(StartParams { name: "flood".into(), settings, ..Default::default() }).await.unwrap();
+    let baseline = open_fds();
+
+    let peak = Arc::new(AtomicUsize::new(0));
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (peak, sampling) = (peak.clone(), sampling.clone());
+        std::thread::spawn(move || {
+            while sampling.load(Ordering::SeqCst) {
+                peak.fetch_max(open_fds(), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let flood = format!(
+        "import resource, socket, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (12000, 12000))
+addr = socket.gethostbyname('allowed.test')
+socks = []
+for _ in range(10000):
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex((addr, {port}))
+    socks.append(s)
+time.sleep(5)
+print(len(socks))
+"
+    );
+    let req = ExecRequest {
+        argv: vec!["python3".into(), "-c".into(), flood],
+        timeout: Some(Duration::from_secs(300)),
+        ..Default::default()
+    };
+    let out = s.spawn(req).await.unwrap().output().await;
+    let during = peak.load(Ordering::SeqCst);
+    let held_peak = held.load(Ordering::SeqCst);
+    assert_eq!(out.exit.code, Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "10000");
+
+    // The bound: 2,048 guest streams at once, each a Unix socket and a TCP socket here, plus
+    // the test server's end of each.
+    let bound = baseline + 3 * 2048 + 256;
+    assert!(during <= bound, "{during} fds open at the peak, bound {bound} (baseline {baseline})");
+    // Given back once the guest's program has ended (its sockets closed).
+    let mut now = open_fds();
+    for _ in 0..150 {
+        if now <= baseline + 64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        now = open_fds();
+    }
+    sampling.store(false, Ordering::SeqCst);
+    sampler.join().unwrap();
+    assert!(now <= baseline + 64, "{now} fds still open 15 s later (baseline {baseline})");
+
+    // The session carries on: a new connection works.
+    let script =
+        format!("import socket; s = socket.create_connection(('allowed.test', {port}), timeout=30); print('again')");
+    let out = s
+        .spawn(ExecRequest { argv: vec!["python3".into(), "-c".into(), script], ..Default::default() })
+        .await
+        .unwrap()
+        .output()
+        .await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "again", "{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("flood: baseline {baseline} fds, peak {during}, after {now}; server held {held_peak} at the end");
+    m.delete("flood").await.unwrap();
+}
