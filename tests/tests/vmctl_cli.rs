@@ -71,6 +71,10 @@ fn sigkill_of_vmctl_leaves_no_qemu_or_vhost_daemon_behind() {
     let (_runtime_dir, marker, mut child) = start_long_running("xdg-kill");
     let helpers = descendants_named(&["qemu-system-x86_64", "vhost-device-vsock"], &marker);
     assert_eq!(helpers.len(), 2, "qemu and vhost-device-vsock are running");
+    // QEMU runs under its own seccomp filter (-sandbox on,...).
+    let qemu = descendants_named(&["qemu-system-x86_64"], &marker)[0];
+    let status = std::fs::read_to_string(format!("/proc/{qemu}/status")).unwrap();
+    assert!(status.lines().any(|l| l == "Seccomp:\t2"), "QEMU is not seccomp-filtered:\n{status}");
 
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();

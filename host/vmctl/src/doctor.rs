@@ -136,11 +136,25 @@ pub fn run(args: DoctorArgs) -> i32 {
     // `vmctl run` on QEMU; sessions add folders (umbra-fsd, virtiofsd), the disk and the daemon.
     let runnable = ok(&["qemu-system-x86_64", "vhost-device-vsock", "bundles"]);
     let sessions = runnable && ok(&["umbra-fsd", "virtiofsd", "mkfs.ext4", "umbrad"]);
+    // What confines the parts a hostile guest talks to, as things stand.
+    let confinement = [
+        ("qemu", format!("seccomp: -sandbox {}", umbra_runtime::backend::QEMU_SANDBOX)),
+        (
+            "umbra-fsd",
+            "a private mount namespace (and a user namespace when unprivileged); ro shares read-only on the host"
+                .into(),
+        ),
+        ("network", "no guest NIC; every connection decided by the host's egress proxy (docs/network.md)".into()),
+        ("umbra-vmm", "no seccomp filter or jail yet (planned: per-thread seccomp, namespaces, landlock)".into()),
+    ];
     if args.json {
+        let confinement: serde_json::Map<String, serde_json::Value> =
+            confinement.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
         let items: Vec<_> =
             checks.iter().map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix})).collect();
         let doc = json!({"kvm": format!("{kvm:?}").to_lowercase(), "checks": items,
-            "auto_backend": backend, "why": why, "can_run": runnable, "can_run_sessions": sessions});
+            "auto_backend": backend, "why": why, "can_run": runnable, "can_run_sessions": sessions,
+            "confinement": confinement});
         println!("{doc}");
     } else {
         for c in &checks {
@@ -148,6 +162,10 @@ pub fn run(args: DoctorArgs) -> i32 {
             if let Some(fix) = &c.fix {
                 println!("     {:<20} fix: {fix}", "");
             }
+        }
+        println!("\nconfinement");
+        for (part, what) in &confinement {
+            println!("     {part:<20} {what}");
         }
         println!("\nbackend auto -> {backend}: {why}");
         println!(

@@ -14,6 +14,7 @@ pub mod host;
 pub mod kvm;
 mod postmortem;
 mod qemu;
+pub use qemu::QEMU_SANDBOX;
 mod rundir;
 pub mod select;
 

@@ -14,6 +14,9 @@ use super::{
     io, log_file, start_folder_server, BackendKind, GuestProcess, Launch, Supervised, Vm, VmError, VmSpec, BASE_CMDLINE,
 };
 
+/// The `-sandbox` option every QEMU VM runs with (`vmctl doctor` reports it).
+pub const QEMU_SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+
 /// Each VM has its own vsock daemon, so every guest can use the same CID.
 const GUEST_CID: u32 = 3;
 
@@ -27,6 +30,9 @@ pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool, f
         .args(["-m", &format!("{mem}M"), "-smp", &spec.cpus.to_string()])
         .args(["-accel", if accel_kvm { "kvm" } else { "tcg" }])
         .args(["-no-reboot", "-nographic", "-nodefaults", "-no-user-config"])
+        // QEMU's own seccomp filter: no obsolete syscalls, no setuid/setgid, no fork/exec, no
+        // scheduler or affinity changes — a compromised device model can do less.
+        .args(["-sandbox", QEMU_SANDBOX])
         // The console goes to our pipe (see `launch`), which copies it with a size cap.
         .args(["-serial", "stdio"])
         .arg("-kernel")
