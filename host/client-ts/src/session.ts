@@ -11,6 +11,7 @@ import type {
   FileStat,
   FolderInfo,
   FolderSpec,
+  NetworkPolicy,
   SessionInfo,
   SessionLogs,
   SessionStatus,
@@ -294,6 +295,21 @@ export class Session {
    */
   async resume(options: { signal?: AbortSignal } = {}): Promise<SessionInfo> {
     this.current = await this.client.sessions._boot("session.resume", { name: this.name }, this.name, options.signal);
+    return this.current;
+  }
+
+  /**
+   * Replaces its network policy (the wire shape: `{ mode, allow_domains, allow_cidrs, resolve }`).
+   * New connections of the running VM follow it at once, open ones are not cut, and it is kept
+   * across restarts and resumes. A malformed domain or CIDR rejects with an
+   * {@link InvalidParamsError} and changes nothing.
+   *
+   * ```ts
+   * await session.setNetwork({ mode: "allowlist", allow_domains: ["pypi.org", "*.pythonhosted.org"] });
+   * ```
+   */
+  async setNetwork(network: NetworkPolicy): Promise<SessionInfo> {
+    this.current = await this.client.call("session.set_network", { name: this.name, network });
     return this.current;
   }
 

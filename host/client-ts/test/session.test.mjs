@@ -327,6 +327,16 @@ test("aborting a start cancels the boot", async () => {
   await assert.rejects(client.sessions.get("aborted"), SessionNotFoundError);
 });
 
+test("network: the policy is set on a running session and kept; bad ones are refused", async () => {
+  assert.equal(session.info.settings.network.mode, "none", "sessions start with no network");
+  const network = { mode: "allowlist", allow_domains: ["pypi.org", "*.pythonhosted.org"], allow_cidrs: ["10.0.0.0/8"] };
+  const info = await session.setNetwork(network);
+  assert.deepEqual(info.settings.network, network);
+  await assert.rejects(session.setNetwork({ mode: "any", allow_cidrs: ["10.0.0.0/99"] }), InvalidParamsError);
+  assert.deepEqual((await session.refresh()).settings.network, network, "unchanged by the refusal");
+  await session.setNetwork({ mode: "none" });
+});
+
 test("lifecycle: list, stop, resume, logs, delete", async () => {
   const names = (await client.sessions.list()).map((s) => s.name);
   assert.deepEqual(names, ["main"]);
