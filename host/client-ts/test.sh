@@ -16,6 +16,13 @@ export UMBRA_BOOT_TIMEOUT_SECS="${UMBRA_BOOT_TIMEOUT_SECS:-120}"
 
 step() { printf '\n== client-ts: %s\n' "$*"; }
 
+# The package needs Node >= 20 (package.json "engines"); Debian bookworm's own nodejs is 18.
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if ((node_major < 20)); then
+    echo "client-ts: needs Node >= 20; found $(node --version 2>/dev/null || echo 'no node on PATH')" >&2
+    exit 1
+fi
+
 step "npm ci"
 npm ci --cache "$UMBRA_NPM_CACHE" --prefer-offline --no-audit --no-fund --loglevel=error
 
