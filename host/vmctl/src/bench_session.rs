@@ -550,8 +550,9 @@ impl Samples {
 
 /// CPU time (user + system) of every thread of this process so far.
 fn own_cpu() -> Duration {
-    // SAFETY: getrusage fills the struct we pass; zeroed is a valid rusage.
+    // SAFETY: an all-zero rusage is a valid value (plain integers and timevals).
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one `struct rusage` through a pointer valid for the call.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(ru.ru_utime) + tv(ru.ru_stime)
