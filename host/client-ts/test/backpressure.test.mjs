@@ -22,12 +22,12 @@
 
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
-import { after, test } from "node:test";
+import { test } from "node:test";
 import * as v8 from "node:v8";
 import * as vm from "node:vm";
 
 import { OUTPUT_WINDOW, Umbra } from "../dist/index.js";
-import { TestDaemon, procStatusKiB } from "./daemon.mjs";
+import { TestDaemon, procStatusKiB, cleanUpAfter } from "./daemon.mjs";
 
 const MIB = 1 << 20;
 const TOTAL = 100 * MIB;
@@ -42,13 +42,7 @@ let daemon;
 /** @type {Umbra | undefined} */
 let client;
 
-after(async () => {
-  await client?.close();
-  if (daemon) {
-    if (process.exitCode) console.error(`--- umbrad's log:\n${daemon.logTail()}`);
-    await daemon.stop();
-  }
-});
+cleanUpAfter(() => ({ daemon, client }));
 
 /** Heap and Buffers in use after full GCs (the second after V8 finished freeing Buffers' memory). */
 async function retained() {

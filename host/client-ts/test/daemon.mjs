@@ -9,6 +9,7 @@ import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
+import { after } from "node:test";
 import { fileURLToPath } from "node:url";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -260,4 +261,19 @@ export async function collect(stream) {
   const parts = [];
   for await (const chunk of stream) parts.push(chunk);
   return Buffer.concat(parts);
+}
+
+/**
+ * After the file's tests: close the client and stop the daemon that `current()` names, printing
+ * the daemon's log when a test failed.
+ */
+export function cleanUpAfter(current) {
+  after(async () => {
+    const { daemon, client } = current();
+    await client?.close();
+    if (daemon) {
+      if (process.exitCode) console.error(`--- umbrad's log:\n${daemon.logTail()}`);
+      await daemon.stop();
+    }
+  });
 }

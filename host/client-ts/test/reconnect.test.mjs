@@ -2,23 +2,17 @@
 // client says it lost the daemon, reconnects by itself, says so, and its subscription is back.
 
 import assert from "node:assert/strict";
-import { after, test } from "node:test";
+import { test } from "node:test";
 
 import { Umbra, UnavailableError } from "../dist/index.js";
-import { TestDaemon, nextEvent } from "./daemon.mjs";
+import { TestDaemon, nextEvent, cleanUpAfter } from "./daemon.mjs";
 
 /** @type {TestDaemon | undefined} */
 let daemon;
 /** @type {Umbra | undefined} */
 let client;
 
-after(async () => {
-  await client?.close();
-  if (daemon) {
-    if (process.exitCode) console.error(`--- umbrad's log:\n${daemon.logTail()}`);
-    await daemon.stop();
-  }
-});
+cleanUpAfter(() => ({ daemon, client }));
 
 test("after umbrad restarts, the client reconnects and subscribes again; running processes end lost", async () => {
   daemon = await TestDaemon.start("reconnect");

@@ -7,7 +7,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import { after, before, test } from "node:test";
+import { before, test } from "node:test";
 
 import {
   AbortError,
@@ -20,7 +20,7 @@ import {
   UmbraError,
   UnavailableError,
 } from "../dist/index.js";
-import { TestDaemon, collect, minimalBundle, nextEvent } from "./daemon.mjs";
+import { TestDaemon, collect, minimalBundle, nextEvent, cleanUpAfter } from "./daemon.mjs";
 
 /** @type {TestDaemon} */
 let daemon;
@@ -41,14 +41,7 @@ before(async () => {
   client.on("event", (e) => events.push(e));
 });
 
-after(async () => {
-  await client?.close();
-  if (daemon) {
-    const failed = process.exitCode;
-    if (failed) console.error(`--- umbrad's log:\n${daemon.logTail()}`);
-    await daemon.stop();
-  }
-});
+cleanUpAfter(() => ({ daemon, client }));
 
 test("connect checks the daemon's API version and reports it", () => {
   assert.equal(client.daemon.api_version.split(".")[0], "1");

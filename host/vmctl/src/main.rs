@@ -88,76 +88,45 @@ fn main() {
     let cli = Cli::parse();
     umbra_sys::raise_nofile_limit();
     let code = match cli.command {
-        Command::Bundle { command: BundleCommand::Build(args) } => match bundle_build::run(args) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("vmctl: error: {e:#}");
-                1
-            }
-        },
+        Command::Bundle { command: BundleCommand::Build(args) } => exit_code(bundle_build::run(args)),
         Command::Bundle { command: BundleCommand::Pull(args) } => bundle_pull::pull(args),
         Command::Bundle { command: BundleCommand::Import(args) } => bundle_pull::import(args),
         Command::Bundle { command: BundleCommand::Ls(args) } => bundle_store::ls(args),
         Command::Bundle { command: BundleCommand::Verify(args) } => bundle_store::verify(args),
         Command::Bundle { command: BundleCommand::Rm(args) } => bundle_store::rm(args),
         Command::Bundle { command: BundleCommand::Gc(args) } => bundle_store::gc(args),
-        Command::Bench { command: BenchCommand::Bundle(args) } => match bundle_bench::bundle(args) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("vmctl: error: {e:#}");
-                1
-            }
-        },
+        Command::Bench { command: BenchCommand::Bundle(args) } => exit_code(bundle_bench::bundle(args)),
         Command::Doctor(args) => doctor::run(args),
-        Command::Bench { command: BenchCommand::Fs(args) } => async_main(async move {
-            match bench_fs::fs(args).await {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("vmctl: error: {e:#}");
-                    1
-                }
-            }
-        }),
-        Command::Bench { command: BenchCommand::Vmm(args) } => async_main(async move {
-            match bench_vmm::vmm(args).await {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("vmctl: error: {e:#}");
-                    1
-                }
-            }
-        }),
-        Command::Bench { command: BenchCommand::Session(args) } => async_main(async move {
-            match bench_session::session(args).await {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("vmctl: error: {e:#}");
-                    1
-                }
-            }
-        }),
-        Command::Bench { command: BenchCommand::Net(args) } => async_main(async move {
-            match bench_net::net(args).await {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("vmctl: error: {e:#}");
-                    1
-                }
-            }
-        }),
-        Command::Bench { command: BenchCommand::Boot(args) } => async_main(async move {
-            match bench::boot(args).await {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("vmctl: error: {e:#}");
-                    1
-                }
-            }
-        }),
+        Command::Bench { command: BenchCommand::Fs(args) } => {
+            async_main(async move { exit_code(bench_fs::fs(args).await) })
+        }
+        Command::Bench { command: BenchCommand::Vmm(args) } => {
+            async_main(async move { exit_code(bench_vmm::vmm(args).await) })
+        }
+        Command::Bench { command: BenchCommand::Session(args) } => {
+            async_main(async move { exit_code(bench_session::session(args).await) })
+        }
+        Command::Bench { command: BenchCommand::Net(args) } => {
+            async_main(async move { exit_code(bench_net::net(args).await) })
+        }
+        Command::Bench { command: BenchCommand::Boot(args) } => {
+            async_main(async move { exit_code(bench::boot(args).await) })
+        }
         Command::Run(args) => async_main(run::run(args)),
         Command::Session { command } => async_main(session::run(command)),
     };
     std::process::exit(code);
+}
+
+/// A command's result as vmctl's exit status: 0, or 1 with the error (and its causes) on stderr.
+fn exit_code(result: anyhow::Result<()>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("vmctl: error: {e:#}");
+            1
+        }
+    }
 }
 
 /// One thread: the VM's helper processes die with the thread that spawned them
