@@ -48,6 +48,18 @@ pub fn mount_fs(req: &MountRequest) -> Result<(), ErrorBody> {
         ));
     }
     fs::create_dir_all(target).map_err(|e| crate::files::io_error("cannot create mount point", &req.target, e))?;
+    if req.bind {
+        let source = Path::new(&req.source);
+        if !source.is_absolute() {
+            return Err(ErrorBody::new(
+                ErrorCode::BadRequest,
+                format!("bind source {} is not absolute", shown(&req.source)),
+            ));
+        }
+        return crate::shares::bind(source, target, req.read_only).map_err(|e| {
+            ErrorBody::new(ErrorCode::Io, format!("cannot bind {} on {}: {e}", shown(&req.source), shown(&req.target)))
+        });
+    }
     let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     if req.read_only {
         flags |= MsFlags::MS_RDONLY;

@@ -200,6 +200,10 @@ pub struct MountRequest {
     pub fs_type: String,
     #[serde(default)]
     pub read_only: bool,
+    /// Bind the guest directory `source` at `target` instead (`fs_type` is ignored); with
+    /// `read_only`, the bind is read-only. Since protocol 1.3.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bind: bool,
 }
 
 fn default_fs_type() -> String {

@@ -33,6 +33,7 @@ async fn mount_share_root(vm: &Vm) {
         target: "/umbra/shares".into(),
         fs_type: "virtiofs".into(),
         read_only: false,
+        bind: false,
     };
     vm.agent().mount(req).await.expect("the guest mounts the virtio-fs share root");
 }

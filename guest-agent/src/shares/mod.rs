@@ -18,6 +18,8 @@
 mod diff;
 mod mounts;
 
+pub use mounts::bind;
+
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};

@@ -124,7 +124,14 @@ impl SessionSettings {
         if self.bundle.is_empty() {
             return bad("bundle must not be empty".into());
         }
-        self.network.validate()
+        self.network.validate().map_err(crate::ApiError::invalid_params)?;
+        self.policy.validate().map_err(|e| crate::ApiError::invalid_params(format!("policy: {e}")))?;
+        match &self.approval {
+            Some(approval) => {
+                approval.validate().map_err(|e| crate::ApiError::invalid_params(format!("approval: {e}")))
+            }
+            None => Ok(()),
+        }
     }
 }
 

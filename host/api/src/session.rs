@@ -116,92 +116,19 @@ pub struct SessionSettings {
     /// What the guest may connect to (through the host's egress proxy; the guest has no
     /// network interface of its own).
     pub network: NetworkPolicy,
+    /// The sandbox policy, enforced on the host when the VM boots: the workspace folders' mode,
+    /// extra paths, read-only `.git` and `/tmp`, hidden files and (when it has one) the
+    /// network. `session.start` merges its policy with the daemon's default, field by field,
+    /// the most restrictive winning.
+    #[serde(skip_serializing_if = "umbra_policy::SandboxPolicy::is_empty")]
+    pub policy: umbra_policy::SandboxPolicy,
+    /// Command approval for `process.spawn`; absent, every command runs. `session.start`
+    /// merges its settings with the daemon's (the stricter mode, both deny lists, both hooks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval: Option<umbra_policy::approval::ApprovalSettings>,
 }
 
-/// How much network a session gets. Every connection the guest opens is decided on the host,
-/// by the name it was opened for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum NetworkMode {
-    /// No connection leaves the guest (DNS answers nothing).
-    #[default]
-    None,
-    /// Only the names in `allow_domains` (exact, or `*.suffix` for names below a domain), and
-    /// addresses in `allow_cidrs`.
-    Allowlist,
-    /// Any public address; private, loopback and link-local ones still only through
-    /// `allow_cidrs`.
-    Any,
-}
-
-/// A session's network policy.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(default)]
-pub struct NetworkPolicy {
-    pub mode: NetworkMode,
-    /// Names the guest may connect to in `allowlist` mode: `example.com` (that name only) or
-    /// `*.example.com` (any name below it, not `example.com` itself).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub allow_domains: Vec<String>,
-    /// Address ranges (`10.0.0.0/8`, `127.0.0.1/32`, `::1/128`) the guest may reach even though
-    /// they are private, loopback or link-local, and that an address literal may name in
-    /// `allowlist` mode.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub allow_cidrs: Vec<String>,
-    /// Names the host resolves to a fixed address instead of asking DNS (like curl's
-    /// `--resolve`): `{"allowed.test": "127.0.0.1"}`.
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub resolve: std::collections::BTreeMap<String, std::net::IpAddr>,
-}
-
-impl NetworkPolicy {
-    /// Checks the domains and CIDRs are well formed.
-    pub fn validate(&self) -> Result<(), crate::ApiError> {
-        for d in &self.allow_domains {
-            let name = d.strip_prefix("*.").unwrap_or(d);
-            if !is_host_name(name) {
-                return Err(crate::ApiError::invalid_params(format!(
-                    "allow_domains: {d:?} is not a host name or *.domain"
-                )));
-            }
-        }
-        for c in &self.allow_cidrs {
-            if !is_cidr(c) {
-                return Err(crate::ApiError::invalid_params(format!(
-                    "allow_cidrs: {c:?} is not an address range such as 10.0.0.0/8 or ::1/128"
-                )));
-            }
-        }
-        for name in self.resolve.keys() {
-            if !is_host_name(name) {
-                return Err(crate::ApiError::invalid_params(format!("resolve: {name:?} is not a host name")));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A host name in text form: dot-separated labels of letters, digits, `-` and `_` (1 to 63
-/// bytes, not starting or ending with `-`), at most 253 bytes.
-pub fn is_host_name(name: &str) -> bool {
-    let name = name.strip_suffix('.').unwrap_or(name);
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        })
-}
-
-fn is_cidr(s: &str) -> bool {
-    let Some((addr, len)) = s.split_once('/') else { return false };
-    let Ok(addr) = addr.parse::<std::net::IpAddr>() else { return false };
-    let max = if addr.is_ipv4() { 32 } else { 128 };
-    len.parse::<u8>().is_ok_and(|l| l <= max)
-}
+pub use umbra_policy::network::{is_host_name, NetworkMode, NetworkPolicy};
 
 impl Default for SessionSettings {
     fn default() -> Self {
@@ -215,6 +142,8 @@ impl Default for SessionSettings {
             bundle: "current".into(),
             backend: BackendChoice::Auto,
             network: NetworkPolicy::default(),
+            policy: umbra_policy::SandboxPolicy::default(),
+            approval: None,
         }
     }
 }
@@ -250,6 +179,12 @@ pub struct SettingsPatch {
     /// The network policy (replaces the whole policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkPolicy>,
+    /// The sandbox policy, as JSON: `{"type": "workspace_readonly", "ignore": [".env"]}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<umbra_policy::SandboxPolicy>,
+    /// Command approval settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<umbra_policy::approval::ApprovalSettings>,
 }
 
 impl SettingsPatch {
@@ -268,8 +203,12 @@ impl SettingsPatch {
             heartbeat_timeout_secs,
             bundle,
             backend,
-            network
+            network,
+            policy
         );
+        if let Some(approval) = &self.approval {
+            s.approval = Some(approval.clone());
+        }
         s.validate()?;
         Ok(s)
     }

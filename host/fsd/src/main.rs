@@ -10,12 +10,16 @@
 //!
 //! Control protocol: one JSON object per line on stdin, one reply per line on stdout.
 //! - start-up: `{"ready":true}` once virtiofsd listens (or `{"ok":false,"error":…}` and exit 1)
-//! - `{"op":"add","name":"proj","source":"/home/me/proj","read_only":true}` → `{"ok":true}`
+//! - `{"op":"add","name":"proj","source":"/home/me/proj","read_only":true}` → `{"ok":true}`;
+//!   optional `"protect_git":true` pins every `.git` read-only (`pins.rs`), and
+//!   `"hide":[".env","*.pem"]` refuses opening what those gitignore patterns match (`hide.rs`)
 //! - `{"op":"remove","name":"proj"}` → `{"ok":true}`
 //!
 //! Closing stdin ends it (and virtiofsd with it).
 
+mod hide;
 mod namespace;
+mod pins;
 mod shares;
 
 use std::io::{BufRead, Write};
@@ -31,8 +35,18 @@ const USAGE: &str = "usage: umbra-fsd --staging DIR --socket PATH [--virtiofsd B
 #[derive(Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
 enum Request {
-    Add { name: String, source: PathBuf, read_only: bool },
-    Remove { name: String },
+    Add {
+        name: String,
+        source: PathBuf,
+        read_only: bool,
+        #[serde(default)]
+        protect_git: bool,
+        #[serde(default)]
+        hide: Vec<String>,
+    },
+    Remove {
+        name: String,
+    },
 }
 
 struct Args {
@@ -115,6 +129,42 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
     Ok(child)
 }
 
+/// Binds a share, then protects it: pins for `.git` and ignored entries, the open check for
+/// ignored paths. Any failure undoes the share: it is never served less protected than asked.
+fn add(
+    staging: &std::path::Path,
+    hider: &mut Option<hide::Hider>,
+    name: &str,
+    source: &std::path::Path,
+    read_only: bool,
+    protect_git: bool,
+    patterns: &[String],
+) -> Result<(), String> {
+    let root = staging.join(name);
+    let set = match patterns.is_empty() {
+        true => None,
+        false => Some(umbra_policy::IgnoreSet::new(&root, patterns).map_err(|e| e.to_string())?),
+    };
+    if set.is_some() && hider.is_none() {
+        *hider = Some(hide::Hider::start()?);
+    }
+    shares::add(staging, name, source, read_only)?;
+    let protect = || -> Result<(), String> {
+        // A read-only share's .git is read-only already.
+        let rules = pins::PinRules { git: protect_git && !read_only, hide: set.as_ref() };
+        let pinned = pins::pin_tree(&root, &rules)?;
+        if let (Some(set), Some(hider)) = (set.clone(), hider.as_ref()) {
+            let mut mounts = vec![root.clone()];
+            mounts.extend(pinned);
+            hider.hide(&root, set, &mounts)?;
+        }
+        Ok(())
+    };
+    protect().inspect_err(|_| {
+        let _ = shares::remove(staging, name);
+    })
+}
+
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
@@ -131,6 +181,7 @@ fn main() -> ExitCode {
         Err(e) => return fail(e),
     };
     reply(json!({"ready": true}));
+    let mut hider: Option<hide::Hider> = None;
 
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
@@ -139,8 +190,15 @@ fn main() -> ExitCode {
         }
         let result = match serde_json::from_str::<Request>(&line) {
             Err(e) => Err(format!("bad request: {e}")),
-            Ok(Request::Add { name, source, read_only }) => shares::add(&args.staging, &name, &source, read_only),
-            Ok(Request::Remove { name }) => shares::remove(&args.staging, &name),
+            Ok(Request::Add { name, source, read_only, protect_git, hide }) => {
+                add(&args.staging, &mut hider, &name, &source, read_only, protect_git, &hide)
+            }
+            Ok(Request::Remove { name }) => {
+                if let Some(h) = &hider {
+                    h.forget(&args.staging.join(&name));
+                }
+                shares::remove(&args.staging, &name)
+            }
         };
         match result {
             Ok(()) => reply(json!({"ok": true})),

@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use crate::network::{NetworkMode, NetworkPolicy};
 use ipnet::IpNet;
-use umbra_api::session::{NetworkMode, NetworkPolicy};
 
 use crate::policy::{normalize_path, SandboxPolicy};
 

@@ -17,10 +17,12 @@ pub mod approval;
 mod ignore_set;
 pub(crate) mod lattice;
 mod merge;
+pub mod network;
 mod policy;
 
 pub use ignore_set::IgnoreSet;
 pub use merge::{at_least_as_restrictive, merge, merge_all, merge_sources, DecidedBy, MergedPolicy, PolicySource};
+pub use network::{NetworkMode, NetworkPolicy};
 pub use policy::{
     normalize_path, EffectivePolicy, PolicyError, PolicyType, SandboxPolicy, MAX_ENTRY_LEN, MAX_LIST_LEN,
 };

@@ -12,9 +12,9 @@
 //! field is decided on its own: an admin's `block_git_writes` survives a user's stricter type.
 //! [`merge_sources`] also says which source decided each field.
 
+use crate::network::NetworkPolicy;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use umbra_api::session::NetworkPolicy;
 
 use crate::lattice::{canonical_network, network_meet, network_within, PathAccess};
 use crate::policy::SandboxPolicy;

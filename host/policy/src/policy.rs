@@ -10,9 +10,9 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use crate::network::NetworkPolicy;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use umbra_api::session::NetworkPolicy;
 
 /// How much of the workspace a command may change. Ordered from the most restrictive
 /// (`WorkspaceReadonly`) to the least (`InsecureNone`): `Ord` is the restriction order, which
@@ -103,11 +103,16 @@ pub enum PolicyError {
 }
 
 impl SandboxPolicy {
+    /// Whether no field is set (the identity of the merge).
+    pub fn is_empty(&self) -> bool {
+        *self == SandboxPolicy::default()
+    }
+
     /// Checks every field is well formed: absolute paths without `..`, gitignore patterns that
     /// compile, well-formed domains and CIDRs, bounded lists.
     pub fn validate(&self) -> Result<(), PolicyError> {
         if let Some(network) = &self.network {
-            network.validate().map_err(|e| PolicyError::BadNetwork(e.message))?;
+            network.validate().map_err(PolicyError::BadNetwork)?;
             check_len("network.allow_domains", &network.allow_domains, |s| s.len())?;
             check_len("network.allow_cidrs", &network.allow_cidrs, |s| s.len())?;
         }

@@ -84,6 +84,7 @@ pub async fn fs(args: FsBenchArgs) -> anyhow::Result<()> {
             target: "/umbra/shares".into(),
             fs_type: "virtiofs".into(),
             read_only: false,
+            bind: false,
         };
         vm.agent().mount(mount).await?;
         let n = args.files.to_string();

@@ -12,6 +12,7 @@ mod bundle_store;
 mod doctor;
 mod network;
 mod paths;
+mod policy;
 mod run;
 mod session;
 mod tty;

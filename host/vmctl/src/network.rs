@@ -40,13 +40,17 @@ fn parse_resolve(s: &str) -> Result<(String, IpAddr), String> {
 }
 
 impl NetworkArgs {
-    /// The policy these flags describe; `None` when no flag was given (the default applies).
-    pub fn policy(&self) -> Option<NetworkPolicy> {
-        let given = self.network.is_some()
+    /// Whether any network flag was given.
+    pub fn given(&self) -> bool {
+        self.network.is_some()
             || !self.allow_domains.is_empty()
             || !self.allow_cidrs.is_empty()
-            || !self.resolve.is_empty();
-        if !given {
+            || !self.resolve.is_empty()
+    }
+
+    /// The policy these flags describe; `None` when no flag was given (the default applies).
+    pub fn policy(&self) -> Option<NetworkPolicy> {
+        if !self.given() {
             return None;
         }
         let mode = match self.network {

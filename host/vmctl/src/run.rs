@@ -82,6 +82,8 @@ pub struct RunArgs {
     tty: bool,
     #[command(flatten)]
     network: crate::network::NetworkArgs,
+    #[command(flatten)]
+    policy: crate::policy::PolicyArgs,
     /// Print the session's events, one JSON object per line, instead of the command's output.
     #[arg(long)]
     json: bool,
@@ -177,6 +179,7 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
         heartbeat_timeout_secs: Some(30),
         // No network unless asked for: a one-off command gets none by default.
         network: Some(args.network.policy().unwrap_or_default()),
+        policy: args.policy.load(args.network.given()).map_err(anyhow::Error::msg)?,
         ..Default::default()
     };
     let start = manager.start(StartParams { name: SESSION.into(), folders: args.mounts.clone(), settings });

@@ -56,6 +56,8 @@ pub struct StartArgs {
     bundle: Option<String>,
     #[command(flatten)]
     network: crate::network::NetworkArgs,
+    #[command(flatten)]
+    policy: crate::policy::PolicyArgs,
     #[arg(long)]
     json: bool,
 }
@@ -159,6 +161,7 @@ async fn start(args: StartArgs) -> Result<(), ApiError> {
         disk_size_mib: args.disk_size,
         bundle: args.bundle,
         network: args.network.policy(),
+        policy: args.policy.load(args.network.given()).map_err(ApiError::invalid_params)?,
         ..Default::default()
     };
     let params = StartParams { name: args.name.clone(), folders: args.mounts, settings };

@@ -31,6 +31,45 @@ export interface ApiError {
 }
 
 /**
+ * When commands run without asking (seed 003's auto-run modes).
+ *
+ * - `"ask_every_time"`: Every command waits for a person.
+ * - `"allowlist"`: Commands whose every part matches the allow list run; others wait.
+ * - `"run_everything"`: Everything runs, except what the deny list, the protections or a hook stop.
+ */
+export type ApprovalMode = "ask_every_time" | "allowlist" | "run_everything";
+
+/** The approval settings of a session (merged from wherever they come from by the caller). */
+export type ApprovalSettings = {
+  /**
+   * Command prefixes, as words: `git status`, `cargo`, `npm test`.
+   *
+   * @defaultValue `[]`
+   */
+  allow?: string[];
+  /**
+   * Command prefixes that refuse a command outright; they win over everything.
+   *
+   * @defaultValue `[]`
+   */
+  deny?: string[];
+  /**
+   * Executables asked in turn after the rules (see {@link HookSpec}).
+   *
+   * @defaultValue `[]`
+   */
+  hooks?: HookSpec[];
+  /** @defaultValue `"ask_every_time"` */
+  mode?: ApprovalMode;
+  /**
+   * How long a command waits for a person's answer before it counts as denied.
+   *
+   * @defaultValue `300`
+   */
+  timeout_secs?: number;
+};
+
+/**
  * Which VM backend to use.
  *
  * - `"auto"`: The Umbra VMM where the CPU has VT-x/AMD-V, QEMU elsewhere.
@@ -59,6 +98,8 @@ export type ChangeKind = "added" | "modified" | "deleted";
 
 /** A `config.set`: the fields to change. */
 export interface ConfigPatch {
+  /** Command approval settings. */
+  approval?: ApprovalSettings | null;
   /** Whether to download `bundle_url` into the warm slot in the background. */
   auto_download?: boolean | null;
   /** The VM backend. */
@@ -87,6 +128,8 @@ export interface ConfigPatch {
   memory_mib?: number | null;
   /** The network policy (replaces the whole policy). */
   network?: NetworkPolicy | null;
+  /** The sandbox policy, as JSON: `{"type": "workspace_readonly", "ignore": [".env"]}`. */
+  policy?: SandboxPolicy | null;
   /** The restart window, in seconds. */
   restart_window_secs?: number | null;
 }
@@ -97,6 +140,11 @@ export interface ConfigPatch {
  * what it does not set.
  */
 export interface DaemonConfig {
+  /**
+   * Command approval for `process.spawn`; absent, every command runs. `session.start`
+   * merges its settings with the daemon's (the stricter mode, both deny lists, both hooks).
+   */
+  approval?: ApprovalSettings | null;
   /**
    * Download `bundle_url` into the warm slot in the background when umbrad starts and when
    * this is switched on; the next session start promotes it.
@@ -183,6 +231,13 @@ export interface DaemonConfig {
    * @defaultValue `{"mode":"none"}`
    */
   network?: NetworkPolicy;
+  /**
+   * The sandbox policy, enforced on the host when the VM boots: the workspace folders' mode,
+   * extra paths, read-only `.git` and `/tmp`, hidden files and (when it has one) the
+   * network. `session.start` merges its policy with the daemon's default, field by field,
+   * the most restrictive winning.
+   */
+  policy?: SandboxPolicy;
   /**
    * The window `max_restarts` counts failures in.
    *
@@ -347,6 +402,20 @@ export interface FolderSpec {
   name?: string | null;
 }
 
+/** An executable asked about each command. */
+export interface HookSpec {
+  /** Path of the executable. */
+  command: string;
+  /** Its arguments. */
+  args?: string[];
+  /**
+   * How long it may take to answer (default 5000).
+   *
+   * @defaultValue `5000`
+   */
+  timeout_ms?: number;
+}
+
 /** One installed (or warm) bundle, as `vmctl bundle ls` shows it. */
 export interface InstalledInfo {
   version: string;
@@ -475,6 +544,17 @@ export interface PathParams {
  */
 export type Phase = "done" | "manifest" | "waiting" | "download" | "retry" | "install" | "promote";
 
+/**
+ * How much of the workspace a command may change. Ordered from the most restrictive
+ * (`WorkspaceReadonly`) to the least (`InsecureNone`): `Ord` is the restriction order, which
+ * merging relies on.
+ *
+ * - `"workspace_readonly"`: The workspace folders are read-only: commands can read and build elsewhere, never change the user's files. The most restrictive type (Cursor's level function forgets it and ranks it as unsandboxed; here it ranks first).
+ * - `"workspace_readwrite"`: The workspace folders are read-write; the rest of the policy still holds.
+ * - `"insecure_none"`: No workspace restriction (the folders keep the modes the session gave them). The VM remains the boundary; the other fields still hold.
+ */
+export type PolicyType = "workspace_readonly" | "workspace_readwrite" | "insecure_none";
+
 /** How a process ended. */
 export interface ProcessExit {
   process: number;
@@ -563,6 +643,34 @@ export interface ResizeParams {
   rows: number;
   cols: number;
 }
+
+/**
+ * A sandbox policy as one source writes it. JSON example:
+ * `{"type": "workspace_readwrite", "block_git_writes": true, "ignore": [".env"]}`.
+ */
+export type SandboxPolicy = {
+  /** Absolute host paths shared read-only beyond the workspace. */
+  additional_readonly_paths?: string[] | null;
+  /**
+   * Absolute host paths shared read-write beyond the workspace. Where paths nest, the most
+   * specific entry decides (read-only `/a/b` inside read-write `/a` is read-only); a path in
+   * both lists is read-only.
+   */
+  additional_readwrite_paths?: string[] | null;
+  /** Every `.git` in a writable folder is read-only: `git status`/`log` work, commits fail. */
+  block_git_writes?: boolean | null;
+  /** `/tmp` is read-only for the command. */
+  disable_tmp_write?: boolean | null;
+  /**
+   * gitignore-syntax patterns (relative to each workspace folder) whose files never reach the
+   * guest: `.env`, `*.pem`, `secrets/**`.
+   */
+  ignore?: string[] | null;
+  /** What the guest may connect to (`mode`: `none`, `allowlist` with `allow_domains`, `any`). */
+  network?: NetworkPolicy | null;
+  /** How much of the workspace a command may change. */
+  type?: PolicyType | null;
+};
 
 /**
  * One event. `session` is absent for events about the host (bundle downloads).
@@ -873,6 +981,11 @@ export interface SessionRef {
  */
 export interface SessionSettings {
   /**
+   * Command approval for `process.spawn`; absent, every command runs. `session.start`
+   * merges its settings with the daemon's (the stricter mode, both deny lists, both hooks).
+   */
+  approval?: ApprovalSettings | null;
+  /**
    * Which VM backend runs it.
    *
    * @defaultValue `"auto"`
@@ -930,6 +1043,13 @@ export interface SessionSettings {
    * @defaultValue `{"mode":"none"}`
    */
   network?: NetworkPolicy;
+  /**
+   * The sandbox policy, enforced on the host when the VM boots: the workspace folders' mode,
+   * extra paths, read-only `.git` and `/tmp`, hidden files and (when it has one) the
+   * network. `session.start` merges its policy with the daemon's default, field by field,
+   * the most restrictive winning.
+   */
+  policy?: SandboxPolicy;
 }
 
 /**
@@ -1036,6 +1156,8 @@ export interface Spawned {
 export interface StartParams {
   /** The session's name: `[A-Za-z0-9._-]`, at most 64 bytes. */
   name: string;
+  /** Command approval settings. */
+  approval?: ApprovalSettings | null;
   /** The VM backend. */
   backend?: BackendChoice | null;
   /** The bundle to boot. */
@@ -1060,6 +1182,8 @@ export interface StartParams {
   memory_mib?: number | null;
   /** The network policy (replaces the whole policy). */
   network?: NetworkPolicy | null;
+  /** The sandbox policy, as JSON: `{"type": "workspace_readonly", "ignore": [".env"]}`. */
+  policy?: SandboxPolicy | null;
 }
 
 /**

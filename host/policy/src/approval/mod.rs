@@ -41,7 +41,7 @@ pub enum ApprovalMode {
 }
 
 /// The approval settings of a session (merged from wherever they come from by the caller).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ApprovalSettings {
     pub mode: ApprovalMode,
@@ -51,6 +51,80 @@ pub struct ApprovalSettings {
     pub deny: Vec<String>,
     /// Executables asked in turn after the rules (see [`HookSpec`]).
     pub hooks: Vec<HookSpec>,
+    /// How long a command waits for a person's answer before it counts as denied.
+    pub timeout_secs: u64,
+}
+
+/// How long a permission request waits by default: long enough for a person to read it.
+pub const DEFAULT_APPROVAL_TIMEOUT_SECS: u64 = 300;
+/// Bounds on the lists (they arrive over IPC).
+pub const MAX_RULES: usize = 1024;
+pub const MAX_HOOKS: usize = 16;
+
+impl Default for ApprovalSettings {
+    fn default() -> Self {
+        Self {
+            mode: ApprovalMode::default(),
+            allow: Vec::new(),
+            deny: Vec::new(),
+            hooks: Vec::new(),
+            timeout_secs: DEFAULT_APPROVAL_TIMEOUT_SECS,
+        }
+    }
+}
+
+impl ApprovalMode {
+    /// Rank in strictness: ask-every-time is the strictest.
+    fn laxity(self) -> u8 {
+        match self {
+            ApprovalMode::AskEveryTime => 0,
+            ApprovalMode::Allowlist => 1,
+            ApprovalMode::RunEverything => 2,
+        }
+    }
+}
+
+impl ApprovalSettings {
+    /// Checks the lists are bounded, patterns non-empty, hooks absolute paths and the timeout
+    /// between 1 s and a day.
+    pub fn validate(&self) -> Result<(), String> {
+        for (field, list) in [("allow", &self.allow), ("deny", &self.deny)] {
+            if list.len() > MAX_RULES {
+                return Err(format!("{field}: at most {MAX_RULES} patterns"));
+            }
+            if let Some(bad) = list.iter().find(|p| p.trim().is_empty() || p.len() > MAX_COMMAND_LEN) {
+                return Err(format!("{field}: {bad:?} is not a command prefix"));
+            }
+        }
+        if self.hooks.len() > MAX_HOOKS {
+            return Err(format!("hooks: at most {MAX_HOOKS}"));
+        }
+        if let Some(hook) = self.hooks.iter().find(|h| !h.command.is_absolute()) {
+            return Err(format!("hooks: {:?} is not an absolute path", hook.command));
+        }
+        if !(1..=86_400).contains(&self.timeout_secs) {
+            return Err(format!("timeout_secs: {} is not between 1 and 86400", self.timeout_secs));
+        }
+        Ok(())
+    }
+
+    /// Both sources' settings, the stricter winning: the stricter mode, both deny lists, both
+    /// sources' hooks, the shorter timeout; the allow list of `self` (the more specific source)
+    /// when it has one, else `base`'s — an allow entry never beats a deny entry anyway.
+    pub fn merged_onto(&self, base: &ApprovalSettings) -> ApprovalSettings {
+        let mode = if self.mode.laxity() <= base.mode.laxity() { self.mode } else { base.mode };
+        let mut deny = base.deny.clone();
+        deny.extend(self.deny.iter().filter(|d| !base.deny.contains(d)).cloned());
+        let mut hooks = base.hooks.clone();
+        hooks.extend(self.hooks.iter().filter(|h| !base.hooks.contains(h)).cloned());
+        ApprovalSettings {
+            mode,
+            allow: if self.allow.is_empty() { base.allow.clone() } else { self.allow.clone() },
+            deny,
+            hooks,
+            timeout_secs: self.timeout_secs.min(base.timeout_secs),
+        }
+    }
 }
 
 /// A command to decide on.

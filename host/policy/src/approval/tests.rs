@@ -11,6 +11,7 @@ fn settings(mode: ApprovalMode, allow: &[&str], deny: &[&str]) -> ApprovalSettin
         allow: allow.iter().map(|s| s.to_string()).collect(),
         deny: deny.iter().map(|s| s.to_string()).collect(),
         hooks: vec![],
+        ..Default::default()
     }
 }
 

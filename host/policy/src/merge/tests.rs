@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
+use crate::network::{NetworkMode, NetworkPolicy};
 use proptest::prelude::*;
-use umbra_api::session::{NetworkMode, NetworkPolicy};
 
 use super::*;
 use crate::policy::PolicyType;

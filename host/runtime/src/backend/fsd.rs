@@ -17,6 +17,14 @@ pub const FS_TAG: &str = "umbra";
 /// A mount in a private namespace takes microseconds; anything slower is a stuck server.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What umbra-fsd enforces inside a share beyond its mode (a sandbox policy's filesystem
+/// fields): `.git` read-only, files matching gitignore patterns never opened for the guest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Protection {
+    pub protect_git: bool,
+    pub hide: Vec<String>,
+}
+
 pub struct FolderServer {
     stdin: ChildStdin,
     replies: Lines<BufReader<ChildStdout>>,
@@ -92,7 +100,26 @@ impl FolderServer {
 
     /// Binds `source` into the share root as `name`; read-only on the host if `read_only`.
     pub async fn add(&mut self, name: &str, source: &Path, read_only: bool) -> Result<(), VmError> {
-        self.request(serde_json::json!({"op": "add", "name": name, "source": source, "read_only": read_only})).await
+        self.add_protected(name, source, read_only, &Protection::default()).await
+    }
+
+    /// [`Self::add`], with every `.git` read-only and/or ignored files hidden, on the host.
+    pub async fn add_protected(
+        &mut self,
+        name: &str,
+        source: &Path,
+        read_only: bool,
+        protection: &Protection,
+    ) -> Result<(), VmError> {
+        self.request(serde_json::json!({
+            "op": "add",
+            "name": name,
+            "source": source,
+            "read_only": read_only,
+            "protect_git": protection.protect_git,
+            "hide": protection.hide,
+        }))
+        .await
     }
 
     pub async fn remove(&mut self, name: &str) -> Result<(), VmError> {

@@ -16,7 +16,7 @@ use super::outputs::{OutputsChange, OutputsWatcher};
 use crate::agent::AgentClient;
 use crate::backend::{select, Vm, VmError, VmSpec};
 use crate::share::paths::OUTPUTS;
-use crate::share::SharedFolders;
+use crate::share::{FolderPolicy, SharedFolders};
 
 /// Where a session's writable disk lives in its storage directory.
 pub const DISK_FILE: &str = "disk.img";
@@ -91,7 +91,12 @@ impl Incarnation {
         vm_spec.cpus = plan.settings.cpus;
         vm_spec.memory_mib = plan.settings.memory_mib;
         vm_spec.boot_timeout = plan.boot_timeout;
-        vm_spec.folder_sharing = plan.storage_dir.is_some() || !plan.folders.is_empty();
+        let policy = plan.settings.policy.effective();
+        vm_spec.folder_sharing = plan.storage_dir.is_some()
+            || !plan.folders.is_empty()
+            || policy.disable_tmp_write
+            || !policy.additional_readonly_paths.is_empty()
+            || !policy.additional_readwrite_paths.is_empty();
         vm_spec.disk = disk;
         let mut vm = Vm::launch(backend, &vm_spec)
             .await
@@ -108,20 +113,41 @@ impl Incarnation {
         )
         .map_err(SessionError::io(format!("listen on {}", egress_socket.display())))?;
 
-        let mut folders = SharedFolders::new();
+        let mut folders = SharedFolders::with_policy(FolderPolicy::from_policy(&policy));
         let mut infos = Vec::new();
         for f in &plan.folders {
             let guest_path = folders.share(&mut vm, &plan.session, &f.path, f.name.as_deref(), f.mode).await?;
             let shared = folders.list().last().expect("just shared");
-            let info =
-                FolderInfo { name: shared.name.clone(), host_path: shared.host_path.clone(), mode: f.mode, guest_path };
+            let info = FolderInfo {
+                name: shared.name.clone(),
+                host_path: shared.host_path.clone(),
+                mode: shared.mode,
+                guest_path,
+            };
             report(folder_mounted(&info));
             infos.push(info);
         }
+        let extras = policy.additional_readwrite_paths.iter().map(|p| (p, false));
+        for (path, read_only) in extras.chain(policy.additional_readonly_paths.iter().map(|p| (p, true))) {
+            let guest_path = folders.share_extra(&mut vm, &plan.session, path, read_only).await?;
+            let shared = folders.list().last().expect("just shared");
+            let info = FolderInfo {
+                name: shared.name.clone(),
+                host_path: shared.host_path.clone(),
+                mode: shared.mode,
+                guest_path,
+            };
+            report(folder_mounted(&info));
+            infos.push(info);
+        }
+        if policy.disable_tmp_write {
+            folders.readonly_tmp(&mut vm, &plan.session).await?;
+        }
+        let first_session_dir = folders.list().len();
         let mut outputs = None;
         if let Some(dir) = &plan.storage_dir {
             folders.share_session_dirs(&mut vm, &plan.session, dir).await?;
-            for shared in &folders.list()[infos.len()..] {
+            for shared in &folders.list()[first_session_dir..] {
                 let info = FolderInfo {
                     name: shared.name.clone(),
                     host_path: shared.host_path.clone(),

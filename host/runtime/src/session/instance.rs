@@ -159,13 +159,15 @@ impl Session {
             // Not running: the folders it will get when it is resumed.
             None => {
                 let mount = |name: &str| format!("/sessions/{}/mnt/{name}", self.name);
+                let policy = crate::share::FolderPolicy::from_policy(&state.record.settings.policy.effective());
                 let mut folders: Vec<FolderInfo> = state
                     .record
                     .folders
                     .iter()
                     .map(|f| {
                         let name = f.name.clone().unwrap_or_default();
-                        FolderInfo { guest_path: mount(&name), name, host_path: f.path.clone(), mode: f.mode }
+                        let mode = policy.workspace_mode(f.mode);
+                        FolderInfo { guest_path: mount(&name), name, host_path: f.path.clone(), mode }
                     })
                     .collect();
                 if let Some(dir) = self.storage_dir() {
@@ -555,7 +557,7 @@ impl Session {
     /// ones are not cut), and it is kept for restarts and resumes.
     pub fn set_network(&self, policy: umbra_api::session::NetworkPolicy) -> Result<(), SessionError> {
         self.touch();
-        policy.validate().map_err(|e| SessionError::InvalidArgument(e.message))?;
+        policy.validate().map_err(SessionError::InvalidArgument)?;
         *self.network.write().unwrap() = crate::egress::Policy::new(&policy);
         self.state.lock().unwrap().record.settings.network = policy;
         self.persist();
@@ -574,8 +576,12 @@ impl Session {
         let guest_path =
             machine.folders.share(&mut machine.vm, &self.name, &spec.path, spec.name.as_deref(), spec.mode).await?;
         let shared = machine.folders.list().last().expect("just shared");
-        let info =
-            FolderInfo { name: shared.name.clone(), host_path: shared.host_path.clone(), mode: spec.mode, guest_path };
+        let info = FolderInfo {
+            name: shared.name.clone(),
+            host_path: shared.host_path.clone(),
+            mode: shared.mode,
+            guest_path,
+        };
         {
             // The user's folders come before the session's own (outputs, uploads).
             let mut infos = inc.folder_infos.lock().unwrap();

@@ -133,8 +133,7 @@ impl SessionManager {
     /// is stopped or failed is an error (resume or delete it).
     pub async fn start(&self, params: StartParams) -> Result<Arc<Session>, SessionError> {
         check_name(&params.name)?;
-        let settings =
-            params.settings.applied_to(&self.config().session).map_err(|e| SessionError::InvalidArgument(e.message))?;
+        let settings = start_settings(&self.config().session, &params.settings)?;
         let folders = check_folders(&params.folders)?;
         let (session, created) = {
             let mut sessions = self.sessions.lock().unwrap();
@@ -210,6 +209,27 @@ impl SessionManager {
 
 /// Checks the folders of a start request before anything boots: each an existing directory,
 /// names valid and distinct (defaults included), none named like the session's own folders.
+/// The settings a start boots with: the daemon's defaults with the start's fields — except the
+/// policy and the approval settings, which are merged (most restrictive wins) rather than
+/// replaced, so no start can loosen what the daemon's configuration requires. A policy that
+/// says something about the network decides the session's network.
+fn start_settings(
+    base: &umbra_api::SessionSettings,
+    patch: &umbra_api::session::SettingsPatch,
+) -> Result<umbra_api::SessionSettings, SessionError> {
+    let mut settings = patch.applied_to(base).map_err(|e| SessionError::InvalidArgument(e.message))?;
+    if let Some(policy) = &patch.policy {
+        settings.policy = umbra_policy::merge(&base.policy, policy);
+    }
+    if let (Some(own), Some(base)) = (&patch.approval, &base.approval) {
+        settings.approval = Some(own.merged_onto(base));
+    }
+    if settings.policy.network.is_some() {
+        settings.network = settings.policy.effective().network;
+    }
+    Ok(settings)
+}
+
 fn check_folders(folders: &[FolderSpec]) -> Result<Vec<FolderSpec>, SessionError> {
     let mut names = Vec::new();
     let mut out = Vec::new();

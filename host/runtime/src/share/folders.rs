@@ -12,9 +12,12 @@ use std::path::{Path, PathBuf};
 
 use umbra_proto::{ChangeKind, ShadowChange, ShareMode, ShareRequest, MAX_FILE_CHUNK};
 
-use super::paths::{default_folder_name, validate_folder_name, validate_session_name, PathError, OUTPUTS, UPLOADS};
+use super::paths::{
+    default_folder_name, validate_folder_name, validate_session_name, PathError, OUTPUTS, READONLY_TMP, UPLOADS,
+};
 use super::shadow::{self, ApplyReport, Baseline, ShadowError};
 use crate::agent::ClientError;
+use crate::backend::fsd::Protection;
 use crate::backend::{Vm, VmError};
 
 /// Why sharing (or a shadow operation) failed, with its cause kept whole so a caller can tell
@@ -64,15 +67,95 @@ pub struct Shared {
     baseline: Option<Baseline>,
 }
 
+/// What a sandbox policy asks of the folders a session shares (see `docs/policy.md`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FolderPolicy {
+    /// `workspace_readonly`: the user's folders are shared read-only whatever mode they ask.
+    pub workspace_readonly: bool,
+    /// `block_git_writes`: every `.git` of a writable folder is read-only on the host.
+    pub protect_git: bool,
+    /// `ignore`: gitignore patterns whose files are never opened for the guest.
+    pub hide: Vec<String>,
+}
+
+impl FolderPolicy {
+    pub fn from_policy(policy: &umbra_policy::EffectivePolicy) -> Self {
+        Self {
+            workspace_readonly: policy.kind == umbra_policy::PolicyType::WorkspaceReadonly,
+            protect_git: policy.block_git_writes,
+            hide: policy.ignore.clone(),
+        }
+    }
+
+    /// The mode a workspace folder asked to be shared in gets under this policy: read-only
+    /// for `workspace_readonly` (a shadow too: its writes would succeed in the guest).
+    pub fn workspace_mode(&self, asked: ShareMode) -> ShareMode {
+        if self.workspace_readonly {
+            ShareMode::Ro
+        } else {
+            asked
+        }
+    }
+}
+
 /// Every folder shared with one VM.
 #[derive(Default)]
 pub struct SharedFolders {
     shared: Vec<Shared>,
+    policy: FolderPolicy,
 }
 
 impl SharedFolders {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Folders shared under `policy` (user folders and extra paths; never the session's own
+    /// `outputs` and `uploads`).
+    pub fn with_policy(policy: FolderPolicy) -> Self {
+        Self { shared: Vec::new(), policy }
+    }
+
+    /// Shares a host path the policy adds beyond the workspace (`additional_*_paths`): `Rwd`
+    /// or `Ro` whatever the workspace type, with `.git` and ignore protection still applied.
+    pub async fn share_extra(
+        &mut self,
+        vm: &mut Vm,
+        session: &str,
+        host_path: &Path,
+        read_only: bool,
+    ) -> Result<String, ShareError> {
+        let host_path = host_path
+            .canonicalize()
+            .map_err(|source| ShareError::HostPath { path: host_path.to_path_buf(), source })?;
+        if !host_path.is_dir() {
+            return Err(PathError::NotADirectory(host_path).into());
+        }
+        let base = default_folder_name(&host_path)?;
+        let name = (1..)
+            .map(|i| if i == 1 { base.clone() } else { format!("{base}-{i}") })
+            .find(|n| !self.shared.iter().any(|s| &s.name == n))
+            .expect("some suffix is free");
+        validate_folder_name(&name)?;
+        let mode = if read_only { ShareMode::Ro } else { ShareMode::Rwd };
+        self.share_as(vm, session, &host_path, &name, mode, true).await
+    }
+
+    /// Makes the guest's `/tmp` read-only on the host (`disable_tmp_write`): an empty host
+    /// directory, shared read-only, bound over `/tmp`. A guest root remounting `/tmp`
+    /// read-write gets nowhere: the host refuses the writes.
+    pub async fn readonly_tmp(&mut self, vm: &mut Vm, session: &str) -> Result<(), ShareError> {
+        let empty = vm.run_dir().join("readonly-tmp");
+        std::fs::create_dir_all(&empty).map_err(io(format!("create {}", empty.display())))?;
+        let guest_path = self.share_as(vm, session, &empty, READONLY_TMP, ShareMode::Ro, false).await?;
+        let bind = umbra_proto::MountRequest {
+            source: guest_path,
+            target: "/tmp".into(),
+            fs_type: String::new(),
+            read_only: true,
+            bind: true,
+        };
+        vm.agent().mount(bind).await.map_err(|source| ShareError::GuestMount { name: "/tmp".into(), source })
     }
 
     /// Shares `host_path` with the running `vm` as `name` (default: its basename) in `mode`;
@@ -97,7 +180,8 @@ impl SharedFolders {
             None => default_folder_name(&host_path)?,
         };
         validate_folder_name(&name)?;
-        self.share_as(vm, session, &host_path, &name, mode).await
+        let mode = self.policy.workspace_mode(mode);
+        self.share_as(vm, session, &host_path, &name, mode, true).await
     }
 
     /// Shares the session's own `outputs` (read-write-delete) and `uploads` (read-only) folders
@@ -113,7 +197,7 @@ impl SharedFolders {
         for (name, mode) in [(OUTPUTS, ShareMode::Rwd), (UPLOADS, ShareMode::Ro)] {
             let dir = storage_dir.join(name);
             std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
-            guest_paths.push(self.share_as(vm, session, &dir, name, mode).await?);
+            guest_paths.push(self.share_as(vm, session, &dir, name, mode, false).await?);
         }
         Ok(guest_paths)
     }
@@ -125,6 +209,7 @@ impl SharedFolders {
         host_path: &Path,
         name: &str,
         mode: ShareMode,
+        protect: bool,
     ) -> Result<String, ShareError> {
         if self.shared.iter().any(|s| s.name == name) {
             return Err(ShareError::AlreadyShared(name.into()));
@@ -137,7 +222,11 @@ impl SharedFolders {
         };
         // The bind's name in the share root is the folder name (one session per VM).
         let server = vm.folder_server().ok_or(ShareError::NoFolderServer)?;
-        server.add(name, host_path, !mode.host_writable()).await.map_err(ShareError::Server)?;
+        let protection = match protect {
+            true => Protection { protect_git: self.policy.protect_git, hide: self.policy.hide.clone() },
+            false => Protection::default(),
+        };
+        server.add_protected(name, host_path, !mode.host_writable(), &protection).await.map_err(ShareError::Server)?;
         let request = ShareRequest { session: session.into(), name: name.into(), mode };
         let guest_path = match vm.agent().share(request).await {
             Ok(p) => p,

@@ -33,6 +33,9 @@ pub const GUEST_SESSIONS_DIR: &str = "/sessions";
 pub const OUTPUTS: &str = "outputs";
 /// Reserved share backed by `<storage>/uploads`: what the user hands the session.
 pub const UPLOADS: &str = "uploads";
+/// Reserved share behind a read-only `/tmp` (the policy's `disable_tmp_write`): an empty host
+/// directory the guest binds over `/tmp`.
+pub const READONLY_TMP: &str = ".readonly-tmp";
 /// Longest session or folder name, in bytes.
 pub const MAX_NAME_LEN: usize = 64;
 
@@ -161,7 +164,7 @@ pub fn validate_session_name(name: &str) -> Result<(), PathError> {
 /// on a case-insensitive host the two would be one directory).
 pub fn validate_folder_name(name: &str) -> Result<(), PathError> {
     validate_name("folder", name)?;
-    if name.eq_ignore_ascii_case(OUTPUTS) || name.eq_ignore_ascii_case(UPLOADS) {
+    if name.eq_ignore_ascii_case(OUTPUTS) || name.eq_ignore_ascii_case(UPLOADS) || name == READONLY_TMP {
         return Err(PathError::ReservedName(name.to_owned()));
     }
     Ok(())
