@@ -189,6 +189,28 @@ pub enum EventKind {
         bytes_received: u64,
         duration_ms: u64,
     },
+    /// A command needs a person's approval before it runs (the session's approval settings,
+    /// or a hook, said `ask`): answer with `permission.respond`. No answer within
+    /// `timeout_secs` denies it.
+    PermissionRequest {
+        request_id: String,
+        /// The command line as the rules saw it (argv, shell-quoted).
+        command: String,
+        /// Its working directory in the guest.
+        cwd: String,
+        /// What the rules decided and why; `parts` are the simple commands it runs (the
+        /// candidates for an allow list).
+        decision: umbra_policy::approval::Decision,
+        /// Seconds until silence counts as denied.
+        timeout_secs: u64,
+    },
+    /// A permission request was answered (or timed out).
+    PermissionResolved {
+        request_id: String,
+        approved: bool,
+        /// `approved`, `denied by the user`, or `no answer within N s`.
+        reason: String,
+    },
     /// A bundle download made progress.
     DownloadProgress(umbra_bundle::Progress),
     /// Something failed outside any one request (`vmctl run` reports its own errors so).
@@ -223,6 +245,8 @@ impl EventKind {
             EventKind::Exit(_) => "exit",
             EventKind::Egress { .. } => "egress",
             EventKind::EgressClosed { .. } => "egress_closed",
+            EventKind::PermissionRequest { .. } => "permission_request",
+            EventKind::PermissionResolved { .. } => "permission_resolved",
             EventKind::DownloadProgress(_) => "download_progress",
             EventKind::Error { .. } => "error",
         }

@@ -234,6 +234,14 @@ pub struct AckParams {
 /// Bytes of each output stream umbrad sends a client before it waits for acks.
 pub const OUTPUT_WINDOW: u64 = 1024 * 1024;
 
+/// Params of `permission.respond`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RespondPermissionParams {
+    /// The `request_id` of a `permission_request` event.
+    pub request_id: String,
+    pub approved: bool,
+}
+
 // ---- folders, files, shadow --------------------------------------------------------------
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -459,6 +467,9 @@ methods! {
     ProcessKillAll = "process.kill_all" (KillAllParams) -> Done;
     /// Resizes a process's pseudo-terminal.
     ProcessResize = "process.resize" (ResizeParams) -> Done;
+    /// Answers a `permission_request` event: the waiting `process.spawn` runs the command, or
+    /// fails with `permission_denied`.
+    PermissionRespond = "permission.respond" (RespondPermissionParams) -> Done;
     /// Grants more output credit (see `OUTPUT_WINDOW`); usually a notification.
     ProcessAck = "process.ack" (AckParams) -> Done;
     /// Shares a host folder with a running session.

@@ -315,6 +315,23 @@ export class Umbra extends EventEmitter<UmbraEvents> {
     return (await this.live().request(method, params, { signal: options.signal })) as Methods[M]["result"];
   }
 
+  /**
+   * Answers a `'permission-request'` event (Cowork's `respondToToolPermission`): the command
+   * waiting on it runs (its `spawn`/`exec` resolves), or its `spawn`/`exec` rejects with a
+   * `PermissionDeniedError` naming the rule. Rejects with a `NotFoundError` when the request is
+   * no longer waiting (answered, or timed out: silence denies).
+   *
+   * ```ts
+   * client.on("permission-request", async (e) => {
+   *   const ok = await askTheUser(e.command, e.decision.reason);
+   *   await client.respondPermission(e.request_id, ok);
+   * });
+   * ```
+   */
+  async respondPermission(requestId: string, approved: boolean): Promise<void> {
+    await this.call("permission.respond", { request_id: requestId, approved });
+  }
+
   /** What this daemon is (`daemon.info`). */
   async daemonInfo(): Promise<DaemonInfo> {
     this.info = await this.call("daemon.info", {});

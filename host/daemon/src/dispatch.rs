@@ -170,6 +170,13 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
             })
             .await
         }
+        PermissionRespond::NAME => {
+            call::<PermissionRespond, _, _>(params, |p| async move {
+                manager.respond_permission(&p.request_id, p.approved)?;
+                Ok(Done {})
+            })
+            .await
+        }
         SessionListMethod::NAME => {
             call::<SessionListMethod, _, _>(params, |_| async { Ok(SessionList { sessions: manager.list() }) }).await
         }

@@ -259,6 +259,16 @@ export interface DaemonInfo {
   socket: string;
 }
 
+/**
+ * A decision: the verdict, the rule, and the commands the line was split into (the candidates
+ * a front end offers for the allow list).
+ */
+export interface Decision {
+  verdict: Verdict;
+  reason: Reason;
+  parts: string[][];
+}
+
 export interface DirEntry {
   name: string;
   kind: FileKind;
@@ -628,6 +638,137 @@ export interface ReadParams {
   offset?: number;
 }
 
+/**
+ * The rule behind a verdict.
+ *
+ * The `rule` field tells the kinds apart ({@link ReasonKind}); narrow on it with `switch` or `===`.
+ */
+export type Reason = ReasonKind;
+
+/** The kinds of {@link Reason}, by their `rule` field. */
+export type ReasonKind =
+  | DenyListReason
+  | UnparseableReason
+  | NoCommandReason
+  | DynamicProgramReason
+  | PrivilegeReason
+  | RmRecursiveRootReason
+  | RmOutsideWorkspaceReason
+  | RmUnknownTargetReason
+  | AskEveryTimeReason
+  | NotAllowlistedReason
+  | AllowlistedReason
+  | RunEverythingReason
+  | HookReason
+  | HookFailedReason;
+
+/** Every value of {@link Reason}'s `rule` field, in declaration order. */
+export const REASON_KINDS = [
+  "deny_list",
+  "unparseable",
+  "no_command",
+  "dynamic_program",
+  "privilege",
+  "rm_recursive_root",
+  "rm_outside_workspace",
+  "rm_unknown_target",
+  "ask_every_time",
+  "not_allowlisted",
+  "allowlisted",
+  "run_everything",
+  "hook",
+  "hook_failed",
+] as const;
+
+/** A part matched a deny pattern. */
+export interface DenyListReason {
+  rule: "deny_list";
+  pattern: string;
+  part: string;
+}
+
+/** The line could not be split into commands; the error says why. */
+export interface UnparseableReason {
+  rule: "unparseable";
+  error: string;
+}
+
+/** The line runs no command. */
+export interface NoCommandReason {
+  rule: "no_command";
+}
+
+/** A part's program is an expansion, known only when the shell runs it. */
+export interface DynamicProgramReason {
+  rule: "dynamic_program";
+  part: string;
+}
+
+/** `sudo` and the like. */
+export interface PrivilegeReason {
+  rule: "privilege";
+  program: string;
+  part: string;
+}
+
+/** `rm -r` on `/`, a top-level directory, a home directory or a workspace folder itself. */
+export interface RmRecursiveRootReason {
+  rule: "rm_recursive_root";
+  path: string;
+  part: string;
+}
+
+/** `rm` of a path outside every workspace folder. */
+export interface RmOutsideWorkspaceReason {
+  rule: "rm_outside_workspace";
+  path: string;
+  part: string;
+}
+
+/** `rm` of a path only known when the shell runs (`"$DIR"`). */
+export interface RmUnknownTargetReason {
+  rule: "rm_unknown_target";
+  target: string;
+  part: string;
+}
+
+/** The mode is ask-every-time. */
+export interface AskEveryTimeReason {
+  rule: "ask_every_time";
+}
+
+/** A part matched no allow pattern. */
+export interface NotAllowlistedReason {
+  rule: "not_allowlisted";
+  part: string;
+}
+
+/** Every part matched an allow pattern (these). */
+export interface AllowlistedReason {
+  rule: "allowlisted";
+  patterns: string[];
+}
+
+/** The mode is run-everything. */
+export interface RunEverythingReason {
+  rule: "run_everything";
+}
+
+/** A hook answered. */
+export interface HookReason {
+  rule: "hook";
+  hook: string;
+  permission: Verdict;
+  message?: string | null;
+}
+
+/** A hook failed or did not answer in time; a person decides instead. */
+export interface HookFailedReason {
+  rule: "hook_failed";
+  hook: string;
+  error: string;
+}
+
 /** Params of `bundle.delete_and_reinstall`. */
 export interface ReinstallParams {
   /**
@@ -642,6 +783,13 @@ export interface ResizeParams {
   process: number;
   rows: number;
   cols: number;
+}
+
+/** Params of `permission.respond`. */
+export interface RespondPermissionParams {
+  /** The `request_id` of a `permission_request` event. */
+  request_id: string;
+  approved: boolean;
 }
 
 /**
@@ -711,6 +859,8 @@ export type SessionEventKind =
   | ExitEvent
   | EgressEvent
   | EgressClosedEvent
+  | PermissionRequestEvent
+  | PermissionResolvedEvent
   | DownloadProgressEvent
   | ErrorEvent;
 
@@ -739,6 +889,8 @@ export const SESSION_EVENT_KINDS = [
   "exit",
   "egress",
   "egress_closed",
+  "permission_request",
+  "permission_resolved",
   "download_progress",
   "error",
 ] as const;
@@ -923,6 +1075,36 @@ export interface EgressClosedEvent {
   /** Bytes from the destination to the guest. */
   bytes_received: number;
   duration_ms: number;
+}
+
+/**
+ * A command needs a person's approval before it runs (the session's approval settings,
+ * or a hook, said `ask`): answer with `permission.respond`. No answer within
+ * `timeout_secs` denies it.
+ */
+export interface PermissionRequestEvent {
+  event: "permission_request";
+  request_id: string;
+  /** The command line as the rules saw it (argv, shell-quoted). */
+  command: string;
+  /** Its working directory in the guest. */
+  cwd: string;
+  /**
+   * What the rules decided and why; `parts` are the simple commands it runs (the
+   * candidates for an allow list).
+   */
+  decision: Decision;
+  /** Seconds until silence counts as denied. */
+  timeout_secs: number;
+}
+
+/** A permission request was answered (or timed out). */
+export interface PermissionResolvedEvent {
+  event: "permission_resolved";
+  request_id: string;
+  approved: boolean;
+  /** `approved`, `denied by the user`, or `no answer within N s`. */
+  reason: string;
 }
 
 /** A bundle download made progress. */
@@ -1225,6 +1407,9 @@ export interface UnsubscribeParams {
   subscription: number;
 }
 
+/** The answer; `Ord` is the order of strictness (`Deny` strictest). */
+export type Verdict = "allow" | "ask" | "deny";
+
 /** The VM behind a running session. */
 export interface VmInfo {
   /** `kvm` or `qemu`. */
@@ -1323,6 +1508,10 @@ export interface Methods {
   "process.kill_all": { params: KillAllParams; result: Done };
   /** Resizes a process's pseudo-terminal. */
   "process.resize": { params: ResizeParams; result: Done };
+  /**
+   * Answers a `permission_request` event: the waiting `process.spawn` runs the command, or fails with `permission_denied`.
+   */
+  "permission.respond": { params: RespondPermissionParams; result: Done };
   /** Grants more output credit (see `OUTPUT_WINDOW`); usually a notification. */
   "process.ack": { params: AckParams; result: Done };
   /** Shares a host folder with a running session. */
@@ -1376,6 +1565,7 @@ export const METHOD_NAMES = [
   "process.kill",
   "process.kill_all",
   "process.resize",
+  "permission.respond",
   "process.ack",
   "folder.mount",
   "folder.unmount",

@@ -20,6 +20,7 @@ pub(super) struct Context {
     /// gives sessions no storage of their own (`vmctl run`).
     pub storage_root: Option<PathBuf>,
     pub bundles: umbra_bundle::Store,
+    pub approvals: super::approval::Approvals,
     next_process: AtomicU64,
 }
 
@@ -39,6 +40,7 @@ impl Context {
             config: RwLock::new(config),
             storage_root,
             bundles,
+            approvals: Default::default(),
             next_process: AtomicU64::new(1),
         }
     }

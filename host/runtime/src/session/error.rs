@@ -18,6 +18,12 @@ pub enum SessionError {
     InvalidState { name: String, status: SessionStatus, what: &'static str },
     #[error("{0}")]
     InvalidArgument(String),
+    #[error("command {command:?} refused: {reason}")]
+    CommandRefused { command: String, reason: String },
+    #[error("no permission request {0:?} is waiting (answered, timed out, or never made)")]
+    NoPermissionRequest(String),
+    #[error("{0}")]
+    Busy(String),
     #[error("{0}")]
     Image(#[from] ImageError),
     /// The VM did not start (the message carries the console's last lines).
@@ -43,6 +49,9 @@ impl SessionError {
             SessionError::Exists { .. } => ErrorCode::SessionExists,
             SessionError::InvalidState { .. } => ErrorCode::InvalidState,
             SessionError::InvalidArgument(_) => ErrorCode::InvalidParams,
+            SessionError::CommandRefused { .. } => ErrorCode::PermissionDenied,
+            SessionError::NoPermissionRequest(_) => ErrorCode::NotFound,
+            SessionError::Busy(_) => ErrorCode::Busy,
             SessionError::Image(_) => ErrorCode::BundleError,
             SessionError::Boot { source, .. } => match source {
                 VmError::Io { .. } => ErrorCode::Io,

@@ -497,6 +497,25 @@ impl Session {
         if req.argv.is_empty() || req.argv[0].is_empty() {
             return Err(SessionError::InvalidArgument("argv must name a command".into()));
         }
+        let approval = self.state.lock().unwrap().record.settings.approval.clone();
+        if let Some(settings) = approval {
+            let inc = self.running("run a process").await?;
+            let workspace = inc
+                .folder_infos
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|f| f.name != crate::share::paths::UPLOADS)
+                .map(|f| std::path::PathBuf::from(&f.guest_path))
+                .collect();
+            let request = umbra_policy::approval::CommandRequest {
+                command: super::approval::command_line(&req.argv),
+                cwd: req.cwd.clone().unwrap_or_else(|| "/".into()).into(),
+                workspace,
+                session: Some(self.name.clone()),
+            };
+            self.ctx.approvals.check(&settings, request, |kind| self.emit(kind)).await?;
+        }
         let inc = self.running("run a process").await?;
         let spawn = umbra_proto::SpawnRequest {
             argv: req.argv.clone(),

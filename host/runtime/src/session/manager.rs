@@ -128,6 +128,11 @@ impl SessionManager {
         self.ctx.bus.recent(name, n)
     }
 
+    /// Answers a `permission_request` event: the spawn waiting on it runs, or is refused.
+    pub fn respond_permission(&self, request_id: &str, approved: bool) -> Result<(), SessionError> {
+        self.ctx.approvals.respond(request_id, approved)
+    }
+
     /// Creates session `params.name` and boots it; returns once it is ready. A session of that
     /// name that is starting (or running) is waited for instead — never booted twice; one that
     /// is stopped or failed is an error (resume or delete it).

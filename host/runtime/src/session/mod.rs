@@ -14,10 +14,12 @@
 //! - [`exec`]: a process's lifecycle (flow-controlled output, timeout and signal escalation,
 //!   an exit that always comes).
 //! - [`admission`]: at most N boots at once, the rest queued in order.
+//! - [`approval`]: the gate a spawn passes when the session has approval settings.
 //! - [`events`], [`store`], [`outputs`]: the bus and event logs, the session records, the
 //!   outputs-folder watcher.
 
 pub mod admission;
+pub mod approval;
 mod context;
 pub mod error;
 pub mod events;
