@@ -196,3 +196,42 @@ fn mounts_start_the_command_in_the_folder_and_honour_their_mode() {
     let out = vmctl_with(&["--mount", "/x:a:b:c"]).arg("true").output().unwrap();
     assert_eq!(out.status.code(), Some(2), "clap rejects a malformed --mount");
 }
+
+#[test]
+fn a_policy_file_is_enforced_and_a_bad_one_refused_with_its_name() {
+    let dir = umbra_tests::TempDir::new("vmctl-policy");
+    let proj = dir.0.join("proj");
+    std::fs::create_dir(&proj).unwrap();
+    std::fs::write(proj.join(".env"), b"SECRET=host\n").unwrap();
+    std::fs::write(proj.join("a.txt"), b"hello\n").unwrap();
+    let policy = dir.0.join("policy.json");
+    std::fs::write(&policy, br#"{"type": "workspace_readonly", "ignore": [".env"], "disable_tmp_write": true}"#)
+        .unwrap();
+    let spec = format!("{}:rw", proj.display());
+    let p = policy.display().to_string();
+    let script = "cat a.txt; cat .env; echo env=$?; echo x > b.txt; echo write=$?; echo y > /tmp/y; echo tmp=$?";
+    let out = vmctl_with(&["--mount", &spec, "--policy", &p]).args(["sh", "-c", script]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("hello\n") && !stdout.contains("SECRET"), "{stdout}");
+    for field in ["env", "write", "tmp"] {
+        assert!(stdout.contains(&format!("{field}=")) && !stdout.contains(&format!("{field}=0")), "{stdout}");
+    }
+    assert!(!proj.join("b.txt").exists());
+
+    // Refused before anything boots, naming the file and the problem.
+    let cases: [(&[u8], &str); 3] = [
+        (br#"{"type": "workspace_readonly", "bogus": 1}"#, "unknown field `bogus`"),
+        (br#"{"additional_readonly_paths": ["relative"]}"#, "additional_readonly_paths"),
+        (br#"{"network": {"mode": "any"}}"#, "give it in one place"),
+    ];
+    for (body, want) in cases {
+        std::fs::write(&policy, body).unwrap();
+        let out = vmctl_with(&["--policy", &p, "--network", "none"]).arg("true").output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "vmctl's own error, as docker run's: {err}");
+        assert!(err.contains(&p) && err.contains(want), "{want}: {err}");
+    }
+    let missing = dir.0.join("missing.json").display().to_string();
+    let out = vmctl_with(&["--policy", &missing]).arg("true").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.json"));
+}

@@ -183,3 +183,50 @@ async fn hooks_are_run_for_real_and_can_only_tighten() {
     assert_eq!(decide(&s, &request("rm x")).await.verdict, Verdict::Deny);
     assert!(!d.join("never.input").exists());
 }
+
+#[test]
+fn merged_settings_never_loosen_the_base() {
+    let hook = |n: &str| HookSpec { command: PathBuf::from(format!("/hooks/{n}")), args: vec![], timeout_ms: 1000 };
+    let base = ApprovalSettings {
+        hooks: vec![hook("admin")],
+        timeout_secs: 60,
+        ..settings(ApprovalMode::Allowlist, &["git status"], &["curl"])
+    };
+    let own = ApprovalSettings {
+        hooks: vec![hook("user"), hook("admin")],
+        timeout_secs: 600,
+        ..settings(ApprovalMode::RunEverything, &["cargo"], &["wget", "curl"])
+    };
+    let m = own.merged_onto(&base);
+    assert_eq!(m.mode, ApprovalMode::Allowlist, "the stricter mode");
+    assert_eq!(m.deny, ["curl", "wget"], "both deny lists, once each");
+    assert_eq!(m.hooks, [hook("admin"), hook("user")], "both sources' hooks");
+    assert_eq!(m.timeout_secs, 60, "the shorter wait");
+    assert_eq!(m.allow, ["cargo"], "the more specific source's allow list");
+    let ask = ApprovalSettings { allow: vec![], ..settings(ApprovalMode::AskEveryTime, &[], &[]) };
+    let m = ask.merged_onto(&base);
+    assert_eq!((m.mode, m.allow.as_slice()), (ApprovalMode::AskEveryTime, &["git status".to_string()][..]));
+    // A deny from the base still wins over the merged allow list.
+    assert_eq!(evaluate(&own.merged_onto(&base), &request("cargo build && curl x")).verdict, Verdict::Deny);
+}
+
+#[test]
+fn settings_are_validated_with_the_field_named() {
+    let ok = settings(ApprovalMode::Allowlist, &["ls"], &[]);
+    assert!(ok.validate().is_ok());
+    let cases = [
+        (ApprovalSettings { timeout_secs: 0, ..ok.clone() }, "timeout_secs"),
+        (settings(ApprovalMode::Allowlist, &["  "], &[]), "allow"),
+        (
+            ApprovalSettings {
+                hooks: vec![HookSpec { command: "relative/hook".into(), args: vec![], timeout_ms: 10 }],
+                ..ok.clone()
+            },
+            "hooks",
+        ),
+    ];
+    for (s, field) in cases {
+        let e = s.validate().unwrap_err();
+        assert!(e.starts_with(field), "{e}");
+    }
+}

@@ -258,3 +258,51 @@ fn check_folders(folders: &[FolderSpec]) -> Result<Vec<FolderSpec>, SessionError
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use umbra_api::session::{NetworkMode, NetworkPolicy, SettingsPatch};
+    use umbra_api::SessionSettings;
+    use umbra_policy::{PolicyType, SandboxPolicy};
+
+    use super::start_settings;
+
+    #[test]
+    fn a_start_merges_its_policy_with_the_daemons_and_never_loosens_it() {
+        let base = SessionSettings {
+            policy: SandboxPolicy {
+                kind: Some(PolicyType::WorkspaceReadonly),
+                ignore: Some(vec![".env".into()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let start = SettingsPatch {
+            policy: Some(SandboxPolicy {
+                kind: Some(PolicyType::InsecureNone),
+                block_git_writes: Some(true),
+                ignore: Some(vec!["*.pem".into()]),
+                network: Some(NetworkPolicy { mode: NetworkMode::Any, ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let s = start_settings(&base, &start).unwrap();
+        let e = s.policy.effective();
+        assert_eq!(e.kind, PolicyType::WorkspaceReadonly, "the daemon's read-only wins");
+        assert!(e.block_git_writes);
+        assert_eq!(e.ignore, ["*.pem", ".env"], "both sources' patterns");
+        assert_eq!(s.network.mode, NetworkMode::Any, "a policy's network decides the session's");
+
+        // Without a policy in the start, the daemon's stays whole.
+        let s = start_settings(&base, &SettingsPatch::default()).unwrap();
+        assert_eq!(s.policy, base.policy);
+        // A malformed policy is refused with the field.
+        let bad = SettingsPatch {
+            policy: Some(SandboxPolicy { additional_readonly_paths: Some(vec!["rel".into()]), ..Default::default() }),
+            ..Default::default()
+        };
+        let e = start_settings(&base, &bad).unwrap_err().to_string();
+        assert!(e.contains("additional_readonly_paths"), "{e}");
+    }
+}
