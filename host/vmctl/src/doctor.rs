@@ -145,7 +145,12 @@ pub fn run(args: DoctorArgs) -> i32 {
                 .into(),
         ),
         ("network", "no guest NIC; every connection decided by the host's egress proxy (docs/network.md)".into()),
-        ("umbra-vmm", "no seccomp filter or jail yet (planned: per-thread seccomp, namespaces, landlock)".into()),
+        (
+            "umbra-vmm",
+            "seccomp filter per thread kind (main, vcpu, block, rng, vsock, fs_calls, fs_watchdog; kill-process), \
+             no_new_privs, no capabilities; no jail yet (namespaces, pivot_root, landlock)"
+                .into(),
+        ),
     ];
     if args.json {
         let confinement: serde_json::Map<String, serde_json::Value> =

@@ -13,6 +13,7 @@ pub mod config;
 pub mod devices;
 pub mod exit;
 pub mod machine;
+pub mod seccomp;
 pub mod vstate;
 
 pub use exit::VmExit;

@@ -35,6 +35,8 @@ pub enum MachineError {
     Transport(#[from] crate::devices::virtio::mmio::TransportError),
     #[error("cannot start vCPU thread: {0}")]
     Thread(std::io::Error),
+    #[error("{0}")]
+    Seccomp(String),
 }
 
 /// Each virtio device's transport with the base of its MMIO window.
@@ -47,6 +49,8 @@ pub struct Machine {
     console: ConsoleLog,
     entry: BootEntry,
     _memfd: File,
+    /// The vsock socket file, removed when the VM ends (the devices are not torn down then).
+    vsock_socket: Option<std::path::PathBuf>,
 }
 
 fn device_error(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MachineError {
@@ -74,7 +78,8 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, MachineE
         devices.push(Box::new(fs));
     }
     if cfg.rng {
-        devices.push(Box::new(crate::devices::virtio::rng::Rng::new()));
+        let rng = crate::devices::virtio::rng::Rng::new().map_err(device_error("virtio-rng".to_string()))?;
+        devices.push(Box::new(rng));
     }
     Ok(devices)
 }
@@ -119,7 +124,8 @@ impl Machine {
             vcpu.configure_linux(&vm, entry)?;
             vcpus.push(vcpu);
         }
-        Ok(Self { vm, vcpus, bus: Arc::new(IoBus::new(legacy, mmio)), console, entry, _memfd: memfd })
+        let vsock_socket = cfg.vsock.as_ref().map(|v| v.uds_path.clone());
+        Ok(Self { vm, vcpus, bus: Arc::new(IoBus::new(legacy, mmio)), console, entry, _memfd: memfd, vsock_socket })
     }
 
     /// Gives each device its MMIO window and IRQ, with the notify ioeventfds and the irqfd.
@@ -157,28 +163,43 @@ impl Machine {
     pub fn run(self) -> Result<VmExit, MachineError> {
         let (tx, rx) = mpsc::channel();
         let mut handles = Vec::new();
+        // No vCPU enters the guest before every thread, this one included, is filtered.
+        let filtered = Arc::new(std::sync::Barrier::new(self.vcpus.len() + 1));
         for mut vcpu in self.vcpus {
             let bus = self.bus.clone();
             let tx = tx.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("vcpu{}", vcpu.id()))
-                .spawn(move || {
+            let filtered = filtered.clone();
+            let handle = crate::seccomp::spawn_filtered(
+                crate::seccomp::ThreadKind::Vcpu,
+                &format!("vcpu{}", vcpu.id()),
+                move || {
+                    filtered.wait();
                     // A panic in a vCPU thread must end the VM with a status, not leave the
                     // other threads (or none) running: report it as an internal error.
                     let id = vcpu.id();
                     let exit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vcpu.run(&bus)))
                         .unwrap_or_else(|_| VmExit::Internal(format!("vCPU {id} thread panicked")));
                     let _ = tx.send(exit);
-                })
-                .map_err(MachineError::Thread)?;
+                },
+            )
+            .map_err(MachineError::Thread)?;
             handles.push(handle);
         }
         drop(tx);
+        crate::seccomp::install(crate::seccomp::ThreadKind::Main).map_err(MachineError::Seccomp)?;
+        filtered.wait();
         let exit = rx.recv().unwrap_or_else(|_| VmExit::Internal("every vCPU thread ended without an exit".into()));
         // The other vCPUs are still in KVM_RUN: the VM and its memory must stay mapped until the
         // caller ends the process, which stops them.
         std::mem::forget(self.vm);
         std::mem::forget(handles);
+        // Nor are the devices torn down (their lanes joined, vhost-user told): the process is
+        // about to end, and the main thread's filter allows none of that. The vsock socket file
+        // is the one thing the teardown would have removed.
+        std::mem::forget(self.bus);
+        if let Some(path) = &self.vsock_socket {
+            let _ = std::fs::remove_file(path);
+        }
         Ok(match exit {
             VmExit::Reset if self.console.saw_panic() => VmExit::GuestPanic,
             other => other,

@@ -47,6 +47,18 @@ struct Args {
     /// Leave out the virtio-rng device.
     #[arg(long)]
     no_rng: bool,
+    /// Seccomp filters, one per thread kind: `kill` (a syscall a filter does not list kills
+    /// the VMM), `log` (allowed and logged to the kernel's audit log: for finding what a filter
+    /// lacks), or `off`.
+    #[arg(long, value_enum, default_value_t = SeccompArg::Kill, env = "UMBRA_VMM_SECCOMP")]
+    seccomp: SeccompArg,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SeccompArg {
+    Kill,
+    Log,
+    Off,
 }
 
 fn config(args: Args) -> Result<VmConfig, String> {
@@ -95,6 +107,17 @@ fn config(args: Args) -> Result<VmConfig, String> {
     Ok(cfg)
 }
 
+/// No privileges (no_new_privs, no capabilities), and the filters each thread installs as it
+/// starts (`umbra_vmm::seccomp`).
+fn confine(seccomp: SeccompArg) -> Result<(), String> {
+    umbra_vmm::seccomp::drop_privileges()?;
+    match seccomp {
+        SeccompArg::Kill => umbra_vmm::seccomp::enable(umbra_vmm::seccomp::Mode::Kill),
+        SeccompArg::Log => umbra_vmm::seccomp::enable(umbra_vmm::seccomp::Mode::Log),
+        SeccompArg::Off => Ok(()),
+    }
+}
+
 fn main() -> ExitCode {
     // The vsock device alone may hold ~1100 sockets (1024 connections, the listener, CONNECT
     // handshakes in flight).
@@ -111,6 +134,7 @@ fn main() -> ExitCode {
             return ExitCode::from(VMM_ERROR_STATUS as u8);
         }
     };
+    let seccomp = args.seccomp;
     let cfg = match config(args) {
         Ok(c) => c,
         Err(e) => {
@@ -118,6 +142,11 @@ fn main() -> ExitCode {
             return ExitCode::from(VMM_ERROR_STATUS as u8);
         }
     };
+    // Before any thread starts, so every thread inherits both.
+    if let Err(e) = confine(seccomp) {
+        eprintln!("umbra-vmm: {e}");
+        return ExitCode::from(VMM_ERROR_STATUS as u8);
+    }
     let machine = match Machine::build(&cfg) {
         Ok(m) => m,
         Err(e) => {

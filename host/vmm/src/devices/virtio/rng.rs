@@ -15,6 +15,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::worker::{activate_single_queue, Worker};
 use super::{device_type, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
+use crate::seccomp::{Lane, ThreadKind};
 use crate::vstate::memory::GuestMemory;
 
 /// The size of the one request queue.
@@ -27,14 +28,15 @@ const MAX_DESCRIPTORS: usize = 256;
 const CHUNK: usize = 4096;
 
 /// A virtio-rng device.
-#[derive(Default)]
 pub struct Rng {
     worker: Option<Worker>,
+    lane: Lane,
 }
 
 impl Rng {
-    pub fn new() -> Rng {
-        Rng::default()
+    /// Starts its worker thread (idle until the driver activates the device).
+    pub fn new() -> std::io::Result<Rng> {
+        Ok(Rng { worker: None, lane: Lane::start(ThreadKind::Rng, "umbra-rng")? })
     }
 
     /// Fills the chains the driver made available (at most a queue's worth) and returns whether
@@ -127,7 +129,7 @@ impl VirtioDevice for Rng {
         _acked_features: u64,
         queues: Vec<ActiveQueue>,
     ) -> Result<(), ActivateError> {
-        activate_single_queue(&mut self.worker, "rng", mem, interrupt, queues, process_queue)
+        activate_single_queue(&mut self.worker, &self.lane, "rng", mem, interrupt, queues, process_queue)
     }
 
     fn reset(&mut self) -> bool {
@@ -152,7 +154,7 @@ mod tests {
         let mem = guest_memory();
         let mut d = TestDriver::new(&mem, 16);
         let mut q = d.queue();
-        let mut rng = Rng::new();
+        let mut rng = Rng::new().unwrap();
         let (a, b) = (d.alloc(64), d.alloc(4000));
         let head = d.add_chain(&[(a, 64, W), (b, 4000, W)]);
         assert!(rng.process_queue(&mem, &mut q));
@@ -171,7 +173,7 @@ mod tests {
         let mem = guest_memory();
         let mut d = TestDriver::new(&mem, 16);
         let mut q = d.queue();
-        let mut rng = Rng::new();
+        let mut rng = Rng::new().unwrap();
         let a = d.alloc(64);
         let head = d.add_chain(&[(a, 64, 0)]);
         rng.process_queue(&mem, &mut q);
@@ -190,7 +192,7 @@ mod tests {
         let mem = guest_memory();
         let mut d = TestDriver::new(&mem, 16);
         let mut q = d.queue();
-        let mut rng = Rng::new();
+        let mut rng = Rng::new().unwrap();
         let big = d.alloc(MAX_BYTES_PER_REQUEST + 4096);
         d.add_chain(&[(big, MAX_BYTES_PER_REQUEST + 4096, W)]);
         rng.process_queue(&mem, &mut q);
@@ -211,7 +213,7 @@ mod tests {
         let mem = guest_memory();
         let mut d = TestDriver::new(&mem, 16);
         let mut q = d.queue();
-        let mut rng = Rng::new();
+        let mut rng = Rng::new().unwrap();
         let a = d.alloc(8);
         d.write_descriptor(0, Descriptor::new(a, 8, W | VRING_DESC_F_NEXT as u16, 0));
         d.make_available(0);
@@ -236,7 +238,7 @@ mod tests {
         let notify = EventFd::new(EFD_NONBLOCK).unwrap();
         let kick = notify.try_clone().unwrap();
         let interrupt = Arc::new(CountingInterrupt::default());
-        let mut rng = Rng::new();
+        let mut rng = Rng::new().unwrap();
         assert_eq!(rng.device_type(), 4);
         rng.activate(mem.clone(), interrupt.clone(), 0, vec![ActiveQueue { queue: d.queue(), notify }]).unwrap();
         let a = d.alloc(32);

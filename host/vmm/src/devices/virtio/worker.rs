@@ -11,7 +11,6 @@
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestAddress;
@@ -19,6 +18,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{ActivateError, ActiveQueue, Interrupt};
+use crate::seccomp::{Lane, Running};
 use crate::vstate::memory::GuestMemory;
 
 /// The epoll token of the exit eventfd (queue eventfds use their index).
@@ -27,14 +27,14 @@ const EXIT_TOKEN: u64 = u64::MAX;
 /// A running device worker thread.
 pub struct Worker {
     exit: EventFd,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<Running<()>>,
 }
 
 impl Worker {
-    /// Starts a thread named `name` that calls `handler(i)` whenever `notifiers[i]` is signalled
+    /// Runs on `lane` (the device's thread) a loop that calls `handler(i)` whenever `notifiers[i]` is signalled
     /// (and once for every queue at start, for buffers made available before activation), and
     /// again without waiting while `handler` returns true.
-    pub fn spawn<H>(name: &str, notifiers: Vec<EventFd>, mut handler: H) -> io::Result<Worker>
+    pub fn spawn<H>(lane: &Lane, notifiers: Vec<EventFd>, mut handler: H) -> io::Result<Worker>
     where
         H: FnMut(usize) -> bool + Send + 'static,
     {
@@ -45,7 +45,7 @@ impl Worker {
         for (i, evt) in notifiers.iter().enumerate() {
             epoll.ctl(ControlOperation::Add, evt.as_raw_fd(), EpollEvent::new(EventSet::IN, i as u64))?;
         }
-        let thread = std::thread::Builder::new().name(name.to_string()).spawn(move || {
+        let thread = lane.run(move || {
             let mut pending = vec![true; notifiers.len()];
             let mut events = [EpollEvent::default(); 8];
             loop {
@@ -97,11 +97,12 @@ impl Drop for Worker {
     }
 }
 
-/// Activates a device with one queue (virtio-blk, virtio-rng): starts a worker thread
-/// `umbra-{name}` that runs `process` over the queue whenever the driver kicks it, and interrupts
+/// Activates a device with one queue (virtio-blk, virtio-rng): runs on the device's `lane` a
+/// worker that runs `process` over the queue whenever the driver kicks it, and interrupts
 /// the driver when `process` says it used buffers. `worker` must not be running yet.
 pub(crate) fn activate_single_queue<P>(
     worker: &mut Option<Worker>,
+    lane: &Lane,
     name: &str,
     mem: GuestMemory,
     interrupt: Arc<dyn Interrupt>,
@@ -118,7 +119,7 @@ where
     let Ok([ActiveQueue { mut queue, notify }]) = <[ActiveQueue; 1]>::try_from(queues) else {
         return Err(ActivateError::QueueCount { want: 1, got });
     };
-    let started = Worker::spawn(&format!("umbra-{name}"), vec![notify], move |_| {
+    let started = Worker::spawn(lane, vec![notify], move |_| {
         if process(&mem, &mut queue) {
             interrupt.signal_used_queue();
         }
@@ -154,7 +155,8 @@ mod tests {
         let notifiers = vec![EventFd::new(EFD_NONBLOCK).unwrap(), EventFd::new(EFD_NONBLOCK).unwrap()];
         let kick1 = notifiers[1].try_clone().unwrap();
         let (tx, rx) = mpsc::channel();
-        let mut worker = Worker::spawn("test-worker", notifiers, move |i| {
+        let lane = Lane::start(crate::seccomp::ThreadKind::Block, "test-worker").unwrap();
+        let mut worker = Worker::spawn(&lane, notifiers, move |i| {
             tx.send(i).unwrap();
             false
         })
@@ -176,7 +178,8 @@ mod tests {
         let notifiers = vec![EventFd::new(EFD_NONBLOCK).unwrap()];
         let (tx, rx) = mpsc::channel();
         let mut calls = 0u32;
-        let mut worker = Worker::spawn("test-worker", notifiers, move |_| {
+        let lane = Lane::start(crate::seccomp::ThreadKind::Block, "test-worker").unwrap();
+        let mut worker = Worker::spawn(&lane, notifiers, move |_| {
             calls += 1;
             let _ = tx.send(calls);
             true // always more: the worker must still see the exit eventfd

@@ -35,6 +35,7 @@ use self::disk::Disk;
 use self::request::{RequestKind, MAX_DESCRIPTORS, SEG_MAX, SIZE_MAX};
 use super::worker::{activate_single_queue, Worker};
 use super::{device_type, read_config_bytes, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
+use crate::seccomp::{Lane, ThreadKind};
 use crate::vstate::memory::GuestMemory;
 
 /// The size of the one request queue.
@@ -69,6 +70,7 @@ pub struct Block {
     disk: Arc<Disk>,
     config: ConfigSpace,
     worker: Option<Worker>,
+    lane: Lane,
 }
 
 impl Block {
@@ -78,7 +80,8 @@ impl Block {
         let disk = Disk::open(&image, read_only)?;
         let config =
             ConfigSpace { capacity: disk.capacity().to_le(), size_max: SIZE_MAX.to_le(), seg_max: SEG_MAX.to_le() };
-        Ok(Block { disk: Arc::new(disk), config, worker: None })
+        let lane = Lane::start(ThreadKind::Block, "umbra-blk")?;
+        Ok(Block { disk: Arc::new(disk), config, worker: None, lane })
     }
 
     pub fn disk(&self) -> &Disk {
@@ -179,7 +182,7 @@ impl VirtioDevice for Block {
         queues: Vec<ActiveQueue>,
     ) -> Result<(), ActivateError> {
         let disk = self.disk.clone();
-        activate_single_queue(&mut self.worker, "blk", mem, interrupt, queues, move |mem, queue| {
+        activate_single_queue(&mut self.worker, &self.lane, "blk", mem, interrupt, queues, move |mem, queue| {
             process_queue(&disk, mem, queue)
         })
     }

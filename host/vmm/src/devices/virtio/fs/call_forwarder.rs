@@ -13,12 +13,12 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::super::Interrupt;
+use crate::seccomp::{Lane, Running};
 
 const EXIT_TOKEN: u64 = u64::MAX;
 const SOCKET_TOKEN: u64 = u64::MAX - 1;
@@ -27,13 +27,14 @@ const SOCKET_TOKEN: u64 = u64::MAX - 1;
 pub struct CallForwarder {
     exit: EventFd,
     hung_up: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<Running<()>>,
 }
 
 impl CallForwarder {
     /// Starts a thread that raises `interrupt` whenever one of `calls` is signalled, until
     /// stopped or until `socket` hangs up (then it prints `hangup_message` and ends).
     pub fn spawn(
+        lane: &Lane,
         calls: Vec<EventFd>,
         socket: RawFd,
         interrupt: Arc<dyn Interrupt>,
@@ -50,7 +51,7 @@ impl CallForwarder {
         }
         let hung_up = Arc::new(AtomicBool::new(false));
         let seen_hangup = hung_up.clone();
-        let thread = std::thread::Builder::new().name("umbra-fs".into()).spawn(move || {
+        let thread = lane.run(move || {
             let mut events = [EpollEvent::default(); 8];
             loop {
                 let count = match epoll.wait(-1, &mut events) {

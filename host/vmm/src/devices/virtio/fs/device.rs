@@ -26,6 +26,7 @@ use super::call_forwarder::CallForwarder;
 use crate::devices::virtio::{
     device_type, features, read_config_bytes, ActivateError, ActiveQueue, Interrupt, VirtioDevice,
 };
+use crate::seccomp::{Lane, ThreadKind};
 use crate::vstate::memory::GuestMemory;
 
 /// The longest tag (the config field's size).
@@ -71,6 +72,8 @@ pub struct FsDevice {
     config: VirtioFsConfig,
     // Declared before `backend`: dropped (the thread stopped) before the socket it watches.
     forwarder: Option<CallForwarder>,
+    /// The thread the forwarder runs on, started with the device.
+    lane: Lane,
     backend: Backend,
 }
 
@@ -85,7 +88,8 @@ impl FsDevice {
         let backend = Backend::connect(socket, NUM_QUEUES)?;
         let mut config = VirtioFsConfig { tag: [0; MAX_TAG_LEN], num_request_queues: NUM_REQUEST_QUEUES.to_le() };
         config.tag[..tag.len()].copy_from_slice(tag.as_bytes());
-        Ok(FsDevice { tag: tag.to_string(), config, forwarder: None, backend })
+        let lane = Lane::start(ThreadKind::FsCalls, "umbra-fs").map_err(FsError::Thread)?;
+        Ok(FsDevice { tag: tag.to_string(), config, forwarder: None, lane, backend })
     }
 
     pub fn tag(&self) -> &str {
@@ -120,8 +124,9 @@ impl FsDevice {
         );
         let forwarder_calls = calls.iter().map(EventFd::try_clone).collect::<Result<Vec<_>, _>>();
         let forwarder_calls = forwarder_calls.map_err(FsError::EventFd)?;
-        let mut forwarder = CallForwarder::spawn(forwarder_calls, self.backend.as_raw_fd(), interrupt, message)
-            .map_err(FsError::Thread)?;
+        let mut forwarder =
+            CallForwarder::spawn(&self.lane, forwarder_calls, self.backend.as_raw_fd(), interrupt, message)
+                .map_err(FsError::Thread)?;
         if let Err(e) = self.backend.start(mem, acked_features, &rings) {
             forwarder.stop();
             return Err(e);

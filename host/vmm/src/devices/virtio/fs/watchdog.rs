@@ -12,6 +12,8 @@ use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+
+use crate::seccomp::ThreadKind;
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
@@ -51,7 +53,7 @@ impl Watchdog {
     pub fn spawn(socket: UnixStream) -> io::Result<Watchdog> {
         let shared = Arc::new(Shared::default());
         let watched = shared.clone();
-        let thread = std::thread::Builder::new().name("umbra-fs-watchdog".into()).spawn(move || {
+        let thread = crate::seccomp::spawn_filtered(ThreadKind::FsWatchdog, "umbra-fs-watchdog", move || {
             let mut state = watched.lock();
             loop {
                 if state.exit {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use super::muxer::VsockMuxer;
 use super::worker::Worker;
 use crate::devices::virtio::{device_type, read_config_bytes, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
+use crate::seccomp::{Lane, ThreadKind};
 use crate::vstate::memory::GuestMemory;
 
 /// rx, tx, event.
@@ -30,6 +31,8 @@ pub struct Vsock {
     /// Present while the device is not active.
     muxer: Option<VsockMuxer>,
     worker: Option<Worker>,
+    /// The thread the worker runs on, started with the device.
+    lane: Lane,
 }
 
 impl Vsock {
@@ -46,7 +49,8 @@ impl Vsock {
             ));
         }
         let muxer = VsockMuxer::new(guest_cid, &uds_path)?;
-        Ok(Vsock { guest_cid, uds_path, muxer: Some(muxer), worker: None })
+        let lane = Lane::start(ThreadKind::Vsock, "umbra-vsock")?;
+        Ok(Vsock { guest_cid, uds_path, muxer: Some(muxer), worker: None, lane })
     }
 
     pub fn guest_cid(&self) -> u64 {
@@ -100,7 +104,7 @@ impl VirtioDevice for Vsock {
         let Some(muxer) = self.muxer.take() else {
             return Err(ActivateError::Other("the vsock device is already active".into()));
         };
-        match Worker::spawn(muxer, mem, interrupt, queues) {
+        match Worker::spawn(&self.lane, muxer, mem, interrupt, queues) {
             Ok(worker) => {
                 self.worker = Some(worker);
                 Ok(())

@@ -5,7 +5,6 @@
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use virtio_queue::QueueT;
@@ -15,6 +14,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE};
 use super::muxer::VsockMuxer;
 use crate::devices::virtio::{ActiveQueue, Interrupt};
+use crate::seccomp::{Lane, Running};
 use crate::vstate::memory::GuestMemory;
 
 const EXIT: u64 = 0;
@@ -30,7 +30,7 @@ const ROUNDS_PER_WAKE: usize = 4;
 #[derive(Debug)]
 pub struct Worker {
     exit: EventFd,
-    handle: JoinHandle<Option<VsockMuxer>>,
+    handle: Running<Option<VsockMuxer>>,
 }
 
 struct Context {
@@ -45,6 +45,7 @@ impl Worker {
     /// Starts the thread. On failure the muxer is handed back with the error (always, in
     /// practice: only a poisoned slot could lose it).
     pub fn spawn(
+        lane: &Lane,
         muxer: VsockMuxer,
         mem: GuestMemory,
         interrupt: Arc<dyn Interrupt>,
@@ -69,9 +70,7 @@ impl Worker {
         // that the muxer (and its bound socket) can be handed back in that case.
         let slot = Arc::new(Mutex::new(Some(Context { muxer, mem, interrupt, queues, epoll })));
         let thread_slot = Arc::clone(&slot);
-        let spawned = std::thread::Builder::new()
-            .name("umbra-vsock".into())
-            .spawn(move || thread_slot.lock().ok().and_then(|mut ctx| ctx.take()).map(run));
+        let spawned = lane.run(move || thread_slot.lock().ok().and_then(|mut ctx| ctx.take()).map(run));
         match spawned {
             Ok(handle) => Ok(Worker { exit, handle }),
             Err(e) => {
