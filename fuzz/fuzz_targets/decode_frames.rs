@@ -1,6 +1,8 @@
 //! Feeds arbitrary bytes to the frame decoder in arbitrary-sized pieces, then every decoded
 //! control body to the message parsers — everything the agent does with host bytes before
-//! acting on them. Must never panic, hang, or allocate beyond one maximal frame.
+//! acting on them (and the host with a hostile guest's) — and the same bytes as the egress
+//! header line the host's proxy reads from the guest. Must never panic, hang, or allocate
+//! beyond one maximal frame.
 #![no_main]
 
 use bytes::BytesMut;
@@ -9,6 +11,7 @@ use tokio_util::codec::Decoder;
 use umbra_proto::{parse_body, ErrorBody, Event, FrameCodec, FrameKind, Hello, Request, Response, MAX_BODY_LEN};
 
 fuzz_target!(|data: &[u8]| {
+    let _ = umbra_proto::egress::EgressRequest::parse(data);
     // First byte picks the read size, so boundaries between socket reads are fuzzed too.
     let Some((&step, data)) = data.split_first() else { return };
     let step = (step as usize % 64) + 1;

@@ -47,7 +47,7 @@ fn devices() -> &'static Mutex<Devices> {
         let devices = Devices {
             read_only: Block::new(path.clone(), true).unwrap(),
             writable: Block::new(path.clone(), false).unwrap(),
-            rng: Rng::new(),
+            rng: Rng::new().unwrap(),
         };
         std::fs::remove_file(&path).unwrap();
         Mutex::new(devices)

@@ -316,7 +316,47 @@ pub fn evaluate(settings: &ApprovalSettings, request: &CommandRequest) -> Decisi
 /// deny), never laxer; a hook that fails or does not answer in time makes it at least `ask`.
 /// Hooks are not run for a line the rules already refuse.
 pub async fn decide(settings: &ApprovalSettings, request: &CommandRequest) -> Decision {
-    let mut decision = evaluate(settings, request);
+    let decision = evaluate_bounded(settings, request, EVALUATE_BUDGET).await;
+    ask_hooks(settings, request, decision).await
+}
+
+/// How long the rules may take on one line before a person decides instead.
+pub const EVALUATE_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// At most one line is parsed at a time, on a blocking thread.
+static PARSING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// [`evaluate`] on a blocking thread, one line at a time, within `budget`: a line it cannot
+/// decide in time (or while an earlier one still holds the parser) needs a person. brush-parser
+/// backtracks exponentially on some lines (fuzzing found several; `split` refuses the known
+/// shapes up front), and a client's command line must never stall the caller: a stuck parse
+/// keeps one blocking thread busy, never the async workers, and fails closed.
+pub async fn evaluate_bounded(
+    settings: &ApprovalSettings,
+    request: &CommandRequest,
+    budget: std::time::Duration,
+) -> Decision {
+    let too_slow = || Decision {
+        verdict: Verdict::Ask,
+        reason: Reason::Unparseable { error: format!("it could not be checked within {} s", budget.as_secs_f32()) },
+        parts: Vec::new(),
+    };
+    let (settings, request) = (settings.clone(), request.clone());
+    let work = async move {
+        let permit = PARSING.acquire().await.expect("never closed");
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            evaluate(&settings, &request)
+        })
+        .await
+    };
+    match tokio::time::timeout(budget, work).await {
+        Ok(Ok(decision)) => decision,
+        _ => too_slow(),
+    }
+}
+
+async fn ask_hooks(settings: &ApprovalSettings, request: &CommandRequest, mut decision: Decision) -> Decision {
     for spec in &settings.hooks {
         if decision.verdict == Verdict::Deny {
             break;

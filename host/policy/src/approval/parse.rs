@@ -24,6 +24,10 @@ use brush_parser::{Parser, ParserOptions, SourceInfo};
 pub const MAX_COMMAND_LEN: usize = 64 * 1024;
 /// Deepest nesting of substitutions and scripts followed.
 pub const MAX_DEPTH: usize = 16;
+/// The deepest nesting of parentheses a line may have before it reaches the parser.
+/// brush-parser backtracks exponentially on unbalanced ones (found by fuzzing: 20 `(` take
+/// 0.1 s, 30 take minutes), and a client's command line must never stall the daemon.
+pub const MAX_PARENS: usize = 12;
 
 /// One word of a command, unquoted. An expansion keeps its source text (`$HOME`, `~`,
 /// `$(pwd)`), and the word is then not `literal`: its value is only known when the shell runs.
@@ -65,6 +69,8 @@ pub enum SplitError {
     TooLong,
     #[error("nests commands more than {MAX_DEPTH} deep")]
     TooDeep,
+    #[error("nests parentheses more than {MAX_PARENS} deep")]
+    TooManyParens,
 }
 
 /// Every simple command `text` would run, in order of appearance (a substitution before the
@@ -73,9 +79,59 @@ pub fn split(text: &str) -> Result<Vec<Part>, SplitError> {
     if text.len() > MAX_COMMAND_LEN {
         return Err(SplitError::TooLong);
     }
+    if paren_depth(text) > MAX_PARENS {
+        return Err(SplitError::TooManyParens);
+    }
+    if empty_heredoc_delimiter(text) {
+        // brush-parser allocates without bound on `cat <<"" ` (found by fuzzing: 2 GiB in
+        // 11 s); nobody writes an empty delimiter on purpose.
+        return Err(SplitError::Unsupported("a here-document with an empty delimiter"));
+    }
     let mut walker = Walker { parts: Vec::new(), options: ParserOptions::default() };
     walker.program(text, 0, None)?;
     Ok(walker.parts)
+}
+
+/// The deepest nesting of `(` in `text`, quotes ignored (counting parentheses inside quotes only
+/// errs towards asking a person).
+fn paren_depth(text: &str) -> usize {
+    let (mut depth, mut max) = (0usize, 0usize);
+    for b in text.bytes() {
+        match b {
+            b'(' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b')' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+/// Whether a here-document operator (`<<`, `<<-`) has an empty quoted delimiter (`""`, `''`).
+fn empty_heredoc_delimiter(text: &str) -> bool {
+    let b = text.as_bytes();
+    let mut i = 0;
+    while let Some(at) = text[i..].find("<<").map(|p| p + i) {
+        let mut j = at + 2;
+        if b.get(j) == Some(&b'<') {
+            // A here-string (`<<<`): not a here-document.
+            i = j + 1;
+            continue;
+        }
+        if b.get(j) == Some(&b'-') {
+            j += 1;
+        }
+        while matches!(b.get(j), Some(b' ' | b'\t')) {
+            j += 1;
+        }
+        if matches!((b.get(j), b.get(j + 1)), (Some(b'"'), Some(b'"')) | (Some(b'\''), Some(b'\''))) {
+            return true;
+        }
+        i = at + 2;
+    }
+    false
 }
 
 struct Walker {

@@ -230,3 +230,45 @@ fn settings_are_validated_with_the_field_named() {
         assert!(e.starts_with(field), "{e}");
     }
 }
+
+#[test]
+fn a_line_the_shell_parser_panics_on_needs_approval_in_every_mode() {
+    // Found by the approval_command fuzz target: brush-parser 0.2 unwraps an I/O number that
+    // does not fit in u32. `split` catches the panic; the line is unparseable, so a person
+    // decides (or a deny pattern refuses it).
+    let line = "803333333333>|";
+    for mode in [ApprovalMode::AskEveryTime, ApprovalMode::Allowlist, ApprovalMode::RunEverything] {
+        let decision = evaluate(&settings(mode, &["80"], &[]), &request(line));
+        assert_eq!((decision.verdict, rule(&decision.reason).as_str()), (Verdict::Ask, "unparseable"), "{mode:?}");
+    }
+    let decision = evaluate(&settings(ApprovalMode::RunEverything, &[], &["803333333333>|"]), &request(line));
+    assert_eq!(decision.verdict, Verdict::Deny);
+}
+
+#[test]
+fn deeply_nested_parentheses_are_refused_before_the_parser_not_parsed_for_minutes() {
+    // Found by fuzzing: brush-parser backtracks exponentially on unbalanced parentheses.
+    let started = std::time::Instant::now();
+    for line in ["((((((((((((((((((((((((((((((((((((((((", "echo $((((((((((((((((((((((((((((1"] {
+        let decision = evaluate(&settings(ApprovalMode::RunEverything, &[], &[]), &request(line));
+        assert_eq!((decision.verdict, rule(&decision.reason).as_str()), (Verdict::Ask, "unparseable"), "{line}");
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(1), "{:?}", started.elapsed());
+    // Ordinary nesting still parses.
+    let d = evaluate(&settings(ApprovalMode::Allowlist, &["echo"], &[]), &request("echo $(( (1 + 2) * 3 ))"));
+    assert_eq!(d.verdict, Verdict::Allow, "{d:?}");
+}
+
+#[test]
+fn an_empty_heredoc_delimiter_is_refused_before_the_parser_allocates_without_bound() {
+    // Found by fuzzing: `cat <<"" ` made brush-parser allocate 2 GiB in 11 s.
+    for line in ["cat <<\"\" ", "cat <<- '' ", "cat << \"\"\t", "x <<''"] {
+        let decision = evaluate(&settings(ApprovalMode::RunEverything, &[], &[]), &request(line));
+        assert_eq!((decision.verdict, rule(&decision.reason).as_str()), (Verdict::Ask, "unparseable"), "{line:?}");
+    }
+    // Here-documents and here-strings otherwise parse as before.
+    let d = evaluate(&settings(ApprovalMode::Allowlist, &["cat"], &[]), &request("cat <<EOF\nhi\nEOF\n"));
+    assert_eq!(d.verdict, Verdict::Allow, "{d:?}");
+    let d = evaluate(&settings(ApprovalMode::Allowlist, &["cat"], &[]), &request("cat <<<\"\""));
+    assert_eq!(d.verdict, Verdict::Allow, "{d:?}");
+}
