@@ -83,6 +83,19 @@ async fn git_tmp_and_ignored_files_are_enforced_by_the_host_even_against_guest_r
         settings: SettingsPatch { policy: Some(policy), ..Default::default() },
     };
     let s = m.start(params).await.unwrap();
+    // umbra-fsd (which holds the fanotify group) runs under its seccomp filter, on every thread.
+    let fsd = s
+        .info()
+        .vm
+        .unwrap()
+        .pids
+        .into_iter()
+        .find(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "umbra-fsd"));
+    let fsd = fsd.expect("umbra-fsd among the VM's helpers");
+    for task in std::fs::read_dir(format!("/proc/{fsd}/task")).unwrap() {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        assert!(status.lines().any(|l| l == "Seccomp:\t2"), "an umbra-fsd thread is unfiltered:\n{status}");
+    }
     let ws_info = s.info().folders.into_iter().find(|f| f.name == "ws").unwrap();
     assert_eq!(ws_info.mode, ShareMode::Rwd, "workspace_readwrite keeps the folder writable");
 

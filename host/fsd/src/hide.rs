@@ -32,9 +32,35 @@ pub struct Hider {
 
 const PERM_EVENTS: u64 = libc::FAN_OPEN_PERM | libc::FAN_OPEN_EXEC_PERM;
 
+/// The answering thread, started with umbra-fsd — before its seccomp filter, which allows no new
+/// thread — and idle until the first share with patterns creates the group.
+pub struct Standby {
+    tx: std::sync::mpsc::Sender<(Arc<OwnedFd>, Rules)>,
+}
+
+impl Standby {
+    pub fn start() -> Result<Standby, String> {
+        let (tx, rx) = std::sync::mpsc::channel::<(Arc<OwnedFd>, Rules)>();
+        let (running_tx, running) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("hide".into())
+            .spawn(move || {
+                let _ = running_tx.send(());
+                if let Ok((group, rules)) = rx.recv() {
+                    answer_loop(&group, &rules);
+                }
+            })
+            .map_err(|e| format!("cannot start the hide thread: {e}"))?;
+        // Wait until it runs: a thread's own start-up (robust list, rseq, its name) must happen
+        // before the filter, which allows none of it.
+        running.recv().map_err(|_| "the hide thread died at start".to_string())?;
+        Ok(Standby { tx })
+    }
+}
+
 impl Hider {
-    /// Creates the fanotify group and the thread that answers it.
-    pub fn start() -> Result<Self, String> {
+    /// Creates the fanotify group and hands it to the waiting thread.
+    pub fn start(standby: Standby) -> Result<Self, String> {
         // SAFETY: fanotify_init takes flags only and returns a new fd or -1.
         let fd = unsafe {
             libc::fanotify_init(
@@ -52,11 +78,7 @@ impl Hider {
         // SAFETY: fd is a new descriptor nothing else owns.
         let group = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
         let rules: Rules = Arc::default();
-        let (g, r) = (group.clone(), rules.clone());
-        std::thread::Builder::new()
-            .name("hide".into())
-            .spawn(move || answer_loop(&g, &r))
-            .map_err(|e| format!("cannot start the hide thread: {e}"))?;
+        standby.tx.send((group.clone(), rules.clone())).map_err(|_| "the hide thread has ended".to_string())?;
         Ok(Self { group, rules })
     }
 

@@ -20,6 +20,7 @@
 mod hide;
 mod namespace;
 mod pins;
+mod seccomp;
 mod shares;
 
 use std::io::{BufRead, Write};
@@ -133,6 +134,7 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
 /// ignored paths. Any failure undoes the share: it is never served less protected than asked.
 fn add(
     staging: &std::path::Path,
+    standby: &mut Option<hide::Standby>,
     hider: &mut Option<hide::Hider>,
     name: &str,
     source: &std::path::Path,
@@ -146,7 +148,8 @@ fn add(
         false => Some(umbra_policy::IgnoreSet::new(&root, patterns).map_err(|e| e.to_string())?),
     };
     if set.is_some() && hider.is_none() {
-        *hider = Some(hide::Hider::start()?);
+        let standby = standby.take().ok_or("the hide thread did not start")?;
+        *hider = Some(hide::Hider::start(standby)?);
     }
     shares::add(staging, name, source, read_only)?;
     let protect = || -> Result<(), String> {
@@ -180,6 +183,15 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    let mut standby = match hide::Standby::start() {
+        Ok(s) => Some(s),
+        Err(e) => return fail(e),
+    };
+    // Every thread exists now (virtiofsd runs in its own process, under its own filter).
+    if let Err(e) = seccomp::install() {
+        let _ = virtiofsd.kill();
+        return fail(e);
+    }
     reply(json!({"ready": true}));
     let mut hider: Option<hide::Hider> = None;
 
@@ -191,7 +203,7 @@ fn main() -> ExitCode {
         let result = match serde_json::from_str::<Request>(&line) {
             Err(e) => Err(format!("bad request: {e}")),
             Ok(Request::Add { name, source, read_only, protect_git, hide }) => {
-                add(&args.staging, &mut hider, &name, &source, read_only, protect_git, &hide)
+                add(&args.staging, &mut standby, &mut hider, &name, &source, read_only, protect_git, &hide)
             }
             Ok(Request::Remove { name }) => {
                 if let Some(h) = &hider {

@@ -141,7 +141,8 @@ pub fn run(args: DoctorArgs) -> i32 {
         ("qemu", format!("seccomp: -sandbox {}", umbra_runtime::backend::QEMU_SANDBOX)),
         (
             "umbra-fsd",
-            "a private mount namespace (and a user namespace when unprivileged); ro shares read-only on the host"
+            "a private mount namespace (and a user namespace when unprivileged); ro shares read-only on the host; \
+             a seccomp filter on every thread once virtiofsd runs (kill-process)"
                 .into(),
         ),
         ("network", "no guest NIC; every connection decided by the host's egress proxy (docs/network.md)".into()),
