@@ -58,6 +58,35 @@ impl Standby {
     }
 }
 
+/// The hiding machinery of one umbra-fsd: the idle thread until a share needs it, then the group.
+pub enum Hiding {
+    Standby(Standby),
+    Active(Hider),
+    /// Starting it failed once; the failure was reported to that share's request.
+    Gone,
+}
+
+impl Hiding {
+    /// The active group, created on first use.
+    pub fn activate(&mut self) -> Result<&Hider, String> {
+        if let Hiding::Standby(_) = self {
+            let Hiding::Standby(standby) = std::mem::replace(self, Hiding::Gone) else { unreachable!() };
+            *self = Hiding::Active(Hider::start(standby)?);
+        }
+        match self {
+            Hiding::Active(hider) => Ok(hider),
+            _ => Err("hiding files is unavailable: starting it failed before".into()),
+        }
+    }
+
+    pub fn active(&self) -> Option<&Hider> {
+        match self {
+            Hiding::Active(hider) => Some(hider),
+            _ => None,
+        }
+    }
+}
+
 impl Hider {
     /// Creates the fanotify group and hands it to the waiting thread.
     pub fn start(standby: Standby) -> Result<Self, String> {

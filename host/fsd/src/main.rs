@@ -134,8 +134,7 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
 /// ignored paths. Any failure undoes the share: it is never served less protected than asked.
 fn add(
     staging: &std::path::Path,
-    standby: &mut Option<hide::Standby>,
-    hider: &mut Option<hide::Hider>,
+    hiding: &mut hide::Hiding,
     name: &str,
     source: &std::path::Path,
     read_only: bool,
@@ -147,16 +146,16 @@ fn add(
         true => None,
         false => Some(umbra_policy::IgnoreSet::new(&root, patterns).map_err(|e| e.to_string())?),
     };
-    if set.is_some() && hider.is_none() {
-        let standby = standby.take().ok_or("the hide thread did not start")?;
-        *hider = Some(hide::Hider::start(standby)?);
-    }
+    let hider = match set {
+        Some(_) => Some(hiding.activate()?),
+        None => None,
+    };
     shares::add(staging, name, source, read_only)?;
     let protect = || -> Result<(), String> {
         // A read-only share's .git is read-only already.
         let rules = pins::PinRules { git: protect_git && !read_only, hide: set.as_ref() };
         let pinned = pins::pin_tree(&root, &rules)?;
-        if let (Some(set), Some(hider)) = (set.clone(), hider.as_ref()) {
+        if let (Some(set), Some(hider)) = (set.clone(), hider) {
             let mut mounts = vec![root.clone()];
             mounts.extend(pinned);
             hider.hide(&root, set, &mounts)?;
@@ -183,8 +182,8 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let mut standby = match hide::Standby::start() {
-        Ok(s) => Some(s),
+    let mut hiding = match hide::Standby::start() {
+        Ok(s) => hide::Hiding::Standby(s),
         Err(e) => return fail(e),
     };
     // Every thread exists now (virtiofsd runs in its own process, under its own filter).
@@ -193,7 +192,6 @@ fn main() -> ExitCode {
         return fail(e);
     }
     reply(json!({"ready": true}));
-    let mut hider: Option<hide::Hider> = None;
 
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
@@ -203,10 +201,10 @@ fn main() -> ExitCode {
         let result = match serde_json::from_str::<Request>(&line) {
             Err(e) => Err(format!("bad request: {e}")),
             Ok(Request::Add { name, source, read_only, protect_git, hide }) => {
-                add(&args.staging, &mut standby, &mut hider, &name, &source, read_only, protect_git, &hide)
+                add(&args.staging, &mut hiding, &name, &source, read_only, protect_git, &hide)
             }
             Ok(Request::Remove { name }) => {
-                if let Some(h) = &hider {
+                if let Some(h) = hiding.active() {
                     h.forget(&args.staging.join(&name));
                 }
                 shares::remove(&args.staging, &name)
