@@ -74,13 +74,9 @@ fn unclaimed_ports_read_as_all_ones_and_the_guest_carries_on() {
 
 // ---- the umbra-vmm process ----
 
-fn vmm_bin() -> PathBuf {
-    // UMBRA_VMM_BIN first: where the binary was built need not exist where the test runs (the
-    // nested lane's L1 has the binaries at other paths).
-    std::env::var_os("UMBRA_VMM_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_umbra-vmm")))
-}
+#[path = "support/process.rs"]
+mod process;
+use process::vmm_bin;
 
 struct Elf(PathBuf);
 impl Elf {

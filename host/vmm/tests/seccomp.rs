@@ -4,28 +4,18 @@
 //! it; and a running VMM has no privileges and every thread filtered.
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use umbra_vmm::bare::BareGuest;
 
+#[path = "support/process.rs"]
+mod process;
 #[path = "support/virtiofsd.rs"]
 mod virtiofsd;
+use process::vmm_bin;
 use virtiofsd::Virtiofsd;
-
-fn vmm_bin() -> PathBuf {
-    std::env::var_os("UMBRA_VMM_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_umbra-vmm")))
-}
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("umbra-vmm-seccomp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// virtiofsd serves one connection: each VMM run gets its own.
 fn start_virtiofsd(dir: &Path) -> Virtiofsd {
@@ -58,7 +48,7 @@ fn machine(dir: &Path, fs: &Virtiofsd, guest: &BareGuest) -> Command {
 
 #[test]
 fn each_thread_kinds_filter_kills_the_vmm_at_a_forbidden_syscall() {
-    let dir = scratch_dir("kinds");
+    let dir = process::scratch_dir("seccomp", "kinds");
     let guest = BareGuest::new().print("ran\n").reset();
 
     // The control: the same machine, filtered, runs and exits cleanly.
@@ -102,7 +92,7 @@ fn status_field(pid: u32, task: Option<&str>, field: &str) -> Option<String> {
 
 #[test]
 fn a_running_vmm_has_no_privileges_and_every_thread_is_filtered() {
-    let dir = scratch_dir("status");
+    let dir = process::scratch_dir("seccomp", "status");
     let fs = start_virtiofsd(&dir);
     let mut child =
         machine(&dir, &fs, &BareGuest::new().spin()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();

@@ -3,34 +3,21 @@
 //! tag in config space; with nobody listening, the VMM exits 1 naming the socket. The data path
 //! (FUSE through the rings) is proven in the lane-(a) tests next to the device.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use umbra_vmm::bare::BareGuest;
 use umbra_vmm::boot::layout::VIRTIO_MMIO_START;
 
+#[path = "support/process.rs"]
+mod process;
 #[path = "support/virtiofsd.rs"]
 mod virtiofsd;
+use process::vmm_bin;
 use virtiofsd::Virtiofsd;
-
-fn vmm_bin() -> PathBuf {
-    // UMBRA_VMM_BIN first: where the binary was built need not exist where the test runs (the
-    // nested lane's L1 has the binaries at other paths).
-    std::env::var_os("UMBRA_VMM_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_umbra-vmm")))
-}
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("umbra-vmm-fs-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 #[test]
 fn a_bare_guest_finds_the_fs_device_and_its_tag() {
-    let dir = scratch_dir("tag");
+    let dir = process::scratch_dir("fs", "tag");
     let fs = Virtiofsd::start(dir.clone(), &[]);
     let socket = &fs.socket;
 
@@ -60,7 +47,7 @@ fn a_bare_guest_finds_the_fs_device_and_its_tag() {
 
 #[test]
 fn a_missing_virtiofsd_is_a_setup_error_naming_the_socket() {
-    let dir = scratch_dir("missing");
+    let dir = process::scratch_dir("fs", "missing");
     let elf = dir.join("guest.elf");
     std::fs::write(&elf, BareGuest::new().reset().to_elf()).unwrap();
     let socket = dir.join("nobody.sock");

@@ -116,27 +116,15 @@ impl Incarnation {
         let mut folders = SharedFolders::with_policy(FolderPolicy::from_policy(&policy));
         let mut infos = Vec::new();
         for f in &plan.folders {
-            let guest_path = folders.share(&mut vm, &plan.session, &f.path, f.name.as_deref(), f.mode).await?;
-            let shared = folders.list().last().expect("just shared");
-            let info = FolderInfo {
-                name: shared.name.clone(),
-                host_path: shared.host_path.clone(),
-                mode: shared.mode,
-                guest_path,
-            };
+            folders.share(&mut vm, &plan.session, &f.path, f.name.as_deref(), f.mode).await?;
+            let info = folders.list().last().expect("just shared").info();
             report(folder_mounted(&info));
             infos.push(info);
         }
         let extras = policy.additional_readwrite_paths.iter().map(|p| (p, false));
         for (path, read_only) in extras.chain(policy.additional_readonly_paths.iter().map(|p| (p, true))) {
-            let guest_path = folders.share_extra(&mut vm, &plan.session, path, read_only).await?;
-            let shared = folders.list().last().expect("just shared");
-            let info = FolderInfo {
-                name: shared.name.clone(),
-                host_path: shared.host_path.clone(),
-                mode: shared.mode,
-                guest_path,
-            };
+            folders.share_extra(&mut vm, &plan.session, path, read_only).await?;
+            let info = folders.list().last().expect("just shared").info();
             report(folder_mounted(&info));
             infos.push(info);
         }
@@ -148,12 +136,7 @@ impl Incarnation {
         if let Some(dir) = &plan.storage_dir {
             folders.share_session_dirs(&mut vm, &plan.session, dir).await?;
             for shared in &folders.list()[first_session_dir..] {
-                let info = FolderInfo {
-                    name: shared.name.clone(),
-                    host_path: shared.host_path.clone(),
-                    mode: shared.mode,
-                    guest_path: shared.guest_path.clone(),
-                };
+                let info = shared.info();
                 report(folder_mounted(&info));
                 infos.push(info);
             }

@@ -592,15 +592,8 @@ impl Session {
         let inc = self.running("mount a folder").await?;
         let mut machine = inc.machine.lock().await;
         let machine = &mut *machine;
-        let guest_path =
-            machine.folders.share(&mut machine.vm, &self.name, &spec.path, spec.name.as_deref(), spec.mode).await?;
-        let shared = machine.folders.list().last().expect("just shared");
-        let info = FolderInfo {
-            name: shared.name.clone(),
-            host_path: shared.host_path.clone(),
-            mode: shared.mode,
-            guest_path,
-        };
+        machine.folders.share(&mut machine.vm, &self.name, &spec.path, spec.name.as_deref(), spec.mode).await?;
+        let info = machine.folders.list().last().expect("just shared").info();
         {
             // The user's folders come before the session's own (outputs, uploads).
             let mut infos = inc.folder_infos.lock().unwrap();

@@ -98,6 +98,18 @@ impl FolderPolicy {
     }
 }
 
+impl Shared {
+    /// How the session reports it.
+    pub fn info(&self) -> umbra_api::FolderInfo {
+        umbra_api::FolderInfo {
+            name: self.name.clone(),
+            host_path: self.host_path.clone(),
+            mode: self.mode,
+            guest_path: self.guest_path.clone(),
+        }
+    }
+}
+
 /// Every folder shared with one VM.
 #[derive(Default)]
 pub struct SharedFolders {

@@ -144,17 +144,22 @@ fn test_trigger(kind: ThreadKind) {
 fn test_trigger(_: ThreadKind) {}
 
 /// Starts a thread that installs `kind`'s filter, then runs `f` — for threads started before
-/// the guest runs (from the main thread, which is unfiltered until then). A thread whose filter
-/// cannot be installed ends the process: it must never run unfiltered.
+/// the guest runs (from the main thread, which is unfiltered until then). Returns once the
+/// filter is in place, so nothing the caller does next (starting the guest) can overtake it. A
+/// thread whose filter cannot be installed ends the process: it must never run unfiltered.
 pub fn spawn_filtered<F, T>(kind: ThreadKind, name: &str, f: F) -> std::io::Result<std::thread::JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    std::thread::Builder::new().name(name.to_string()).spawn(move || {
+    let (filtered_tx, filtered) = std::sync::mpsc::sync_channel(1);
+    let handle = std::thread::Builder::new().name(name.to_string()).spawn(move || {
         install_or_exit(kind);
+        let _ = filtered_tx.send(());
         f()
-    })
+    })?;
+    filtered.recv().map_err(|_| std::io::Error::other(format!("the {name} thread ended before its filter")))?;
+    Ok(handle)
 }
 
 fn install_or_exit(kind: ThreadKind) {
