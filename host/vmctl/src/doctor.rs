@@ -137,6 +137,25 @@ pub fn run(args: DoctorArgs) -> i32 {
     let runnable = ok(&["qemu-system-x86_64", "vhost-device-vsock", "bundles"]);
     let sessions = runnable && ok(&["umbra-fsd", "virtiofsd", "mkfs.ext4", "umbrad"]);
     // What confines the parts a hostile guest talks to, as things stand.
+    let landlock = match umbra_vmm::jail::landlock_abi() {
+        Ok(Some(abi)) => format!("landlock ABI {abi}"),
+        Ok(None) => "no landlock (not in this kernel)".to_string(),
+        Err(e) => e,
+    };
+    // SAFETY: geteuid has no preconditions.
+    let identity = if unsafe { libc::geteuid() } == 0 {
+        format!("as uid {} (nobody)", umbra_runtime::backend::kvm::JAIL_ID)
+    } else {
+        "as you, in a user namespace".to_string()
+    };
+    let jail = if umbra_runtime::backend::kvm::jail_enabled() {
+        format!(
+            "jailed: new mount, pid, ipc, uts and net namespaces, pivot_root into the VM's vsock directory, \
+             {identity}, no core dumps, 4096 fds, {landlock}"
+        )
+    } else {
+        "not jailed (UMBRA_VMM_JAIL=off)".to_string()
+    };
     let confinement = [
         ("qemu", format!("seccomp: -sandbox {}", umbra_runtime::backend::QEMU_SANDBOX)),
         (
@@ -148,9 +167,10 @@ pub fn run(args: DoctorArgs) -> i32 {
         ("network", "no guest NIC; every connection decided by the host's egress proxy (docs/network.md)".into()),
         (
             "umbra-vmm",
-            "seccomp filter per thread kind (main, vcpu, block, rng, vsock, fs_calls, fs_watchdog; kill-process), \
-             no_new_privs, no capabilities; no jail yet (namespaces, pivot_root, landlock)"
-                .into(),
+            format!(
+                "seccomp filter per thread kind (main, vcpu, block, rng, vsock, fs_calls, fs_watchdog; kill-process), \
+                 no_new_privs, no capabilities; {jail}"
+            ),
         ),
     ];
     if args.json {

@@ -6,7 +6,8 @@
 //!   "disks": [{ "path": "rootfs.erofs", "read_only": true }, { "path": "scratch.img" }],
 //!   "vsock": { "guest_cid": 3, "uds_path": "/run/user/1000/umbra/vms/x/vsock.sock" },
 //!   "fs": [{ "tag": "work", "socket": "/run/user/1000/umbra/vms/x/fs-work.sock" }],
-//!   "console_log": "console.log", "rng": true }
+//!   "console_log": "console.log", "rng": true,
+//!   "jail": { "dir": "/run/user/1000/umbra/vms/x/vsock", "uid": 65534, "gid": 65534 } }
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -42,6 +43,30 @@ pub struct VmConfig {
     pub console_log: Option<PathBuf>,
     #[serde(default = "default_true")]
     pub rng: bool,
+    /// Run confined in a jail (see [`crate::jail`]); absent: unconfined but for seccomp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jail: Option<JailConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JailConfig {
+    /// The jail's root: an existing directory that holds the vsock socket, where host services
+    /// listen for the guest's connections (`<uds_path>_<port>`). The VMM sees nothing else.
+    pub dir: PathBuf,
+    /// The user and group the VMM runs as when started as root (never 0); started as another
+    /// user it keeps its own, in a user namespace.
+    #[serde(default = "nobody")]
+    pub uid: u32,
+    #[serde(default = "nobody")]
+    pub gid: u32,
+}
+
+/// `nobody`/`nogroup`: owns no files, so a VMM running as it can open none.
+pub const NOBODY: u32 = 65534;
+
+fn nobody() -> u32 {
+    NOBODY
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +158,23 @@ impl VmConfig {
         if self.fs.len() > MAX_FS_DEVICES {
             return invalid(format!("{} shared folders (fs) requested; at most {MAX_FS_DEVICES}", self.fs.len()));
         }
+        if let Some(jail) = &self.jail {
+            if !jail.dir.is_absolute() {
+                return invalid(format!("jail dir {} must be an absolute path", jail.dir.display()));
+            }
+            if jail.uid == 0 || jail.gid == 0 {
+                return invalid("the jail's uid and gid must not be 0 (root)".to_string());
+            }
+            match &self.vsock {
+                Some(v) if v.uds_path.parent() == Some(jail.dir.as_path()) => {}
+                _ => {
+                    return invalid(format!(
+                        "a jailed VMM needs its vsock socket directly in the jail dir {}",
+                        jail.dir.display()
+                    ))
+                }
+            }
+        }
         for (i, f) in self.fs.iter().enumerate() {
             if !tag_is_valid(&f.tag) {
                 return invalid(format!("fs tag {:?} must be 1 to {MAX_TAG_LEN} bytes and contain no NUL", f.tag));
@@ -168,6 +210,26 @@ mod tests {
         c.vsock = None;
         c.disks = (0..20).map(|i| DiskConfig { path: format!("d{i}").into(), read_only: true }).collect();
         assert!(c.validate().unwrap_err().to_string().contains("virtio devices"));
+    }
+
+    #[test]
+    fn a_jail_holds_the_vsock_socket_and_never_runs_as_root() {
+        let mut c: VmConfig = serde_json::from_str(
+            r#"{"kernel":"k","vsock":{"guest_cid":3,"uds_path":"/r/j/v.sock"},"jail":{"dir":"/r/j"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.jail, Some(JailConfig { dir: "/r/j".into(), uid: NOBODY, gid: NOBODY }));
+        c.validate().unwrap();
+        let jail = c.jail.clone().unwrap();
+        c.jail = Some(JailConfig { dir: "/r".into(), ..jail.clone() });
+        assert!(c.validate().unwrap_err().to_string().contains("directly in the jail dir /r"));
+        c.jail = Some(JailConfig { dir: "r/j".into(), ..jail.clone() });
+        assert!(c.validate().unwrap_err().to_string().contains("absolute"));
+        c.jail = Some(JailConfig { uid: 0, ..jail.clone() });
+        assert!(c.validate().unwrap_err().to_string().contains("not be 0"));
+        c.jail = Some(jail);
+        c.vsock = None;
+        assert!(c.validate().unwrap_err().to_string().contains("needs its vsock socket"));
     }
 
     #[test]

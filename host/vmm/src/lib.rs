@@ -4,7 +4,8 @@
 //! vCPUs and their boot state), `boot/` loads Linux and describes the machine to it, `devices/`
 //! holds the emulated devices (legacy PC devices and virtio-mmio), `bus` routes vCPU exits to
 //! them, `machine` assembles a microVM from a [`config::VmConfig`] and runs it, and [`exit`]
-//! names the distinct ways a VM can end.
+//! names the distinct ways a VM can end; [`jail`] confines the process before the machine is
+//! assembled and [`seccomp`] each of its threads.
 
 pub mod bare;
 pub mod boot;
@@ -12,6 +13,7 @@ pub mod bus;
 pub mod config;
 pub mod devices;
 pub mod exit;
+pub mod jail;
 pub mod machine;
 pub mod seccomp;
 pub mod vstate;

@@ -4,7 +4,11 @@
 
 use std::fs::File;
 use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
+
+use kvm_ioctls::Kvm;
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -13,7 +17,9 @@ use crate::boot::{self, BootEntry, BootError, BootSpec, MmioSlot};
 use crate::bus::IoBus;
 use crate::config::{ConfigError, VmConfig};
 use crate::devices::legacy::{ConsoleLog, LegacyBus, SerialConsole};
+use crate::devices::virtio::block::disk::Disk;
 use crate::devices::virtio::mmio::{MmioTransport, MMIO_WINDOW, QUEUE_NOTIFY_OFFSET};
+use crate::devices::virtio::vsock::unix_backend::HostListener;
 use crate::devices::virtio::VirtioDevice;
 use crate::exit::VmExit;
 use crate::vstate::memory::{self, GuestMemory};
@@ -50,7 +56,7 @@ pub struct Machine {
     entry: BootEntry,
     _memfd: File,
     /// The vsock socket file, removed when the VM ends (the devices are not torn down then).
-    vsock_socket: Option<std::path::PathBuf>,
+    vsock_socket: Option<PathBuf>,
 }
 
 fn device_error(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MachineError {
@@ -58,21 +64,101 @@ fn device_error(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Machi
     move |source| MachineError::Device { what, source }
 }
 
-/// The virtio devices of `cfg`, in the order their MMIO windows and IRQs are assigned.
-fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, MachineError> {
+/// Everything of the host a VM uses, opened up front: `/dev/kvm`, kernel and initrd, the
+/// disks, the console log, the vsock listener and the connections to virtiofsd. umbra-vmm
+/// opens it all, then enters its jail ([`crate::jail`]), where none of these paths exist.
+pub struct HostFiles {
+    kvm: Kvm,
+    kernel: File,
+    initrd: Option<File>,
+    disks: Vec<Disk>,
+    console: File,
+    /// The bound listener and the path the VMM knows it by (see [`HostFiles::rebase`]).
+    vsock: Option<(UnixListener, PathBuf)>,
+    fs: Vec<UnixStream>,
+}
+
+impl HostFiles {
+    pub fn open(cfg: &VmConfig) -> Result<Self, MachineError> {
+        cfg.validate()?;
+        let kvm = Kvm::new().map_err(VstateError::Kvm)?;
+        let kernel = boot::open("kernel", &cfg.kernel)?;
+        let initrd = cfg.initrd.as_deref().map(|path| boot::open("initrd", path)).transpose()?;
+        let mut disks = Vec::new();
+        for d in &cfg.disks {
+            disks.push(Disk::open(&d.path, d.read_only).map_err(device_error(format!("disk {}", d.path.display())))?);
+        }
+        let console = match &cfg.console_log {
+            Some(path) => File::options()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(device_error(format!("console log {}", path.display())))?,
+            None => File::from(std::io::stdout().as_fd().try_clone_to_owned().map_err(device_error("stdout"))?),
+        };
+        let vsock = match &cfg.vsock {
+            Some(v) => {
+                let listener = UnixListener::bind(&v.uds_path)
+                    .map_err(device_error(format!("cannot bind the vsock socket {}", v.uds_path.display())))?;
+                Some((listener, v.uds_path.clone()))
+            }
+            None => None,
+        };
+        let mut fs = Vec::new();
+        for f in &cfg.fs {
+            fs.push(
+                crate::devices::virtio::fs::backend::connect(&f.socket)
+                    .map_err(std::io::Error::other)
+                    .map_err(device_error(format!("shared folder {:?}", f.tag)))?,
+            );
+        }
+        Ok(Self { kvm, kernel, initrd, disks, console, vsock, fs })
+    }
+
+    /// From now on the vsock socket is known by its path inside the jail rooted at `dir`,
+    /// where the `<socket>_<port>` sockets of host services are looked up.
+    pub fn rebase(&mut self, dir: &Path) -> Result<(), MachineError> {
+        if let Some((_, path)) = &mut self.vsock {
+            let inside = path.strip_prefix(dir).map_err(|_| {
+                MachineError::Config(ConfigError::Invalid(format!(
+                    "the vsock socket {} is not inside the jail {}",
+                    path.display(),
+                    dir.display()
+                )))
+            })?;
+            *path = Path::new("/").join(inside);
+        }
+        Ok(())
+    }
+
+    /// The vsock socket's path as the VMM knows it.
+    pub fn vsock_path(&self) -> Option<&Path> {
+        self.vsock.as_ref().map(|(_, p)| p.as_path())
+    }
+}
+
+/// The virtio devices of `cfg` over `files`, in the order their MMIO windows and IRQs are
+/// assigned.
+fn virtio_devices(
+    cfg: &VmConfig,
+    disks: Vec<Disk>,
+    vsock: Option<(UnixListener, PathBuf)>,
+    fs: Vec<UnixStream>,
+) -> Result<Vec<Box<dyn VirtioDevice>>, MachineError> {
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
-    for d in &cfg.disks {
-        let blk = crate::devices::virtio::block::Block::new(d.path.clone(), d.read_only)
+    for (d, disk) in cfg.disks.iter().zip(disks) {
+        let blk = crate::devices::virtio::block::Block::with_disk(disk)
             .map_err(device_error(format!("disk {}", d.path.display())))?;
         devices.push(Box::new(blk));
     }
-    if let Some(v) = &cfg.vsock {
-        let vsock = crate::devices::virtio::vsock::Vsock::new(v.guest_cid, v.uds_path.clone())
+    if let (Some(v), Some((listener, path))) = (&cfg.vsock, vsock) {
+        let listener = HostListener::from_std(listener, path)
+            .and_then(|l| crate::devices::virtio::vsock::Vsock::with_listener(v.guest_cid, l))
             .map_err(device_error(format!("vsock socket {}", v.uds_path.display())))?;
-        devices.push(Box::new(vsock));
+        devices.push(Box::new(listener));
     }
-    for f in &cfg.fs {
-        let fs = crate::devices::virtio::fs::FsDevice::new(&f.tag, &f.socket)
+    for (f, stream) in cfg.fs.iter().zip(fs) {
+        let fs = crate::devices::virtio::fs::FsDevice::with_stream(&f.tag, &f.socket, stream)
             .map_err(std::io::Error::other)
             .map_err(device_error(format!("shared folder {:?}", f.tag)))?;
         devices.push(Box::new(fs));
@@ -84,31 +170,27 @@ fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, MachineE
     Ok(devices)
 }
 
-fn console(cfg: &VmConfig) -> Result<ConsoleLog, MachineError> {
-    let file = match &cfg.console_log {
-        Some(path) => File::options()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(device_error(format!("console log {}", path.display())))?,
-        None => File::from(std::io::stdout().as_fd().try_clone_to_owned().map_err(device_error("stdout"))?),
-    };
-    Ok(ConsoleLog::to_file(file))
-}
-
 impl Machine {
+    /// Opens what `cfg` names ([`HostFiles::open`]) and assembles the machine.
     pub fn build(cfg: &VmConfig) -> Result<Self, MachineError> {
+        Self::assemble(cfg, HostFiles::open(cfg)?)
+    }
+
+    /// Assembles the machine `cfg` describes over files opened earlier; opens nothing by path.
+    pub fn assemble(cfg: &VmConfig, files: HostFiles) -> Result<Self, MachineError> {
         cfg.validate()?;
+        let vsock_socket = files.vsock_path().map(Path::to_path_buf);
+        let HostFiles { kvm, kernel, initrd, disks, console, vsock, fs } = files;
         let (mem, memfd) = memory::memfd_backed((cfg.memory_mib as usize) << 20)?;
-        let vm = Vm::new(mem.clone())?;
+        let vm = Vm::with_kvm(kvm, mem.clone())?;
         vm.setup_irqchip()?;
 
-        let console = console(cfg)?;
+        let console = ConsoleLog::to_file(console);
         let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(device_error("eventfd"))?;
         vm.register_irqfd(&serial_irq, SERIAL_IRQ)?;
         let legacy = LegacyBus::with_serial(SerialConsole::with_interrupt(console.clone(), serial_irq));
 
-        let (mmio, slots) = Self::attach_virtio(&vm, &mem, virtio_devices(cfg)?)?;
+        let (mmio, slots) = Self::attach_virtio(&vm, &mem, virtio_devices(cfg, disks, vsock, fs)?)?;
         let spec = BootSpec {
             kernel: &cfg.kernel,
             initrd: cfg.initrd.as_deref(),
@@ -116,7 +198,7 @@ impl Machine {
             cpus: cfg.cpus,
             devices: &slots,
         };
-        let entry = boot::load(&mem, &spec)?;
+        let entry = boot::load_files(&mem, &spec, kernel, initrd)?;
 
         let mut vcpus = Vec::with_capacity(cfg.cpus as usize);
         for id in 0..cfg.cpus {
@@ -124,7 +206,6 @@ impl Machine {
             vcpu.configure_linux(&vm, entry)?;
             vcpus.push(vcpu);
         }
-        let vsock_socket = cfg.vsock.as_ref().map(|v| v.uds_path.clone());
         Ok(Self { vm, vcpus, bus: Arc::new(IoBus::new(legacy, mmio)), console, entry, _memfd: memfd, vsock_socket })
     }
 

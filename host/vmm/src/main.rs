@@ -6,8 +6,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use umbra_vmm::config::{DiskConfig, FsConfig, VmConfig, VsockConfig};
+use umbra_vmm::config::{DiskConfig, FsConfig, JailConfig, VmConfig, VsockConfig, NOBODY};
 use umbra_vmm::exit::VMM_ERROR_STATUS;
+use umbra_vmm::jail::{self, Side};
+use umbra_vmm::machine::HostFiles;
 use umbra_vmm::machine::Machine;
 use umbra_vmm::VmExit;
 
@@ -52,6 +54,15 @@ struct Args {
     /// lacks), or `off`.
     #[arg(long, value_enum, default_value_t = SeccompArg::Kill, env = "UMBRA_VMM_SECCOMP")]
     seccomp: SeccompArg,
+    /// Run jailed with this directory as the root (it must hold the vsock socket): new
+    /// namespaces, no other files, an unprivileged uid (see umbra_vmm::jail).
+    #[arg(long, value_name = "DIR")]
+    jail: Option<PathBuf>,
+    /// The uid and gid a jailed VMM started as root runs as (default 65534, nobody).
+    #[arg(long, requires = "jail")]
+    jail_uid: Option<u32>,
+    #[arg(long, requires = "jail")]
+    jail_gid: Option<u32>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +115,13 @@ fn config(args: Args) -> Result<VmConfig, String> {
     if args.no_rng {
         cfg.rng = false;
     }
+    if let Some(dir) = args.jail {
+        cfg.jail = Some(JailConfig { dir, uid: NOBODY, gid: NOBODY });
+    }
+    if let Some(jail) = &mut cfg.jail {
+        jail.uid = args.jail_uid.unwrap_or(jail.uid);
+        jail.gid = args.jail_gid.unwrap_or(jail.gid);
+    }
     Ok(cfg)
 }
 
@@ -116,6 +134,30 @@ fn confine(seccomp: SeccompArg) -> Result<(), String> {
         SeccompArg::Log => umbra_vmm::seccomp::enable(umbra_vmm::seccomp::Mode::Log),
         SeccompArg::Off => Ok(()),
     }
+}
+
+/// Opens every host file the VM uses, enters the jail if asked (only the jailed child returns
+/// from here; the parent relays its exit), drops privileges, enables the filters, and
+/// assembles the machine. Everything up to the jail runs on the only thread.
+fn open_jail_and_build(cfg: &VmConfig, seccomp: SeccompArg) -> Result<Machine, String> {
+    let mut files = HostFiles::open(cfg).map_err(|e| e.to_string())?;
+    let mut confinement = None;
+    if let Some(jail) = &cfg.jail {
+        files.rebase(&jail.dir).map_err(|e| e.to_string())?;
+        match jail::enter(jail)? {
+            Side::Parent(child) => {
+                drop(files);
+                jail::relay(child, jail)
+            }
+            Side::Child(c) => confinement = Some(c),
+        }
+    }
+    // Before any thread starts, so every thread inherits both.
+    confine(seccomp)?;
+    if let Some(c) = confinement {
+        eprintln!("umbra-vmm: {c}");
+    }
+    Machine::assemble(cfg, files).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -142,12 +184,7 @@ fn main() -> ExitCode {
             return ExitCode::from(VMM_ERROR_STATUS as u8);
         }
     };
-    // Before any thread starts, so every thread inherits both.
-    if let Err(e) = confine(seccomp) {
-        eprintln!("umbra-vmm: {e}");
-        return ExitCode::from(VMM_ERROR_STATUS as u8);
-    }
-    let machine = match Machine::build(&cfg) {
+    let machine = match open_jail_and_build(&cfg, seccomp) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("umbra-vmm: {e}");

@@ -12,11 +12,11 @@ use super::console::ConsoleCopier;
 use super::rundir::{new_vm_id, RunDir};
 use super::{wait_for_agent, VmError};
 
-/// Starts a hybrid socket at `run/vsock.sock` that notes the time of the first connection and
+/// Starts a hybrid socket at the run directory's vsock socket that notes the time of the first connection and
 /// closes every connection unanswered.
 fn knock_recorder(run: &RunDir) -> Arc<Mutex<Option<Instant>>> {
     let first = Arc::new(Mutex::new(None));
-    let listener = std::os::unix::net::UnixListener::bind(run.join("vsock.sock")).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(super::rundir::vsock_socket(run.path())).unwrap();
     let seen = first.clone();
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
@@ -31,7 +31,7 @@ fn knock_recorder(run: &RunDir) -> Arc<Mutex<Option<Instant>>> {
 async fn boot(announce_after: Option<Duration>, timeout: Duration) -> (Instant, Option<Instant>, VmError) {
     let run = RunDir::create(&new_vm_id()).unwrap();
     let first_knock = knock_recorder(&run);
-    let ready_path = run.join("vsock.sock_1025");
+    let ready_path = super::rundir::vsock_port_socket(run.path(), 1025);
     let ready = tokio::net::UnixListener::bind(&ready_path).unwrap();
     let mut sleep = Command::new("sleep");
     sleep.arg("60");

@@ -22,8 +22,19 @@ pub fn find_vmm() -> Option<PathBuf> {
     super::host::UMBRA_VMM.find()
 }
 
-/// The VM description umbra-vmm reads (its `config::VmConfig`).
-pub fn vm_config(spec: &VmSpec, vsock_uds: &Path, fs_socket: Option<&Path>) -> serde_json::Value {
+/// The user a jailed umbra-vmm runs as when the runtime is root (`nobody`): it owns nothing but
+/// the VM's vsock directory.
+pub const JAIL_ID: u32 = 65534;
+
+/// Whether umbra-vmm runs jailed (see umbra_vmm::jail): yes unless `UMBRA_VMM_JAIL=off`, a
+/// switch for debugging, not for use.
+pub fn jail_enabled() -> bool {
+    std::env::var("UMBRA_VMM_JAIL").map_or(true, |v| v != "off")
+}
+
+/// The VM description umbra-vmm reads (its `config::VmConfig`). With `jail`, the VMM's root is
+/// the directory holding `vsock_uds`.
+pub fn vm_config(spec: &VmSpec, vsock_uds: &Path, fs_socket: Option<&Path>, jail: bool) -> serde_json::Value {
     let mut disks = Vec::new();
     if let Some(rootfs) = &spec.image.rootfs {
         disks.push(serde_json::json!({ "path": rootfs, "read_only": true }));
@@ -48,6 +59,9 @@ pub fn vm_config(spec: &VmSpec, vsock_uds: &Path, fs_socket: Option<&Path>) -> s
     if let Some(socket) = fs_socket {
         cfg["fs"] = serde_json::json!([{ "tag": super::fsd::FS_TAG, "socket": socket }]);
     }
+    if let (true, Some(dir)) = (jail, vsock_uds.parent()) {
+        cfg["jail"] = serde_json::json!({ "dir": dir, "uid": JAIL_ID, "gid": JAIL_ID });
+    }
     cfg
 }
 
@@ -69,12 +83,20 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let vmm = super::host::UMBRA_VMM.require()?;
     let id = new_vm_id();
     let run = RunDir::create(&id).map_err(io("create the VM run directory"))?;
-    let vsock_uds = run.join("vsock.sock");
+    let vsock_uds = super::rundir::vsock_socket(run.path());
+    let jail = jail_enabled();
+    // SAFETY: geteuid has no preconditions.
+    if jail && unsafe { libc::geteuid() } == 0 {
+        // The jailed VMM runs as JAIL_ID: its root directory must be its own.
+        let dir = vsock_uds.parent().expect("the vsock socket is in a directory");
+        std::os::unix::fs::chown(dir, Some(JAIL_ID), Some(JAIL_ID))
+            .map_err(io(format!("give {} to the VMM's user", dir.display())))?;
+    }
     let config = run.join("vm.json");
     let mut children = Vec::new();
     let folders = start_folder_server(spec, &run, &mut children).await?;
     let fs_socket = folders.as_ref().map(FolderServer::socket);
-    let text = serde_json::to_vec_pretty(&vm_config(spec, &vsock_uds, fs_socket)).expect("JSON values serialise");
+    let text = serde_json::to_vec_pretty(&vm_config(spec, &vsock_uds, fs_socket, jail)).expect("JSON values serialise");
     std::fs::write(&config, text).map_err(io(format!("write {}", config.display())))?;
 
     let mut cmd = Command::new(&vmm);
@@ -99,12 +121,15 @@ mod tests {
             rootfs: Some(PathBuf::from("/b/root.erofs")),
             cmdline: "root=/dev/vda".into(),
         });
-        let cfg = vm_config(&spec, Path::new("/r/vsock.sock"), None);
+        let cfg = vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, false);
         assert_eq!(cfg["disks"], serde_json::json!([{ "path": "/b/root.erofs", "read_only": true }]));
         assert!(cfg["cmdline"].as_str().unwrap().contains("no_timer_check"));
+        assert!(cfg.get("jail").is_none());
+        let jailed = vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, true);
+        assert_eq!(jailed["jail"], serde_json::json!({ "dir": "/r/vsock", "uid": JAIL_ID, "gid": JAIL_ID }));
 
         spec.disk = Some(PathBuf::from("/s/session.img"));
-        let cfg = vm_config(&spec, Path::new("/r/vsock.sock"), None);
+        let cfg = vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, false);
         assert_eq!(
             cfg["disks"],
             serde_json::json!([

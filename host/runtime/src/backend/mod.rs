@@ -27,7 +27,7 @@ use umbra_bundle::{ArtifactRole, BundleError, ExtractedBundle};
 
 pub use children::Supervised;
 pub use host::KvmKind;
-pub use rundir::RunDir;
+pub use rundir::{open_to_vmm, vsock_port_socket, vsock_socket, RunDir};
 
 use crate::agent::AgentClient;
 
@@ -314,14 +314,15 @@ struct GuestProcess<'a> {
 
 impl Launch {
     /// Starts `guest`, copies its console to `console.log` in the run directory and waits for the
-    /// agent on the run directory's `vsock.sock`.
+    /// agent on the run directory's vsock socket.
     async fn finish(self, spec: &VmSpec, guest: GuestProcess<'_>) -> Result<Vm, VmError> {
         let Launch { backend, started, id, run, mut children, folders } = self;
         let GuestProcess { name, binary, mut cmd, log, log_label } = guest;
         let console_log = run.join("console.log");
         // Listen for the agent's readiness announcement before the guest can make it.
-        let ready_path = run.join(&format!("vsock.sock_{}", umbra_proto::AGENT_READY_VSOCK_PORT));
+        let ready_path = rundir::vsock_port_socket(run.path(), umbra_proto::AGENT_READY_VSOCK_PORT);
         let ready = tokio::net::UnixListener::bind(&ready_path).map_err(io("listen for the agent's readiness"))?;
+        rundir::open_to_vmm(&ready_path).map_err(io("open the readiness socket to the VMM"))?;
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file(&log)?);
         let mut process = Supervised::spawn(name, cmd).map_err(io(format!("start {}", binary.display())))?;
         let console_out = process.take_stdout().unwrap_or_else(|| panic!("{name} spawned with a stdout pipe"));
@@ -382,7 +383,7 @@ async fn wait_for_agent(
     copier: &console::ConsoleCopier,
     timeout: Duration,
 ) -> Result<AgentClient, VmError> {
-    let (vsock_uds, console_log) = (run.join("vsock.sock"), run.join("console.log"));
+    let (vsock_uds, console_log) = (rundir::vsock_socket(run.path()), run.join("console.log"));
     let started = Instant::now();
     let mut announced = false;
     let mut delay = Duration::from_millis(2);

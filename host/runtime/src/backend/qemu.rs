@@ -85,7 +85,7 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let id = new_vm_id();
     let run = RunDir::create(&id).map_err(io("create the VM run directory"))?;
     let vhost_sock = run.join("vhost-vsock.sock");
-    let vsock_uds = run.join("vsock.sock");
+    let vsock_uds = super::rundir::vsock_socket(run.path());
     let vhost_log = run.join("vhost-vsock.log");
 
     let mut daemon_cmd = Command::new(&vhost);

@@ -1,5 +1,6 @@
 //! A VM's private run directory (`$XDG_RUNTIME_DIR/umbra/vms/<id>/`): its sockets and console
-//! log. Mode 0700, removed when the VM ends.
+//! log. Mode 0700, removed when the VM ends. The hybrid vsock sockets live apart, in
+//! [`VSOCK_DIR`]: a jailed umbra-vmm's whole filesystem is that directory.
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ impl RunDir {
         sweep_dead(&vms);
         let path = vms.join(id);
         std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        std::fs::DirBuilder::new().mode(0o700).create(path.join(VSOCK_DIR))?;
         Ok(Self { path })
     }
 
@@ -31,6 +33,28 @@ impl Drop for RunDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
     }
+}
+
+/// The directory of a VM's hybrid vsock sockets, in its run directory: the socket the host
+/// connects to the guest through, and the `<socket>_<port>` listeners of host services.
+pub const VSOCK_DIR: &str = "vsock";
+
+/// The hybrid vsock socket of the VM whose run directory is `run`.
+pub fn vsock_socket(run: &Path) -> PathBuf {
+    run.join(VSOCK_DIR).join("vsock.sock")
+}
+
+/// Where a host service listens for the guest's connections to vsock port `port`.
+pub fn vsock_port_socket(run: &Path, port: u32) -> PathBuf {
+    run.join(VSOCK_DIR).join(format!("vsock.sock_{port}"))
+}
+
+/// Lets a jailed umbra-vmm, which runs as another user, connect to a host service's socket
+/// (connecting needs write permission on it). Only that user and the owner can reach it: the
+/// directory is 0700 and belongs to the VMM's user (see `kvm::launch`).
+pub fn open_to_vmm(socket: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666))
 }
 
 /// Removes run directories left by an owner that died without cleaning up (SIGKILL: its VMM

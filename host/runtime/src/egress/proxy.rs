@@ -64,6 +64,7 @@ impl EgressProxy {
     pub fn start(socket: &Path, policy: SharedPolicy, report: Report, limits: EgressLimits) -> std::io::Result<Self> {
         let _ = std::fs::remove_file(socket);
         let listener = UnixListener::bind(socket)?;
+        crate::backend::open_to_vmm(socket)?;
         let task = tokio::spawn(serve(listener, policy, report, Arc::new(limits)));
         Ok(Self { task, socket: socket.to_path_buf() })
     }

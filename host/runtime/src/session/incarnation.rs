@@ -103,7 +103,7 @@ impl Incarnation {
             .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
         drop(slot);
         // Guest connections to host port 1026 arrive on `<vsock socket>_1026`.
-        let egress_socket = vm.run_dir().join(format!("vsock.sock_{}", umbra_proto::egress::EGRESS_VSOCK_PORT));
+        let egress_socket = crate::backend::vsock_port_socket(vm.run_dir(), umbra_proto::egress::EGRESS_VSOCK_PORT);
         let egress_report = report.clone();
         let egress = crate::egress::EgressProxy::start(
             &egress_socket,

@@ -74,13 +74,25 @@ pub struct BootSpec<'a> {
     pub devices: &'a [MmioSlot],
 }
 
-fn open(what: &'static str, path: &Path) -> Result<File, BootError> {
+pub fn open(what: &'static str, path: &Path) -> Result<File, BootError> {
     File::open(path).map_err(|source| BootError::Open { what, path: path.display().to_string(), source })
 }
 
 /// Loads kernel, initrd and command line, writes the MP table and boot parameters.
 pub fn load(mem: &GuestMemory, spec: &BootSpec) -> Result<BootEntry, BootError> {
-    let mut kernel = open("kernel", spec.kernel)?;
+    let kernel = open("kernel", spec.kernel)?;
+    let initrd = spec.initrd.map(|path| open("initrd", path)).transpose()?;
+    load_files(mem, spec, kernel, initrd)
+}
+
+/// [`load`] from kernel and initrd files opened earlier (umbra-vmm opens them before it enters
+/// its jail); `spec`'s paths name them in errors.
+pub fn load_files(
+    mem: &GuestMemory,
+    spec: &BootSpec,
+    mut kernel: File,
+    initrd: Option<File>,
+) -> Result<BootEntry, BootError> {
     let himem = Some(GuestAddress(HIMEM_START));
     let loaded = match Elf::load(mem, None, &mut kernel, himem) {
         Ok(r) => r,
@@ -96,8 +108,8 @@ pub fn load(mem: &GuestMemory, spec: &BootSpec) -> Result<BootEntry, BootError> 
             return Err(BootError::Not64Bit { path: spec.kernel.display().to_string() });
         }
     }
-    let initrd = match spec.initrd {
-        Some(path) => Some(load_initrd(mem, path, kernel_footprint_end(&loaded))?),
+    let initrd = match initrd {
+        Some(file) => Some(load_initrd(mem, file, kernel_footprint_end(&loaded))?),
         None => None,
     };
 
@@ -140,8 +152,7 @@ fn kernel_footprint_end(loaded: &KernelLoaderResult) -> u64 {
 }
 
 /// Places the initrd page-aligned at the top of low RAM, above the kernel.
-fn load_initrd(mem: &GuestMemory, path: &Path, kernel_end: u64) -> Result<(GuestAddress, u64), BootError> {
-    let mut file = open("initrd", path)?;
+fn load_initrd(mem: &GuestMemory, mut file: File, kernel_end: u64) -> Result<(GuestAddress, u64), BootError> {
     let size = file.metadata().map_err(|e| BootError::Initrd(e.to_string()))?.len();
     let low_end = low_ram_end(mem);
     let addr = low_end
@@ -301,7 +312,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("umbra-initrd-{}", std::process::id()));
         std::fs::write(&dir, vec![0u8; 3 << 20]).unwrap();
         let (mem, _f) = memfd_backed(4 << 20).unwrap();
-        let e = load_initrd(&mem, &dir, 2 << 20).unwrap_err();
+        let e = load_initrd(&mem, File::open(&dir).unwrap(), 2 << 20).unwrap_err();
         std::fs::remove_file(&dir).unwrap();
         assert!(matches!(e, BootError::InitrdTooBig { .. }), "{e}");
     }

@@ -18,7 +18,11 @@ pub struct Vm {
 
 impl Vm {
     pub fn new(memory: GuestMemory) -> Result<Self, VstateError> {
-        let kvm = Kvm::new().map_err(VstateError::Kvm)?;
+        Self::with_kvm(Kvm::new().map_err(VstateError::Kvm)?, memory)
+    }
+
+    /// The VM on a `/dev/kvm` opened earlier (umbra-vmm opens it before it enters its jail).
+    pub fn with_kvm(kvm: Kvm, memory: GuestMemory) -> Result<Self, VstateError> {
         let fd = kvm.create_vm().map_err(|source| VstateError::Ioctl { step: "create VM", source })?;
         for (slot, region) in memory.iter().enumerate() {
             let host = memory

@@ -77,7 +77,12 @@ impl Block {
     /// Opens `image` (read-only: `O_RDONLY`, and the guest is told with VIRTIO_BLK_F_RO). The
     /// image's size must be a multiple of 512 bytes.
     pub fn new(image: PathBuf, read_only: bool) -> io::Result<Block> {
-        let disk = Disk::open(&image, read_only)?;
+        Block::with_disk(Disk::open(&image, read_only)?)
+    }
+
+    /// The device for a disk opened earlier (umbra-vmm opens every host file before it enters
+    /// its jail).
+    pub fn with_disk(disk: Disk) -> io::Result<Block> {
         let config =
             ConfigSpace { capacity: disk.capacity().to_le(), size_max: SIZE_MAX.to_le(), seg_max: SEG_MAX.to_le() };
         let lane = Lane::start(ThreadKind::Block, "umbra-blk")?;

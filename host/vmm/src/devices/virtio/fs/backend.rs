@@ -91,6 +91,11 @@ pub struct Backend {
     timeout: Duration,
 }
 
+/// Connects to the vhost-user backend listening at `socket`.
+pub fn connect(socket: &Path) -> Result<UnixStream, FsError> {
+    UnixStream::connect(socket).map_err(|source| FsError::Connect { socket: socket.to_path_buf(), source })
+}
+
 impl Backend {
     /// Connects to the backend at `socket` and negotiates the connection-wide features. The
     /// backend must serve at least `num_queues` rings and speak virtio 1.
@@ -100,8 +105,12 @@ impl Backend {
 
     /// [`Backend::connect`] with another deadline per phase (tests use a short one).
     pub fn connect_with_timeout(socket: &Path, num_queues: usize, timeout: Duration) -> Result<Backend, FsError> {
+        Backend::over(connect(socket)?, socket, num_queues, timeout)
+    }
+
+    /// Negotiates over a connection made earlier; `socket` names the backend in errors.
+    pub fn over(stream: UnixStream, socket: &Path, num_queues: usize, timeout: Duration) -> Result<Backend, FsError> {
         let connect_error = |source| FsError::Connect { socket: socket.to_path_buf(), source };
-        let stream = UnixStream::connect(socket).map_err(connect_error)?;
         let watchdog = Watchdog::spawn(stream.try_clone().map_err(connect_error)?).map_err(FsError::Thread)?;
         let mut backend = Backend {
             frontend: Frontend::from_stream(stream, num_queues as u64),

@@ -13,6 +13,7 @@
 //! queues — never reaches the guest.
 
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use virtio_queue::QueueT;
 use vm_memory::{ByteValued, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::backend::{Backend, FsError, RingSetup};
+use super::backend::{self, Backend, FsError, RingSetup, BACKEND_TIMEOUT};
 use super::call_forwarder::CallForwarder;
 use crate::devices::virtio::{
     device_type, features, read_config_bytes, ActivateError, ActiveQueue, Interrupt, VirtioDevice,
@@ -85,7 +86,17 @@ impl FsDevice {
         if !tag_is_valid(tag) {
             return Err(FsError::Tag { tag: tag.to_string(), max: MAX_TAG_LEN });
         }
-        let backend = Backend::connect(socket, NUM_QUEUES)?;
+        let stream = backend::connect(socket)?;
+        FsDevice::with_stream(tag, socket, stream)
+    }
+
+    /// The device over a connection to virtiofsd made earlier (umbra-vmm connects before it
+    /// enters its jail); `socket` names it in errors.
+    pub fn with_stream(tag: &str, socket: &Path, stream: UnixStream) -> Result<FsDevice, FsError> {
+        if !tag_is_valid(tag) {
+            return Err(FsError::Tag { tag: tag.to_string(), max: MAX_TAG_LEN });
+        }
+        let backend = Backend::over(stream, socket, NUM_QUEUES, BACKEND_TIMEOUT)?;
         let mut config = VirtioFsConfig { tag: [0; MAX_TAG_LEN], num_request_queues: NUM_REQUEST_QUEUES.to_le() };
         config.tag[..tag.len()].copy_from_slice(tag.as_bytes());
         let lane = Lane::start(ThreadKind::FsCalls, "umbra-fs").map_err(FsError::Thread)?;

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::muxer::VsockMuxer;
+use super::unix_backend::HostListener;
 use super::worker::Worker;
 use crate::devices::virtio::{device_type, read_config_bytes, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
 use crate::seccomp::{Lane, ThreadKind};
@@ -42,13 +43,20 @@ impl Vsock {
     /// services that accept guest connections to port P listen at `<uds_path>_<P>`. The socket
     /// file is removed when the device is dropped.
     pub fn new(guest_cid: u64, uds_path: PathBuf) -> io::Result<Vsock> {
+        Vsock::with_listener(guest_cid, HostListener::bind(&uds_path)?)
+    }
+
+    /// The device around a socket bound earlier (umbra-vmm binds it before it enters its jail;
+    /// the listener's path is then the one the jail sees).
+    pub fn with_listener(guest_cid: u64, listener: HostListener) -> io::Result<Vsock> {
         if !(3..u64::from(u32::MAX)).contains(&guest_cid) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("guest CID {guest_cid} is reserved or out of range (3 ..= {})", u32::MAX - 1),
             ));
         }
-        let muxer = VsockMuxer::new(guest_cid, &uds_path)?;
+        let uds_path = listener.path().to_path_buf();
+        let muxer = VsockMuxer::with_listener(guest_cid, listener)?;
         let lane = Lane::start(ThreadKind::Vsock, "umbra-vsock")?;
         Ok(Vsock { guest_cid, uds_path, muxer: Some(muxer), worker: None, lane })
     }

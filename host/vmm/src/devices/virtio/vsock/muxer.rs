@@ -101,7 +101,11 @@ pub struct VsockMuxer {
 impl VsockMuxer {
     /// Binds the hybrid vsock socket at `uds_path` for a guest with CID `guest_cid`.
     pub fn new(guest_cid: u64, uds_path: &Path) -> io::Result<Self> {
-        let listener = HostListener::bind(uds_path)?;
+        Self::with_listener(guest_cid, HostListener::bind(uds_path)?)
+    }
+
+    /// The muxer around a listener bound earlier.
+    pub fn with_listener(guest_cid: u64, listener: HostListener) -> io::Result<Self> {
         let epoll = Epoll::new()?;
         epoll.ctl(ControlOperation::Add, listener.as_raw_fd(), EpollEvent::new(EventSet::IN, LISTENER_TOKEN))?;
         Ok(VsockMuxer {

@@ -31,8 +31,14 @@ impl HostListener {
     pub fn bind(path: &Path) -> io::Result<Self> {
         let listener = UnixListener::bind(path)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot bind the vsock socket {}: {e}", path.display())))?;
+        HostListener::from_std(listener, path.to_owned())
+    }
+
+    /// A listener bound earlier, known from now on by `path` (where a jailed VMM sees it): the
+    /// `<path>_<port>` sockets are looked up, and the file removed, there.
+    pub fn from_std(listener: UnixListener, path: PathBuf) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
-        Ok(HostListener { listener, path: path.to_owned() })
+        Ok(HostListener { listener, path })
     }
 
     pub fn path(&self) -> &Path {
