@@ -90,6 +90,9 @@ fn main() {
 fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
     if pid1 {
         pid1::init(&args.hostname)?;
+        if let Err(e) = process::cgroup::create() {
+            tracing::warn!("commands run without a cgroup (no pid or memory limit): {e}");
+        }
         system::raise_fd_limit();
     } else {
         // Orphans of our children are reparented to us, as they would be to PID 1 in a guest.

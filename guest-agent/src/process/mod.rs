@@ -5,6 +5,7 @@
 //! reaper's exit notice, drains what the child left in its pipes, and only then emits the exit
 //! event — so the host always sees all output before the exit.
 
+pub mod cgroup;
 mod credit;
 pub mod landlock;
 pub mod spawn;

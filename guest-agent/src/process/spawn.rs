@@ -82,16 +82,36 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest, landlock: Option<&Ruleset>) ->
         }
         cmd.current_dir(cwd);
     }
-    if let Some(gid) = req.gid {
-        cmd.gid(gid);
-    }
-    if let Some(uid) = req.uid {
-        cmd.uid(uid);
-    }
+    let (uid, gid) = (req.uid, req.gid);
+    let cgroup = super::cgroup::procs_fd();
     let tty = req.tty;
     // The ruleset fd is close-on-exec: open in the child until its exec, then gone.
     let landlock = landlock.map(Ruleset::raw_fd);
-    let restrict = move || landlock.map_or(Ok(()), Ruleset::restrict_self);
+    // In the child: into the commands' cgroup while still root (moving needs write access to
+    // cgroup.procs), then the requested identity (as std's `Command::uid`/`gid` would, which
+    // run before any pre_exec hook), then landlock.
+    let restrict = move || {
+        if let Some(procs) = cgroup {
+            super::cgroup::join(procs)?;
+        }
+        // SAFETY: setgid, getuid, setgroups with no groups and setuid are async-signal-safe.
+        unsafe {
+            if let Some(gid) = gid {
+                if libc::setgid(gid) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(uid) = uid {
+                if libc::getuid() == 0 {
+                    libc::setgroups(0, std::ptr::null());
+                }
+                if libc::setuid(uid) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+        }
+        landlock.map_or(Ok(()), Ruleset::restrict_self)
+    };
     // Reaping is paused while we fork, so the pty fds opened here cannot leak into another
     // child forked concurrently (all agent forks go through the reaper lock).
     let (stdio, pid, registration) = reaper.spawn(|| {
@@ -103,7 +123,8 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest, landlock: Option<&Ruleset>) ->
                 .stdout(Stdio::from(pty.slave.try_clone()?))
                 .stderr(Stdio::from(pty.slave.try_clone()?));
             // SAFETY: between fork and exec we only call async-signal-safe functions
-            // (setsid, ioctl, the landlock syscalls and prctl) and touch no heap state.
+            // (setsid, ioctl, write, the credential calls, the landlock syscalls and prctl)
+            // and touch no heap state.
             unsafe {
                 cmd.pre_exec(move || {
                     if libc::setsid() < 0 {
@@ -123,8 +144,8 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest, landlock: Option<&Ruleset>) ->
             Ok((ChildStdio::Pty { master: pty.master }, pid))
         } else {
             cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-            // SAFETY: setsid, the landlock syscalls and prctl are async-signal-safe and touch
-            // no heap state.
+            // SAFETY: setsid, write, the credential calls, the landlock syscalls and prctl are
+            // async-signal-safe and touch no heap state.
             unsafe {
                 cmd.pre_exec(move || {
                     if libc::setsid() < 0 {

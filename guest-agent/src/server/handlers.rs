@@ -73,6 +73,10 @@ impl Connection {
                 for p in self.processes.lock().unwrap().values() {
                     p.kill(sig);
                 }
+                // Also what left its process group (setsid daemons, a fork bomb's stragglers).
+                if sig == Signal::SIGKILL {
+                    process::cgroup::kill_all();
+                }
                 ResponseBody::Done
             }),
             Request::Resize { process, size } => self.with_process(process, |p| match &p.pty {

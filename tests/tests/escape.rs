@@ -1,0 +1,554 @@
+//! The escape suite (issue 16): from inside a real guest, as root, everything an agent's code
+//! could try against the host — through the shares, the devices, the resources, the console,
+//! vsock and the network — on every backend this host runs (`UMBRA_TEST_BACKENDS`). Each case
+//! asserts that the host is untouched: no host byte outside a share reached the guest, the
+//! shares hold their modes, the VMM's memory, descriptors and logs stay bounded, and the agent
+//! still answers. The suite prints one summary line per backend with its case counts.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use umbra_api::methods::StartParams;
+use umbra_api::session::{BackendChoice, FolderSpec, NetworkMode, NetworkPolicy, SettingsPatch};
+use umbra_proto::ShareMode;
+use umbra_runtime::backend::BackendKind;
+use umbra_runtime::session::{ExecRequest, Session};
+use umbra_tests::TempDir;
+
+const SESSION: &str = "esc";
+const MEMORY_MIB: u32 = 512;
+const DISK_MIB: u64 = 128;
+
+/// What a case saw: `Ok` with a note for the summary, or why the host was not untouched.
+type Outcome = Result<String, String>;
+type Case<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+
+struct Guest {
+    s: Arc<Session>,
+    canary: String,
+}
+
+impl Guest {
+    /// Runs `script` with `sh` as root; returns exit code and stdout+stderr. A canary in the
+    /// output fails the calling case through [`Guest::clean`].
+    async fn sh(&self, script: &str) -> (i32, String) {
+        let req = ExecRequest { argv: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() };
+        let out = match self.s.spawn(req).await {
+            Ok(p) => p.output().await,
+            Err(e) => return (-1, format!("spawn failed: {e}")),
+        };
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        (out.exit.code.unwrap_or(-1), text)
+    }
+
+    fn clean(&self, what: &str, out: &str) -> Result<(), String> {
+        if out.contains(&self.canary) {
+            return Err(format!("{what}: host content outside the shares reached the guest:\n{out}"));
+        }
+        Ok(())
+    }
+
+    /// The agent answers a command within `limit`.
+    async fn answers(&self, limit: Duration) -> Result<Duration, String> {
+        let started = Instant::now();
+        match tokio::time::timeout(limit, self.sh("echo alive")).await {
+            Ok((0, out)) if out == "alive\n" => Ok(started.elapsed()),
+            Ok(other) => Err(format!("the agent answered {other:?}")),
+            Err(_) => Err(format!("the agent did not answer within {limit:?}")),
+        }
+    }
+}
+
+/// Every file below `root` with its bytes and mode, to compare before and after.
+fn snapshot(root: &Path) -> BTreeMap<PathBuf, (Vec<u8>, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let rel = path.strip_prefix(root).unwrap().to_path_buf();
+            let bytes = if meta.is_file() { std::fs::read(&path).unwrap() } else { Vec::new() };
+            out.insert(rel, (bytes, meta.permissions().mode()));
+            if meta.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// The VM's host processes: the helpers the session lists and their children (a jailed
+/// umbra-vmm is the child of the process the runtime started).
+fn vm_processes(s: &Session) -> Vec<u32> {
+    let helpers = s.info().vm.map(|v| v.pids).unwrap_or_default();
+    let mut all = helpers.clone();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|p| p.trim().parse::<u32>().ok());
+        if ppid.is_some_and(|p| helpers.contains(&p)) && !all.contains(&pid) {
+            all.push(pid);
+        }
+    }
+    all
+}
+
+fn total_rss_mib(pids: &[u32]) -> u64 {
+    pids.iter().map(|p| umbra_tests::rss_kib(*p)).sum::<u64>() / 1024
+}
+
+fn total_fds(pids: &[u32]) -> usize {
+    pids.iter().map(|p| std::fs::read_dir(format!("/proc/{p}/fd")).map_or(0, |d| d.count())).sum()
+}
+
+fn all_alive(pids: &[u32]) -> Result<(), String> {
+    for p in pids {
+        match umbra_tests::process_state(*p) {
+            Some(state) if state != 'Z' => {}
+            other => return Err(format!("VM process {p} is gone ({other:?})")),
+        }
+    }
+    Ok(())
+}
+
+/// A Python script in the guest (the standard image has python3).
+fn python(code: &str) -> String {
+    format!("python3 - <<'PY'\n{code}\nPY")
+}
+
+const HANDLES_PY: &str = r#"
+import ctypes, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+class FH(ctypes.Structure):
+    _fields_ = [("handle_bytes", ctypes.c_uint), ("handle_type", ctypes.c_int), ("f_handle", ctypes.c_ubyte * 128)]
+def handle(kind, data):
+    h = FH(); h.handle_bytes = len(data); h.handle_type = kind
+    for i, b in enumerate(data): h.f_handle[i] = b
+    return h
+fh = FH(); fh.handle_bytes = 128; mnt = ctypes.c_int()
+r = libc.name_to_handle_at(-100, b"/sessions/esc/mnt/rw/keep.txt", ctypes.byref(fh), ctypes.byref(mnt), 0)
+print("NAME_TO_HANDLE", r, os.strerror(ctypes.get_errno()))
+opened = 0
+for d in ("/sessions/esc/mnt/rw", "/sessions/esc/mnt/ro", "/"):
+    mfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    tries = []
+    if r == 0:
+        base = bytes(fh.f_handle[:fh.handle_bytes])
+        for n in range(1, 512):
+            tries.append(handle(fh.handle_type, struct.pack("<Q", n) + base[8:]))
+    # Forged handles of the common kinds (ext4/xfs inode + generation) for the first inodes.
+    for kind in (1, 2, 0x81):
+        for ino in range(1, 256):
+            tries.append(handle(kind, struct.pack("<II", ino, 0)))
+    for h in tries:
+        fd = libc.open_by_handle_at(mfd, ctypes.byref(h), os.O_RDONLY)
+        if fd >= 0:
+            opened += 1
+            try:
+                print(os.read(fd, 4096).decode("latin-1"))
+            except OSError:
+                pass
+            os.close(fd)
+print("OPENED", opened)
+"#;
+
+const VSOCK_FLOOD_PY: &str = r#"
+import collections, errno, select, socket, time
+done = refused = other = 0
+errors = collections.Counter()
+t0 = time.time()
+for batch in range(20):
+    socks = []
+    for i in range(500):
+        s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect((2, 5000 + (batch * 500 + i) % 97))
+        except BlockingIOError:
+            pass
+        except OSError as e:
+            refused += 1
+            errors["connect:" + errno.errorcode.get(e.errno, str(e.errno))] += 1
+        socks.append(s)
+    deadline = time.time() + 20
+    pending = list(socks)
+    while pending and time.time() < deadline:
+        _, w, _ = select.select([], pending, [], 1)
+        for s in w:
+            e = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if e in (errno.ECONNRESET, errno.ECONNREFUSED):
+                refused += 1
+            elif e == 0:
+                done += 1
+            else:
+                other += 1
+                errors[errno.errorcode.get(e, str(e))] += 1
+            pending.remove(s)
+    other += len(pending)
+    errors["pending"] += len(pending)
+    for s in socks:
+        s.close()
+print("ATTEMPTS", 10000, "REFUSED", refused, "CONNECTED", done, "OTHER", other, "SECONDS", round(time.time() - t0, 1), dict(errors))
+"#;
+
+async fn run_suite(backend: BackendKind) {
+    let dir = TempDir::new("escape");
+    let canary = format!("HOST-CANARY-{}-{}", std::process::id(), backend.name());
+    let (ro, rw) = (dir.0.join("ro"), dir.0.join("rw"));
+    std::fs::create_dir_all(ro.join("sub")).unwrap();
+    std::fs::create_dir_all(&rw).unwrap();
+    std::fs::write(ro.join("README"), "read only\n").unwrap();
+    std::fs::write(ro.join("sub/deep"), "deep\n").unwrap();
+    std::fs::write(rw.join("keep.txt"), "keep me\n").unwrap();
+    let secret = dir.0.join("secret");
+    std::fs::write(&secret, format!("{canary}\n")).unwrap();
+    // Host-made links out of the share, as a repository could carry them.
+    std::os::unix::fs::symlink(&secret, rw.join("abs-link")).unwrap();
+    std::os::unix::fs::symlink("../secret", rw.join("rel-link")).unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", rw.join("shadow-link")).unwrap();
+    let (ro_before, rw_before) = (snapshot(&ro), snapshot(&rw));
+
+    let m = umbra_tests::session_manager_for(&dir, "standard", MEMORY_MIB);
+    let backend_choice = match backend {
+        BackendKind::Kvm => BackendChoice::Kvm,
+        BackendKind::Qemu => BackendChoice::Qemu,
+    };
+    let params = StartParams {
+        name: SESSION.into(),
+        folders: vec![
+            FolderSpec { path: ro.clone(), name: Some("ro".into()), mode: ShareMode::Ro },
+            FolderSpec { path: rw.clone(), name: Some("rw".into()), mode: ShareMode::Rw },
+        ],
+        settings: SettingsPatch {
+            backend: Some(backend_choice),
+            disk_size_mib: Some(DISK_MIB),
+            network: Some(NetworkPolicy { mode: NetworkMode::Any, ..Default::default() }),
+            ..Default::default()
+        },
+    };
+    let s = m.start(params).await.unwrap_or_else(|e| panic!("{backend:?}: start: {e}"));
+    // A VM failure (and restart) during a case is reported with its reason.
+    let mut events = m.subscribe();
+    let vm_failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = vm_failures.clone();
+    let watcher = tokio::spawn(async move {
+        while let Ok(e) = events.recv().await {
+            if let umbra_api::event::EventKind::HeartbeatFailure { reason } = e.kind {
+                eprintln!("escape: the session's VM failed: {reason}");
+                seen.lock().unwrap().push(reason);
+            }
+        }
+    });
+    let g = Guest { s: s.clone(), canary: canary.clone() };
+    let vm = vm_processes(&s);
+    let info = s.info().vm.unwrap();
+    let (rss_boot, fds_boot) = (total_rss_mib(&vm), total_fds(&vm));
+
+    let mut cases: Vec<(&str, Case)> = Vec::new();
+
+    cases.push((
+        "share paths: symlinks, .., /proc tricks",
+        Box::pin(async {
+            let (_, out) = g
+                .sh("cd /sessions/esc/mnt/rw; cat abs-link rel-link shadow-link ../secret ../../secret \
+                     /sessions/esc/mnt/../secret /proc/1/root/../secret /proc/self/cwd/../secret 2>&1; \
+                     ls -la .. / 2>&1; find / -xdev -name secret 2>/dev/null; true")
+                .await;
+            g.clean("paths", &out)?;
+            Ok("no host byte".into())
+        }),
+    ));
+    cases.push((
+        "hard links across and out of shares",
+        Box::pin(async {
+            let (_, out) = g
+                .sh("cd /sessions/esc/mnt; ln rw/abs-link rw/h1; ln ro/README rw/h2; ln rw/keep.txt ro/h3; \
+                     ln -s /sessions/esc/mnt/ro/README rw/s1 && echo x >> rw/s1; echo rc=$?; \
+                     cat rw/h1 rw/h2 2>&1; true")
+                .await;
+            g.clean("links", &out)?;
+            if std::fs::read_to_string(ro.join("README")).unwrap() != "read only\n" || ro.join("h3").exists() {
+                return Err(format!("the ro share changed through a link:\n{out}"));
+            }
+            Ok("refused".into())
+        }),
+    ));
+    cases.push((
+        "open_by_handle_at with real and forged handles",
+        Box::pin(async {
+            let (_, out) = g.sh(&python(HANDLES_PY)).await;
+            g.clean("handles", &out)?;
+            let opened = out.lines().find_map(|l| l.strip_prefix("OPENED ")).unwrap_or("?").to_string();
+            let first = out.lines().find(|l| l.starts_with("NAME_TO_HANDLE")).unwrap_or("no NAME_TO_HANDLE line");
+            if opened == "?" {
+                return Err(format!("the probe did not run:\n{out}"));
+            }
+            Ok(format!("{first}; {opened} guest-side opens, none outside the shares"))
+        }),
+    ));
+    cases.push((
+        "write to a ro share, after remount and bind tricks",
+        Box::pin(async {
+            let (_, out) = g
+                .sh("for m in $(awk '{print $2}' /proc/mounts); do mount -o remount,rw \"$m\" 2>/dev/null; done; \
+                     mkdir -p /mnt/b /mnt/v; mount --bind /sessions/esc/mnt/ro /mnt/b; mount -o remount,rw,bind /mnt/b; \
+                     mount -t virtiofs umbra /mnt/v 2>&1; \
+                     for d in /sessions/esc/mnt/ro /mnt/b /mnt/v/ro /mnt/v; do \
+                       echo pwned > $d/README; echo pwned > $d/new; rm -f $d/README; chmod 777 $d/README; \
+                       touch -d 2000-01-01 $d/README; mv $d/sub $d/moved; done 2>&1; true")
+                .await;
+            g.clean("ro", &out)?;
+            if snapshot(&ro) != ro_before {
+                return Err(format!("the ro share changed on the host:\n{out}"));
+            }
+            Ok("host folder byte- and mode-identical".into())
+        }),
+    ));
+    cases.push((
+        "delete in a rw (not rwd) share",
+        Box::pin(async {
+            let (_, out) = g
+                .sh("cd /sessions/esc/mnt/rw; rm -f keep.txt; mv keep.txt gone; echo new > keep.txt; \
+                     echo edit >> keep.txt; echo RC=$?; true")
+                .await;
+            g.clean("rw", &out)?;
+            let keep = std::fs::read_to_string(rw.join("keep.txt")).unwrap_or_default();
+            if !keep.starts_with("keep me") && !keep.starts_with("new") {
+                return Err(format!("keep.txt is gone or replaced ({keep:?}):\n{out}"));
+            }
+            if !rw.join("keep.txt").exists() || rw.join("gone").exists() {
+                return Err(format!("a delete or rename went through:\n{out}"));
+            }
+            Ok("deletes and renames refused, edits land".into())
+        }),
+    ));
+    cases.push((
+        "fork bomb",
+        Box::pin(async {
+            let procs_before = std::fs::read_dir("/proc").unwrap().count();
+            let bomb = g.s.spawn(ExecRequest {
+                argv: vec!["sh".into(), "-c".into(), "b() { b | b & }; b; sleep 60".into()],
+                ..Default::default()
+            });
+            let _bomb = bomb.await.map_err(|e| format!("spawn the bomb: {e}"))?;
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            // The agent itself answers at once (new commands join the bomb's cgroup and crawl).
+            let started = Instant::now();
+            let stat = tokio::time::timeout(Duration::from_secs(15), g.s.stat("/sys/fs/cgroup/umbra-commands", false))
+                .await
+                .map_err(|_| "during the bomb the agent did not answer a stat within 15 s".to_string())?;
+            stat.map_err(|e| format!("stat during the bomb: {e}"))?;
+            let during = started.elapsed();
+            let count = match g.s.read_file("/sys/fs/cgroup/umbra-commands/pids.current", false, 0, 64).await {
+                Ok((bytes, _)) => String::from_utf8_lossy(&bytes).trim().to_string(),
+                Err(e) => format!("? ({e})"),
+            };
+            g.s.kill_all(9).await.map_err(|e| format!("kill_all: {e}"))?;
+            let after = g.answers(Duration::from_secs(60)).await?;
+            all_alive(&vm)?;
+            let procs_after = std::fs::read_dir("/proc").unwrap().count();
+            if procs_after > procs_before.saturating_add(16) {
+                return Err(format!("host processes grew from {procs_before} to {procs_after}"));
+            }
+            Ok(format!(
+                "{count} tasks in the commands' cgroup; the agent answered in {during:.1?} during, a new command \
+                 ran {after:.1?} after kill_all"
+            ))
+        }),
+    ));
+    cases.push((
+        "memory exhaustion",
+        Box::pin(async {
+            let (code, out) = g.sh(&python("a = []\nwhile True:\n    a.append(bytearray(16 << 20))")).await;
+            let t = g.answers(Duration::from_secs(60)).await?;
+            all_alive(&vm)?;
+            let rss = total_rss_mib(&vm);
+            // The guest may have touched all its memory once; beyond it the VMM holds only its
+            // own working set (QEMU's TCG keeps a translation cache; umbra-vmm almost nothing).
+            let own = match backend {
+                BackendKind::Qemu => 384,
+                BackendKind::Kvm => 64,
+            };
+            if rss > MEMORY_MIB as u64 + own {
+                return Err(format!(
+                    "the VM's host RSS grew from {rss_boot} to {rss} MiB, over the guest's {MEMORY_MIB} + {own}"
+                ));
+            }
+            let how = if out.contains("MemoryError") { "MemoryError".to_string() } else { format!("exit {code}") };
+            Ok(format!(
+                "the hog ended ({how}); agent answered in {t:.1?}; VM RSS {rss_boot} → {rss} MiB \
+                 (bound {MEMORY_MIB} + {own})"
+            ))
+        }),
+    ));
+    cases.push((
+        "fill the session disk and the tmpfs",
+        Box::pin(async {
+            let (_, out) = g
+                .sh("dd if=/dev/zero of=/fill bs=1M 2>&1 | tail -1; dd if=/dev/zero of=/tmp/fill bs=1M 2>&1 | tail -1; \
+                     df -m / /tmp | tail -2; sync")
+                .await;
+            let t = g.answers(Duration::from_secs(60)).await?;
+            let storage = g.s.storage_dir().ok_or("the session has no storage directory")?;
+            let mut allocated = 0u64;
+            for entry in std::fs::read_dir(&storage).map_err(|e| e.to_string())?.flatten() {
+                use std::os::unix::fs::MetadataExt;
+                allocated += entry.metadata().map_or(0, |m| m.blocks() * 512);
+            }
+            if allocated > (DISK_MIB + 8) << 20 {
+                return Err(format!("the session storage holds {} MiB for a {DISK_MIB} MiB disk", allocated >> 20));
+            }
+            let (_, _) = g.sh("rm -f /fill /tmp/fill").await;
+            let last = out.lines().filter(|l| l.contains("copied") || l.contains("No space")).count();
+            Ok(format!(
+                "both filled ({last} dd reports); host storage {} MiB; agent answered in {t:.1?}",
+                allocated >> 20
+            ))
+        }),
+    ));
+    cases.push((
+        "flood the console",
+        Box::pin(async {
+            let (_, _) = g
+                .sh("timeout 20 sh -c 'while :; do cat /proc/cpuinfo /proc/meminfo /proc/self/maps; done > /dev/console' \
+                     2>/dev/null; true")
+                .await;
+            let t = g.answers(Duration::from_secs(60)).await?;
+            let log = info.run_dir.join("console.log");
+            let size = std::fs::metadata(&log).map_err(|e| format!("{}: {e}", log.display()))?.len();
+            let cap = match backend {
+                BackendKind::Qemu => umbra_runtime::backend::console::CONSOLE_LOG_CAP,
+                BackendKind::Kvm => 16 << 20,
+            };
+            if size > cap + (64 << 10) {
+                return Err(format!("the console log is {size} bytes, over its {cap}-byte cap"));
+            }
+            Ok(format!("console.log {} KiB (cap {} MiB); agent answered in {t:.1?}", size >> 10, cap >> 20))
+        }),
+    ));
+    cases.push((
+        "10,000 vsock connections to host ports",
+        Box::pin(async {
+            let (_, out) = g.sh(&python(VSOCK_FLOOD_PY)).await;
+            if !out.contains("ATTEMPTS 10000") {
+                return Err(format!("the flood did not run:\n{out}"));
+            }
+            let t = g.answers(Duration::from_secs(60)).await?;
+            all_alive(&vm)?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let fds = total_fds(&vm);
+            if fds > fds_boot + 16 {
+                return Err(format!("the VM's host fds grew from {fds_boot} to {fds}"));
+            }
+            Ok(format!("{}; host fds {fds_boot} → {fds}; agent answered in {t:.1?}", out.trim()))
+        }),
+    ));
+    cases.push((
+        "egress to private, loopback and metadata addresses",
+        Box::pin(async {
+            let (_, out) = g
+                .sh("for a in 10.1.2.3 172.16.0.1 192.168.1.1 127.0.0.1 169.254.169.254 [::1] [fd00::1]; do \
+                       curl -sS -m 10 --noproxy '*' http://$a/ 2>&1 | head -1; echo \"$a rc=$?\"; done")
+                .await;
+            if out.lines().filter(|l| l.contains("rc=")).count() != 7 {
+                return Err(format!("the attempts did not run:\n{out}"));
+            }
+            // The decision function refuses them before any connect (no packet leaves).
+            let policy =
+                umbra_runtime::egress::Policy::new(&NetworkPolicy { mode: NetworkMode::Any, ..Default::default() });
+            for a in ["10.1.2.3", "172.16.0.1", "192.168.1.1", "127.0.0.1", "169.254.169.254", "::1", "fd00::1"] {
+                let addr: std::net::IpAddr = a.parse().unwrap();
+                if policy.check_address(addr).is_ok() {
+                    return Err(format!("{a} would be connected to"));
+                }
+            }
+            let (_, _) = g.sh("true").await;
+            Ok("all 7 refused by the host's address check".into())
+        }),
+    ));
+    cases.push((
+        "egress to a name the allowlist does not list",
+        Box::pin(async {
+            g.s.set_network(NetworkPolicy {
+                mode: NetworkMode::Allowlist,
+                allow_domains: vec!["allowed.test".into()],
+                ..Default::default()
+            })
+            .map_err(|e| e.to_string())?;
+            let (code, out) = g.sh("curl -sS -m 10 --noproxy '*' http://unlisted.example/ 2>&1").await;
+            if code == 0 {
+                return Err(format!("curl reached an unlisted name:\n{out}"));
+            }
+            Ok(format!("refused: {}", out.lines().next().unwrap_or_default()))
+        }),
+    ));
+
+    // UMBRA_ESCAPE_ONLY=<text> runs the cases whose name contains it (for debugging one).
+    if let Ok(only) = std::env::var("UMBRA_ESCAPE_ONLY") {
+        cases.retain(|(name, _)| name.contains(only.as_str()));
+    }
+    let total = cases.len();
+    let mut failed = Vec::new();
+    let mut held = 0;
+    for (name, case) in cases {
+        let started = Instant::now();
+        let outcome = case.await;
+        // Whatever the case did, the host side must be whole afterwards.
+        let outcome = outcome.and_then(|note| {
+            all_alive(&vm)?;
+            if snapshot(&ro) != ro_before {
+                return Err("the ro share changed on the host".into());
+            }
+            if std::fs::read_to_string(&secret).unwrap() != format!("{canary}\n") {
+                return Err("the host secret changed".into());
+            }
+            Ok(note)
+        });
+        match outcome {
+            Ok(note) => {
+                held += 1;
+                eprintln!("escape [{}] {name}: held ({:.1?}): {note}", backend.name(), started.elapsed())
+            }
+            Err(why) => {
+                eprintln!("escape [{}] {name}: FAILED: {why}", backend.name());
+                let info = s.info();
+                eprintln!(
+                    "--- console:\n{}\n--- session: {:?}, {} restarts, last error {:?}",
+                    s.console_tail(60).await,
+                    info.status,
+                    info.restarts,
+                    info.last_error
+                );
+                failed.push(name);
+            }
+        }
+    }
+    let rw_after = snapshot(&rw);
+    for (path, before) in &rw_before {
+        if path.to_str().is_some_and(|p| p != "keep.txt") && rw_after.get(path) != Some(before) {
+            failed.push("rw share: a host file other than keep.txt changed");
+        }
+    }
+    m.delete(SESSION).await.unwrap();
+    watcher.abort();
+    let vm_failures = vm_failures.lock().unwrap().clone();
+    if !vm_failures.is_empty() {
+        eprintln!("escape [{}]: the VM failed during the suite: {vm_failures:?}", backend.name());
+        failed.push("the VM kept running through every case");
+    }
+    println!("escape suite [{}]: {total} cases, {held} held, {} failed", backend.name(), total - held);
+    assert!(failed.is_empty(), "{backend:?}: failed cases: {failed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_a_guest_root_tries_reaches_the_host() {
+    for backend in umbra_tests::backends() {
+        run_suite(backend).await;
+    }
+}
