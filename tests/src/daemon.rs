@@ -25,7 +25,16 @@ impl TestDaemon {
     /// Starts umbrad with `config` (merged over defaults that suit tests: the minimal bundle,
     /// 256 MiB guests, no idle stop).
     pub fn start(tag: &str, config: serde_json::Value) -> Self {
-        let dir = TempDir::new(tag);
+        Self::start_with_dir(TempDir::new(tag), config)
+    }
+
+    /// [`TestDaemon::start`] in `dir` (created; removed when the daemon is dropped).
+    pub fn start_in(dir: PathBuf, config: serde_json::Value) -> Self {
+        std::fs::create_dir_all(&dir).expect("create the daemon's directory");
+        Self::start_with_dir(TempDir(dir), config)
+    }
+
+    fn start_with_dir(dir: TempDir, config: serde_json::Value) -> Self {
         let mut base = serde_json::json!({
             "bundle": crate::test_bundle("minimal"),
             "memory_mib": 256,

@@ -8,14 +8,10 @@ use umbra_api::methods::*;
 use umbra_api::session::SettingsPatch;
 use umbra_api::{Data, ErrorCode, EventKind, FolderSpec, SessionStatus};
 use umbra_proto::{ShareMode, TtySize};
-use umbra_tests::daemon::{boot_timeout_secs, process_output, wait_event, TestDaemon};
+use umbra_tests::daemon::{process_output, wait_event, TestDaemon};
 
 fn sh(session: &str, script: &str) -> SpawnParams {
     SpawnParams { session: session.into(), argv: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() }
-}
-
-fn boot_wait() -> Duration {
-    Duration::from_secs(boot_timeout_secs() + 30)
 }
 
 const RUN: Duration = Duration::from_secs(60);
@@ -151,78 +147,6 @@ async fn a_client_runs_processes_in_separate_sessions_over_the_socket() {
     client.call::<SessionDelete>(SessionRef { name: "b".into() }).await.unwrap();
     client.call::<SessionStop>(SessionRef { name: "a".into() }).await.unwrap();
     daemon.assert_no_helpers_within(Duration::from_secs(10));
-}
-
-/// Overwrites PID 1's code through /proc/1/mem, so the agent faults (see conformance.rs).
-const KILL_AGENT: &str = "set -- $(grep ' r-xp ' /proc/1/maps | head -1 | cut -d' ' -f1 | tr - ' '); \
-    dd if=/dev/zero of=/proc/1/mem bs=4096 seek=$((0x$1 / 4096)) count=$(((0x$2 - 0x$1) / 4096)) conv=notrunc; \
-    while true; do echo wake-the-agent; sleep 0.1; done";
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_vm_is_restarted_with_its_folders_and_disk() {
-    let daemon = TestDaemon::start("daemon-restart", serde_json::json!({ "max_restarts": 5 }));
-    let (client, mut notes) = daemon.client().await;
-    let work = daemon.dir.0.join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    std::fs::write(work.join("seen.txt"), b"host\n").unwrap();
-    client.call::<EventsSubscribe>(SubscribeParams { session: Some("r".into()) }).await.unwrap();
-    // rwd, not rw: an rw share puts spawned processes under landlock, which (rightly) denies
-    // them the ptrace access that writing /proc/1/mem needs.
-    let folder = FolderSpec { path: work.clone(), name: None, mode: ShareMode::Rwd };
-    let draft = daemon.dir.0.join("draft");
-    std::fs::create_dir_all(&draft).unwrap();
-    let shadow = FolderSpec { path: draft, name: None, mode: ShareMode::Shadow };
-    let start = StartParams { name: "r".into(), folders: vec![folder, shadow], ..Default::default() };
-    client.call::<SessionStart>(start).await.unwrap();
-    let p = client.call::<ProcessSpawn>(sh("r", "echo kept > /root/on-disk.txt && sync")).await.unwrap();
-    let (_, _, exit) = process_output(&client, &mut notes, "r", p.process, RUN).await;
-    assert_eq!(exit.code, Some(0));
-
-    for (how, breaker) in [("killed agent", KILL_AGENT), ("kernel panic", "echo c > /proc/sysrq-trigger")] {
-        let sleeper = client.call::<ProcessSpawn>(sh("r", "sleep 600")).await.unwrap();
-        let breaker = client.call::<ProcessSpawn>(sh("r", breaker)).await.unwrap();
-        let (_, _, exit) = process_output(&client, &mut notes, "r", sleeper.process, boot_wait()).await;
-        assert!(exit.lost && exit.signal == Some(9), "{how}: {exit:?}");
-        let reason = exit.reason.clone().unwrap_or_default();
-        assert!(reason.contains("restart"), "{how}: the exit names the restart: {reason}");
-        let _ = breaker;
-        wait_event(&mut notes, RUN, &format!("{how}: restarting"), |e| {
-            matches!(e.kind, EventKind::Status { status: SessionStatus::Restarting, .. })
-        })
-        .await;
-        // The agent is gone, so the shadow folder's changes cannot be saved: the event says so.
-        wait_event(
-            &mut notes,
-            RUN,
-            &format!("{how}: shadow_lost"),
-            |e| matches!(&e.kind, EventKind::ShadowLost { folder, .. } if folder == "draft"),
-        )
-        .await;
-        wait_event(
-            &mut notes,
-            boot_wait(),
-            &format!("{how}: the folder mounted again"),
-            |e| matches!(&e.kind, EventKind::FolderMounted { name, .. } if name == "work"),
-        )
-        .await;
-        wait_event(&mut notes, boot_wait(), &format!("{how}: ready again"), |e| {
-            matches!(e.kind, EventKind::Status { status: SessionStatus::Ready, .. })
-        })
-        .await;
-        let p = client
-            .call::<ProcessSpawn>(sh("r", "cat /root/on-disk.txt /sessions/r/mnt/work/seen.txt"))
-            .await
-            .unwrap_or_else(|e| panic!("{how}: a new command runs: {e}"));
-        let (out, err, exit) = process_output(&client, &mut notes, "r", p.process, RUN).await;
-        assert_eq!(
-            (String::from_utf8_lossy(&out).as_ref(), exit.code),
-            ("kept\nhost\n", Some(0)),
-            "{how}: the disk and the folder survive: {}",
-            String::from_utf8_lossy(&err)
-        );
-    }
-    let info = client.call::<SessionGet>(SessionRef { name: "r".into() }).await.unwrap();
-    assert_eq!((info.status, info.restarts), (SessionStatus::Ready, 2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -387,82 +311,6 @@ async fn hostile_and_slow_clients_hurt_neither_the_daemon_nor_other_clients() {
     drop(stuck);
     let info = client.call::<DaemonInfoMethod>(NoParams {}).await.unwrap();
     assert_eq!(info.pid, daemon.pid());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_of_the_daemon_leaves_no_vm_behind_and_a_new_one_resumes_its_sessions() {
-    let mut daemon = TestDaemon::start("daemon-kill9", serde_json::json!({}));
-    let work = daemon.dir.0.join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    {
-        let (client, mut notes) = daemon.client().await;
-        let folder = FolderSpec { path: work.clone(), name: None, mode: ShareMode::Rwd };
-        client
-            .call::<SessionStart>(StartParams { name: "k".into(), folders: vec![folder], ..Default::default() })
-            .await
-            .unwrap();
-        let p = client.call::<ProcessSpawn>(sh("k", "echo before > /root/mark && sync")).await.unwrap();
-        process_output(&client, &mut notes, "k", p.process, RUN).await;
-        let names: Vec<String> = daemon.helpers().into_iter().map(|(_, cmd)| cmd).collect();
-        for helper in ["qemu-system", "vhost-device-vsock", "umbra-fsd", "virtiofsd"] {
-            assert!(names.iter().any(|c| c.contains(helper)), "{helper} runs: {names:#?}");
-        }
-    }
-    daemon.kill9();
-    daemon.assert_no_helpers_within(Duration::from_secs(5));
-
-    daemon.launch();
-    let (client, mut notes) = daemon.client().await;
-    let list = client.call::<SessionListMethod>(NoParams {}).await.unwrap();
-    assert_eq!(list.sessions.len(), 1);
-    let k = &list.sessions[0];
-    assert_eq!((k.name.as_str(), k.status), ("k", SessionStatus::Stopped));
-    assert!(k.last_error.as_deref().unwrap_or("").contains("daemon"), "{:?}", k.last_error);
-    let info = client.call::<SessionResume>(SessionRef { name: "k".into() }).await.unwrap();
-    assert_eq!(info.status, SessionStatus::Ready);
-    assert!(info.folders.iter().any(|f| f.name == "work"), "{:?}", info.folders);
-    let p = client.call::<ProcessSpawn>(sh("k", "cat /root/mark")).await.unwrap();
-    let (out, _, _) = process_output(&client, &mut notes, "k", p.process, RUN).await;
-    assert_eq!(out, b"before\n", "the disk survived");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_32_starts_on_one_connection_all_become_ready() {
-    let daemon = TestDaemon::start("daemon-burst", serde_json::json!({ "memory_mib": 128 }));
-    let (client, mut notes) = daemon.client().await;
-    client.call::<EventsSubscribe>(SubscribeParams { session: None }).await.unwrap();
-    let started = std::time::Instant::now();
-    let starts =
-        (0..32).map(|i| client.call::<SessionStart>(StartParams { name: format!("s{i}"), ..Default::default() }));
-    let results = futures_util::future::join_all(starts).await;
-    let took = started.elapsed();
-    for (i, r) in results.iter().enumerate() {
-        let info = r.as_ref().unwrap_or_else(|e| panic!("s{i}: {e}"));
-        assert_eq!(info.status, SessionStatus::Ready, "s{i}");
-    }
-    eprintln!("32 sessions ready in {took:?}");
-    let mut queued = 0;
-    while let Ok(Some(n)) = tokio::time::timeout(Duration::from_millis(200), notes_next(&mut notes)).await {
-        if n.contains("\"boot_queued\"") {
-            queued += 1;
-        }
-    }
-    assert!(queued > 0, "some starts were queued (and said so)");
-    for i in 0..32 {
-        let s = format!("s{i}");
-        let p = client.call::<ProcessSpawn>(sh(&s, &format!("echo {i}"))).await.unwrap();
-        let (out, _, _) = process_output(&client, &mut notes, &s, p.process, RUN).await;
-        assert_eq!(String::from_utf8_lossy(&out), format!("{i}\n"));
-        let logs = client.call::<SessionLogsMethod>(LogsParams { name: s.clone(), lines: Some(1000) }).await.unwrap();
-        assert!(!logs.console.iter().any(|l| l.contains("Kernel panic")), "{s}: {:?}", logs.console);
-        let info = client.call::<SessionGet>(SessionRef { name: s.clone() }).await.unwrap();
-        assert_eq!(info.restarts, 0, "{s}");
-    }
-}
-
-/// The next notification's raw text (events of all kinds).
-async fn notes_next(inbox: &mut umbra_tests::daemon::Inbox) -> Option<String> {
-    inbox.next_raw().await.map(|n| serde_json::to_string(&n.params).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

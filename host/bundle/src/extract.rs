@@ -154,10 +154,15 @@ impl ExtractedBundle {
         }
         fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
         let _ = fs::remove_file(&marker);
-        for a in &manifest.artifacts {
+        let extracted = manifest.artifacts.iter().try_for_each(|a| {
             let src = bundle_dir.join(&a.file);
             let f = File::open(&src).map_err(io_err("cannot open", &src))?;
-            extract_artifact(BufReader::new(f), a, &dir)?;
+            extract_artifact(BufReader::new(f), a, &dir).map(|_| ())
+        });
+        if let Err(e) = extracted {
+            // A bundle that fails verification leaves nothing in the cache.
+            let _ = fs::remove_dir_all(&dir);
+            return Err(e);
         }
         fs::write(&marker, manifest.to_json()).map_err(io_err("cannot write", &marker))?;
         Ok(Self { manifest, dir })

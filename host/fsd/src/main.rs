@@ -182,6 +182,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    let stopping = watch_virtiofsd(virtiofsd.id());
     let mut hiding = match hide::Standby::start() {
         Ok(s) => hide::Hiding::Standby(s),
         Err(e) => return fail(e),
@@ -215,7 +216,42 @@ fn main() -> ExitCode {
             Err(e) => reply(json!({"ok": false, "error": e})),
         }
     }
+    stopping.store(true, std::sync::atomic::Ordering::SeqCst);
     let _ = virtiofsd.kill();
     let _ = virtiofsd.wait();
     ExitCode::SUCCESS
+}
+
+/// A thread that ends this process when virtiofsd dies on its own (killed, or failed): the
+/// VM's folders are gone then, and the runtime, which watches this process, must learn it (it
+/// restarts the VM). virtiofsd also exits, cleanly, when its VMM disconnects: then the VMM's
+/// own end is the news, and this process stays until the runtime closes its stdin. The thread
+/// waits with WNOWAIT, so the main thread still reaps virtiofsd and its pid cannot be reused
+/// meanwhile. It returns once the thread is about to wait (so the seccomp filter, installed
+/// next on every thread, never meets it half-started); the flag marks an exit main asked for.
+fn watch_virtiofsd(pid: u32) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stopping = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = stopping.clone();
+    let (started, waiting) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = started.send(());
+        // SAFETY: waitid writes into the zeroed siginfo it is given.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        loop {
+            // SAFETY: as above; `info` outlives the call.
+            let r = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
+            if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break;
+            }
+        }
+        // SAFETY: si_status is valid for a CLD_* siginfo filled by waitid.
+        let clean = info.si_code == libc::CLD_EXITED && unsafe { info.si_status() } == 0;
+        if !clean && !flag.load(Ordering::SeqCst) {
+            eprintln!("umbra-fsd: virtiofsd died; the shared folders are gone");
+            std::process::exit(1);
+        }
+    });
+    let _ = waiting.recv();
+    stopping
 }

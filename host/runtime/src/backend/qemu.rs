@@ -54,9 +54,15 @@ pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool, f
     // commits) become fdatasync, so a killed VM leaves a consistent filesystem. `discard=unmap`
     // turns the guest's discards into holes in the sparse file, so deleted files give the host
     // its space back. QEMU locks the image: a second VM cannot open the same disk.
+    // `werror=report,rerror=report`: a host error (ENOSPC when the host disk fills) reaches the
+    // guest as an I/O error; QEMU's default for ENOSPC pauses the VM, which nothing here would
+    // ever resume (the heartbeat would fail and the session restart into the same full disk).
     if let Some(disk) = &spec.disk {
         cmd.arg("-drive")
-            .arg(format!("id=session,file={},format=raw,if=none,cache=writeback,discard=unmap", option_value(disk)))
+            .arg(format!(
+                "id=session,file={},format=raw,if=none,cache=writeback,discard=unmap,werror=report,rerror=report",
+                option_value(disk)
+            ))
             .args(["-device", "virtio-blk-device,drive=session"]);
     }
     cmd.arg("-chardev")
@@ -164,7 +170,7 @@ mod tests {
             drives,
             [
                 "id=rootfs,file=/b/root.erofs,format=raw,if=none,readonly=on",
-                "id=session,file=/s/a,,b.img,format=raw,if=none,cache=writeback,discard=unmap",
+                "id=session,file=/s/a,,b.img,format=raw,if=none,cache=writeback,discard=unmap,werror=report,rerror=report",
             ]
         );
         let devices: Vec<_> = a.iter().enumerate().filter(|(_, x)| *x == "-device").map(|(i, _)| &a[i + 1]).collect();
