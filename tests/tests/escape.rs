@@ -99,6 +99,10 @@ fn vm_processes(s: &Session) -> Vec<u32> {
     all
 }
 
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string()
+}
+
 fn total_rss_mib(pids: &[u32]) -> u64 {
     pids.iter().map(|p| umbra_tests::rss_kib(*p)).sum::<u64>() / 1024
 }
@@ -251,6 +255,66 @@ async fn run_suite(backend: BackendKind) {
     let (rss_boot, fds_boot) = (total_rss_mib(&vm), total_fds(&vm));
 
     let mut cases: Vec<(&str, Case)> = Vec::new();
+
+    cases.push((
+        "the host processes a guest talks to are confined",
+        Box::pin(async {
+            let status = |pid: u32, field: &str| {
+                let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                s.lines().find_map(|l| l.strip_prefix(&format!("{field}:")).map(|v| v.trim().to_string()))
+            };
+            let named = |prefix: &str| vm.iter().copied().filter(|p| comm(*p).starts_with(prefix)).collect::<Vec<_>>();
+            let mut seen = Vec::new();
+            // SAFETY: geteuid has no preconditions.
+            let root = unsafe { libc::geteuid() } == 0;
+            for fsd in named("umbra-fsd") {
+                if status(fsd, "Seccomp").as_deref() != Some("2") {
+                    return Err(format!("umbra-fsd {fsd} is not filtered"));
+                }
+                seen.push("umbra-fsd: seccomp");
+            }
+            for qemu in named("qemu-system") {
+                if status(qemu, "Seccomp").as_deref() != Some("2") {
+                    return Err(format!("QEMU {qemu} runs without -sandbox"));
+                }
+                seen.push("qemu: -sandbox");
+            }
+            for (kind, pids) in [("vhost-device-vsock", named("vhost-device-vs")), ("umbra-vmm", named("umbra-vmm"))] {
+                for pid in pids {
+                    if !root && kind == "vhost-device-vsock" {
+                        continue; // jailed only when the runtime is root
+                    }
+                    let mine = std::fs::read_link("/proc/self/ns/net").unwrap();
+                    if std::fs::read_link(format!("/proc/{pid}/ns/net")).ok() == Some(mine) {
+                        // umbra-vmm's jailed process is the child of the one the runtime started.
+                        if kind == "umbra-vmm" && status(pid, "Seccomp").as_deref() != Some("2") {
+                            continue;
+                        }
+                        return Err(format!("{kind} {pid} shares the host's network namespace"));
+                    }
+                    if status(pid, "NoNewPrivs").as_deref() != Some("1")
+                        || status(pid, "CapEff").as_deref() != Some("0000000000000000")
+                    {
+                        return Err(format!("{kind} {pid} keeps privileges"));
+                    }
+                    let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/root"))
+                        .map_err(|e| e.to_string())?
+                        .flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect();
+                    if names.iter().any(|n| n == "etc" || n == "home" || n == "proc") {
+                        return Err(format!("{kind} {pid} sees the host's root: {names:?}"));
+                    }
+                    seen.push(if kind == "umbra-vmm" { "umbra-vmm: jail" } else { "vhost-device-vsock: jail" });
+                }
+            }
+            if seen.is_empty() {
+                return Err("no helper found to check".into());
+            }
+            seen.dedup();
+            Ok(seen.join(", "))
+        }),
+    ));
 
     cases.push((
         "share paths: symlinks, .., /proc tricks",

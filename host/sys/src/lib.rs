@@ -12,6 +12,12 @@ pub fn unix_socket_listening(path: &Path) -> bool {
     std::fs::read_to_string("/proc/net/unix").is_ok_and(|table| table_lists_listening(&table, path))
 }
 
+/// [`unix_socket_listening`] in the network namespace of process `pid` (the table lists only
+/// its own namespace's sockets, and a jailed helper has a namespace of its own).
+pub fn unix_socket_listening_in(pid: u32, path: &Path) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/net/unix")).is_ok_and(|table| table_lists_listening(&table, path))
+}
+
 /// Raises this process's open-file soft limit to its hard limit. Each guest connection costs
 /// the host a socket or two (umbra-vmm's vsock device holds up to ~1100, the egress proxy two
 /// per connection), and the usual soft limit is 1024; children inherit the raised limit.

@@ -10,6 +10,7 @@ mod children;
 pub mod console;
 pub mod disk;
 pub mod fsd;
+mod helper_jail;
 pub mod host;
 pub mod kvm;
 mod postmortem;

@@ -66,7 +66,7 @@ pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool, f
             .args(["-device", "virtio-blk-device,drive=session"]);
     }
     cmd.arg("-chardev")
-        .arg(format!("socket,id=vsock,path={}", run.join("vhost-vsock.sock").display()))
+        .arg(format!("socket,id=vsock,path={}", vhost_socket(run).display()))
         .args(["-device", "vhost-user-vsock-device,chardev=vsock"]);
     if let Some(sock) = fs_socket {
         cmd.arg("-chardev")
@@ -84,13 +84,19 @@ fn option_value(path: &Path) -> String {
     path.display().to_string().replace(',', ",,")
 }
 
+/// vhost-device-vsock's vhost-user socket: beside the hybrid vsock sockets, in the one
+/// directory its jail lets it write.
+fn vhost_socket(run: &RunDir) -> std::path::PathBuf {
+    run.join(super::rundir::VSOCK_DIR).join("vhost-vsock.sock")
+}
+
 pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let started = Instant::now();
     let qemu = super::host::QEMU.require()?;
     let vhost = super::host::VHOST_VSOCK.require()?;
     let id = new_vm_id();
     let run = RunDir::create(&id).map_err(io("create the VM run directory"))?;
-    let vhost_sock = run.join("vhost-vsock.sock");
+    let vhost_sock = vhost_socket(&run);
     let vsock_uds = super::rundir::vsock_socket(run.path());
     let vhost_log = run.join("vhost-vsock.log");
 
@@ -105,12 +111,20 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log_file(&vhost_log)?);
+    if super::helper_jail::HelperJail::enabled() {
+        let root = run.join("vhost-root");
+        std::fs::create_dir(&root).map_err(io(format!("create {}", root.display())))?;
+        let jail = super::helper_jail::HelperJail::new(&root, &vhost, vsock_uds.parent().expect("in a directory"))
+            .map_err(io("prepare vhost-device-vsock's jail"))?;
+        jail.apply(&mut daemon_cmd);
+    }
     let mut daemon =
         Supervised::spawn("vhost-device-vsock", daemon_cmd).map_err(io(format!("start {}", vhost.display())))?;
     // QEMU connects to the vhost-user socket once, when it starts: the socket must listen, not
     // merely exist (the file appears at bind(), before listen()).
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !umbra_sys::unix_socket_listening(&vhost_sock) {
+    let daemon_pid = daemon.pid();
+    while !umbra_sys::unix_socket_listening_in(daemon_pid, &vhost_sock) {
         if let Some(status) = daemon.try_exited() {
             return Err(VmError::HelperFailed {
                 helper: "vhost-device-vsock",
