@@ -8,6 +8,7 @@
 //! counts as that case failing and the suite goes on.
 
 use std::future::Future;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -489,7 +490,13 @@ async fn every_fault_ends_in_recovery_or_a_clear_error_with_nothing_lost() {
             }
         }
     }
-    println!("fault suite: {total} cases, {held} ended in recovery or a clear error, {} failed", failed.len());
+    // Straight to the stderr handle, which the test harness does not capture: the summary
+    // shows in every run's log, passing or not.
+    let _ = writeln!(
+        std::io::stderr(),
+        "fault suite: {total} cases, {held} ended in recovery or a clear error, {} failed",
+        failed.len()
+    );
     let mut daemon = Arc::try_unwrap(daemon).ok().expect("every case has ended");
     daemon.terminate();
     daemon.assert_no_helpers_within(Duration::from_secs(20));
