@@ -159,11 +159,24 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest, landlock: Option<&Ruleset>) ->
             let stdin = OwnedFd::from(child.stdin.take().expect("stdin piped"));
             let stdout = OwnedFd::from(child.stdout.take().expect("stdout piped"));
             let stderr = OwnedFd::from(child.stderr.take().expect("stderr piped"));
+            for out in [&stdout, &stderr] {
+                grow_pipe(out);
+            }
             // `child` is dropped without waiting: the reaper owns its exit.
             Ok((ChildStdio::Pipes { stdin, stdout, stderr }, pid))
         }
     })?;
     Ok(SpawnedChild { pid, stdio, exit: registration.exit, reaped: registration.reaped })
+}
+
+/// Output pipes of OUTPUT_PIPE_SIZE, not the default 64 KiB: a fast producer then writes in
+/// larger batches and is switched out less often. Best effort (the limit is
+/// /proc/sys/fs/pipe-max-size for unprivileged callers; the agent is root in the guest).
+const OUTPUT_PIPE_SIZE: libc::c_int = 1 << 20;
+
+fn grow_pipe(fd: &OwnedFd) {
+    // SAFETY: F_SETPIPE_SZ takes an int argument and changes only the pipe's capacity.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, OUTPUT_PIPE_SIZE) };
 }
 
 /// Sets a PTY's window size; the kernel delivers SIGWINCH to the foreground group.

@@ -16,10 +16,6 @@ impl<T> Hashing<T> {
         Self { inner, hasher: Sha256::new(), bytes: 0 }
     }
 
-    pub fn len(&self) -> u64 {
-        self.bytes
-    }
-
     /// (byte count, lowercase hex sha256, inner)
     pub fn finish(self) -> (u64, String, T) {
         (self.bytes, hex::encode(self.hasher.finalize()), self.inner)

@@ -1,5 +1,6 @@
 //! Verified extraction: one streaming pass per artifact that hashes the compressed bytes,
-//! decompresses, hashes the output and writes a temp file beside the destination; then fsync,
+//! decompresses, hashes the output and writes a temp file beside the destination (the last
+//! two on a second thread); then fsync,
 //! verify sizes and digests, and rename. Output beyond the declared size stops the pass (no
 //! zip bomb fills the disk); any mismatch removes the temp file and leaves what was installed.
 
@@ -10,6 +11,11 @@ use std::path::{Path, PathBuf};
 use crate::digest::Hashing;
 use crate::manifest::{Artifact, ArtifactRole, Manifest, MANIFEST_FILE};
 use crate::{io_err, BundleError};
+
+/// Decompressed bytes move between the two stages in chunks of this size, at most POOL of
+/// them in flight.
+const CHUNK: usize = 1 << 20;
+const POOL: usize = 4;
 
 /// Marker written last into an extracted bundle directory: its presence means every artifact
 /// was verified. It holds the manifest, so a different bundle under the same name is noticed.
@@ -61,28 +67,63 @@ fn extract_to(compressed: impl Read, a: &Artifact, source: &str, tmp: &Path) -> 
     };
     // One byte more than declared is enough to prove a mismatch.
     let mut input = Hashing::new(compressed.take(a.compressed_size.saturating_add(1)));
-    let mut out = Hashing::new(File::create(tmp).map_err(write_err)?);
-    let mut corrupt = None;
-    {
-        let mut dec = zstd::stream::read::Decoder::new(&mut input).map_err(io_err("zstd init for", tmp))?;
-        let mut buf = vec![0u8; 256 * 1024];
-        loop {
-            let n = match dec.read(&mut buf) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    corrupt = Some(e);
-                    break;
-                }
-            };
-            if n == 0 {
-                break;
+    let file = File::create(tmp).map_err(write_err)?;
+    // Two stages on two threads, as `curl | zstd -dc | openssl sha256` runs on two cores:
+    // this one reads, hashes the compressed bytes and decompresses into pooled 1 MiB chunks;
+    // the other hashes the output and writes it. A full pool stalls the decompressor.
+    let (written, produced, corrupt) = std::thread::scope(|scope| {
+        let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(POOL);
+        let (empty_tx, empty_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(POOL);
+        for _ in 0..POOL {
+            let _ = empty_tx.send(vec![0u8; CHUNK]);
+        }
+        let writer = scope.spawn(move || -> std::io::Result<Hashing<File>> {
+            let mut out = Hashing::new(file);
+            for chunk in full_rx {
+                out.write_all(&chunk)?;
+                let _ = empty_tx.send(chunk);
             }
-            out.write_all(&buf[..n]).map_err(write_err)?;
-            if out.len() > a.size {
-                return Err(mismatch_size("uncompressed", a.size, out.len()));
+            Ok(out)
+        });
+        let mut produced = 0u64;
+        let mut corrupt = None;
+        match zstd::stream::read::Decoder::new(&mut input) {
+            Err(e) => corrupt = Some(e),
+            Ok(mut dec) => {
+                // The writer ends early (a write error) by dropping its side of the pool.
+                while let Ok(mut chunk) = empty_rx.recv() {
+                    chunk.resize(CHUNK, 0);
+                    let mut filled = 0;
+                    while filled < CHUNK {
+                        match dec.read(&mut chunk[filled..]) {
+                            Ok(0) => break,
+                            Ok(n) => filled += n,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                            Err(e) => {
+                                corrupt = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                    chunk.truncate(filled);
+                    produced += filled as u64;
+                    let last = filled < CHUNK || corrupt.is_some() || produced > a.size;
+                    if filled > 0 && full_tx.send(chunk).is_err() {
+                        break;
+                    }
+                    if last {
+                        break;
+                    }
+                }
             }
         }
+        drop(full_tx);
+        let written = writer.join().unwrap_or_else(|_| Err(std::io::Error::other("the writer thread panicked")));
+        (written, produced, corrupt)
+    });
+    let out = written.map_err(write_err)?;
+    if produced > a.size {
+        return Err(mismatch_size("uncompressed", a.size, produced));
     }
     // Trailing bytes after the zstd frame count toward the compressed size and digest. After a
     // decompression error the rest is read too (at most the declared size): a wrong compressed

@@ -53,7 +53,7 @@ enum Command {
 enum BenchCommand {
     /// Launch -> agent ready per backend, beside QEMU's own launch -> /init.
     Boot(bench::BootBenchArgs),
-    /// Bundle install throughput from a local server, beside `curl | zstd -dc | sha256sum`.
+    /// Bundle install throughput from a local server, beside `curl | zstd -dc | openssl sha256`.
     Bundle(bundle_bench::BundleBenchArgs),
     /// A shared folder from inside the guest beside the same work natively on the host.
     Fs(bench_fs::FsBenchArgs),
