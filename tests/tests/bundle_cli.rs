@@ -134,8 +134,8 @@ fn bench_bundle_reports_a_ratio() {
     let have = |t: &str| {
         Command::new("sh").arg("-c").arg(format!("command -v {t}")).output().is_ok_and(|o| o.status.success())
     };
-    if !have("curl") || !have("zstd") {
-        eprintln!("skipping: curl and zstd are needed for the anchor");
+    if !have("curl") || !have("zstd") || !have("openssl") {
+        eprintln!("skipping: curl, zstd and openssl are needed for the anchor");
         return;
     }
     let out = Command::new(workspace_bin("vmctl"))
@@ -144,7 +144,7 @@ fn bench_bundle_reports_a_ratio() {
         .unwrap();
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
-    assert!(stdout.contains("anchor: curl | zstd -dc | sha256sum") && stdout.contains("ratio"), "{stdout}");
+    assert!(stdout.contains("anchor: curl | zstd -dc | openssl sha256") && stdout.contains("ratio"), "{stdout}");
 }
 
 #[test]
