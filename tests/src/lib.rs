@@ -179,6 +179,44 @@ pub fn backends() -> Vec<BackendKind> {
     all
 }
 
+/// A VM suite lane: a backend and the guest architecture it boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lane {
+    pub backend: BackendKind,
+    pub arch: umbra_bundle::Arch,
+}
+
+impl Lane {
+    /// The built bundle of `flavor` for this lane's architecture (`minimal`, `minimal-aarch64`).
+    pub fn bundle(&self, flavor: &str) -> PathBuf {
+        test_bundle(&umbra_runtime::paths::built_bundle_name(flavor, self.arch))
+    }
+}
+
+/// The lanes suites that run on every architecture use: each of [`backends`] with this host's
+/// architecture, and QEMU with every other one too, emulated (an aarch64 guest on
+/// `qemu-system-aarch64` here). `UMBRA_TEST_ARCHS` (comma list of `x86_64`, `aarch64`) narrows
+/// the architectures; an unknown name is a failure.
+pub fn lanes() -> Vec<Lane> {
+    use umbra_bundle::Arch;
+    let archs: Vec<Arch> = match std::env::var("UMBRA_TEST_ARCHS") {
+        Ok(list) => list
+            .split(',')
+            .map(|n| Arch::parse(n.trim()).unwrap_or_else(|| panic!("unknown architecture {n:?} in UMBRA_TEST_ARCHS")))
+            .collect(),
+        Err(_) => Arch::ALL.to_vec(),
+    };
+    let mut lanes = Vec::new();
+    for backend in backends() {
+        for &arch in &archs {
+            if arch == Arch::host() || backend == BackendKind::Qemu {
+                lanes.push(Lane { backend, arch });
+            }
+        }
+    }
+    lanes
+}
+
 /// A session manager like umbrad's, on the minimal bundle (256 MiB, no session disk, no idle
 /// stop), keeping its records, logs and session storage under `dir`.
 pub fn session_manager(dir: &TempDir) -> umbra_runtime::session::SessionManager {

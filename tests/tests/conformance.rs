@@ -1,20 +1,27 @@
-//! The conformance suite: the same cases against every backend this host supports (today
-//! `qemu`; the Umbra VMM adds `kvm`). Each case checks an outcome a user relies on.
+//! The conformance suite: the same cases against every lane this host supports — each backend
+//! with the host's architecture (`qemu`; the Umbra VMM adds `kvm` on hardware KVM), and QEMU
+//! with every other guest architecture, emulated (an aarch64 guest on `qemu-system-aarch64`
+//! here). Each case checks an outcome a user relies on.
 
 use std::time::{Duration, Instant};
 
 use umbra_proto::SpawnRequest;
 use umbra_runtime::agent::{AgentClient, ProcessEvent};
-use umbra_runtime::backend::{BackendKind, BootImage, Vm, VmError, VmSpec};
-use umbra_tests::{backends, cache_dir, test_bundle};
+use umbra_runtime::backend::{BootImage, Vm, VmError, VmSpec};
+use umbra_tests::{cache_dir, lanes, Lane};
 
 fn sh(script: &str) -> SpawnRequest {
     SpawnRequest { argv: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() }
 }
 
-async fn boot(backend: BackendKind) -> Vm {
-    let image = BootImage::from_bundle_dir(&test_bundle("minimal"), &cache_dir().join("extracted")).unwrap();
-    Vm::launch(backend, &VmSpec::new(image)).await.unwrap_or_else(|e| panic!("{backend:?} boot: {e}"))
+fn lane_image(lane: Lane) -> BootImage {
+    let image = BootImage::from_bundle_dir(&lane.bundle("minimal"), &cache_dir().join("extracted")).unwrap();
+    assert_eq!(image.arch, lane.arch, "the {lane:?} bundle's manifest");
+    image
+}
+
+async fn boot(lane: Lane) -> Vm {
+    Vm::launch(lane.backend, &VmSpec::new(lane_image(lane))).await.unwrap_or_else(|e| panic!("{lane:?} boot: {e}"))
 }
 
 async fn run(agent: &AgentClient, req: SpawnRequest) -> umbra_runtime::agent::ProcessOutput {
@@ -23,9 +30,13 @@ async fn run(agent: &AgentClient, req: SpawnRequest) -> umbra_runtime::agent::Pr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_semantics() {
-    for backend in backends() {
-        let vm = boot(backend).await;
+    for lane in lanes() {
+        let vm = boot(lane).await;
         let agent = vm.agent();
+
+        // the guest is the architecture its bundle says
+        let out = run(agent, sh("uname -m")).await;
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{}\n", lane.arch), "{lane:?}");
 
         // exit codes and stdio separation
         let out = run(agent, sh("echo out; echo err >&2; exit 3")).await;
@@ -36,7 +47,7 @@ async fn process_semantics() {
 
         // signals: self-inflicted and host-sent
         let out = run(agent, sh("kill -TERM $$")).await;
-        assert_eq!(out.status.signal, Some(15), "{backend:?}");
+        assert_eq!(out.status.signal, Some(15), "{lane:?}");
         let mut p = agent.spawn(sh("sleep 60")).unwrap();
         assert!(matches!(p.next_event().await, Some(ProcessEvent::Spawned { .. })));
         p.kill(9).await.unwrap();
@@ -73,7 +84,7 @@ async fn process_semantics() {
             agent.ping().await.unwrap();
             worst = worst.max(t.elapsed());
         }
-        assert!(worst < Duration::from_secs(2), "{backend:?}: slowest heartbeat {worst:?}");
+        assert!(worst < Duration::from_secs(2), "{lane:?}: slowest heartbeat {worst:?}");
         drop(busy);
         vm.shutdown().await;
     }
@@ -110,15 +121,15 @@ async fn expect_death(mut vm: Vm, script: &str, reason: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_agent_is_reported_as_such() {
-    for backend in backends() {
-        expect_death(boot(backend).await, KILL_AGENT, "the guest agent (PID 1) died and the kernel panicked").await;
+    for lane in lanes() {
+        expect_death(boot(lane).await, KILL_AGENT, "the guest agent (PID 1) died and the kernel panicked").await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_kernel_panic_is_reported_as_such() {
-    for backend in backends() {
-        expect_death(boot(backend).await, "echo c > /proc/sysrq-trigger; sleep 30", "the guest kernel panicked").await;
+    for lane in lanes() {
+        expect_death(boot(lane).await, "echo c > /proc/sysrq-trigger; sleep 30", "the guest kernel panicked").await;
     }
 }
 
@@ -131,23 +142,23 @@ async fn a_read_only_disk_reads_back_and_refuses_writes() {
     let image: Vec<u8> = (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
     std::fs::write(&image_path, &image).unwrap();
     let expected = sha256_hex(&image[4096..8192]);
-    for backend in backends() {
-        let mut boot_image =
-            BootImage::from_bundle_dir(&test_bundle("minimal"), &cache_dir().join("extracted")).unwrap();
+    for lane in lanes() {
+        let mut boot_image = lane_image(lane);
         boot_image.rootfs = Some(image_path.clone());
-        let vm = Vm::launch(backend, &VmSpec::new(boot_image)).await.unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        let vm =
+            Vm::launch(lane.backend, &VmSpec::new(boot_image)).await.unwrap_or_else(|e| panic!("{lane:?}: {e}"));
         let out = run(
             vm.agent(),
             sh("cat /sys/block/vda/size; dd if=/dev/vda bs=4096 skip=1 count=1 2>/dev/null | sha256sum"),
         )
         .await;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(text.starts_with("2048\n"), "{backend:?}: 2048 sectors: {text}");
-        assert!(text.contains(&expected), "{backend:?}: sector bytes: {text}");
+        assert!(text.starts_with("2048\n"), "{lane:?}: 2048 sectors: {text}");
+        assert!(text.contains(&expected), "{lane:?}: sector bytes: {text}");
         let out = run(vm.agent(), sh("echo x | dd of=/dev/vda bs=512 count=1 conv=notrunc,fsync")).await;
-        assert_ne!(out.status.code, Some(0), "{backend:?}: a write to a read-only disk must fail");
+        assert_ne!(out.status.code, Some(0), "{lane:?}: a write to a read-only disk must fail");
         vm.shutdown().await;
-        assert_eq!(std::fs::read(&image_path).unwrap(), image, "{backend:?}: the image is unchanged");
+        assert_eq!(std::fs::read(&image_path).unwrap(), image, "{lane:?}: the image is unchanged");
     }
 }
 

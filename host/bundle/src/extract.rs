@@ -239,6 +239,7 @@ mod tests {
         ];
         let opts = PackOptions {
             flavor: "minimal",
+            arch: crate::Arch::X86_64,
             cmdline: "quiet",
             min_host_version: "0.1.0",
             version: None,

@@ -22,7 +22,7 @@ mod store;
 pub mod testserver;
 
 pub use extract::{extract_artifact, Extracted, ExtractedBundle};
-pub use manifest::{Artifact, ArtifactRole, Boot, Manifest, ManifestError, MANIFEST_FILE, SCHEMA_VERSION};
+pub use manifest::{Arch, Artifact, ArtifactRole, Boot, Manifest, ManifestError, MANIFEST_FILE, SCHEMA_VERSION};
 pub use pack::{pack, PackInput, PackOptions};
 pub use progress::{Phase, Progress};
 pub use pull::{PullOptions, Pulled, PulledHow};

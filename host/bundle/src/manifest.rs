@@ -18,12 +18,78 @@ pub struct Manifest {
     pub bundle_version: String,
     /// `minimal` or `standard`.
     pub flavor: String,
-    /// Guest architecture, `x86_64`.
-    pub arch: String,
+    /// The guest's architecture: `x86_64` or `aarch64`.
+    pub arch: Arch,
     /// Oldest Umbra host (semver) that can run this bundle.
     pub min_host_version: String,
     pub boot: Boot,
     pub artifacts: Vec<Artifact>,
+}
+
+/// A guest architecture, spelled as `uname -m` prints it. Backends refuse a bundle for an
+/// architecture they cannot run (KVM and Virtualization.framework run only the host's; QEMU
+/// emulates the other).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 2] = [Arch::X86_64, Arch::Aarch64];
+
+    /// The architecture this program was built for.
+    pub const fn host() -> Arch {
+        if cfg!(target_arch = "aarch64") {
+            Arch::Aarch64
+        } else {
+            Arch::X86_64
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+
+    /// `uname -m` names, plus the Debian/Docker spellings `amd64` and `arm64`.
+    pub fn parse(name: &str) -> Option<Arch> {
+        match name {
+            "x86_64" | "amd64" => Some(Arch::X86_64),
+            "aarch64" | "arm64" => Some(Arch::Aarch64),
+            _ => None,
+        }
+    }
+
+    /// The name the kernel build and Debian use (`scripts/build-kernel --arch`).
+    pub fn debian_name(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "amd64",
+            Arch::Aarch64 => "arm64",
+        }
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl TryFrom<String> for Arch {
+    type Error = String;
+    fn try_from(name: String) -> Result<Self, String> {
+        Arch::parse(&name).ok_or_else(|| format!("arch {name:?} is not supported (x86_64 or aarch64)"))
+    }
+}
+
+impl From<Arch> for String {
+    fn from(a: Arch) -> String {
+        a.as_str().to_string()
+    }
 }
 
 /// How to boot the artifacts.
@@ -37,7 +103,7 @@ pub struct Boot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ArtifactRole {
-    /// An ELF `vmlinux` with a PVH entry note.
+    /// The kernel: an ELF `vmlinux` with a PVH entry note (x86_64), or an arm64 `Image`.
     Kernel,
     /// An initramfs the kernel unpacks as its root.
     Initrd,
@@ -49,7 +115,8 @@ pub enum ArtifactRole {
 pub struct Artifact {
     pub name: String,
     pub role: ArtifactRole,
-    /// Format of the uncompressed bytes: `elf-vmlinux`, `cpio-newc-zstd`, `erofs`, `ext4`.
+    /// Format of the uncompressed bytes: `elf-vmlinux`, `arm64-image`, `cpio-newc-zstd`,
+    /// `erofs`, `ext4`.
     pub format: String,
     /// Uncompressed size and sha256 (lowercase hex).
     pub size: u64,
@@ -114,9 +181,6 @@ impl Manifest {
     pub fn validate(&self, host_version: &str) -> Result<(), ManifestError> {
         if !safe_name(&self.bundle_version) {
             return Err(invalid("bundle_version", format!("{:?} is not a safe directory name", self.bundle_version)));
-        }
-        if self.arch != "x86_64" {
-            return Err(invalid("arch", format!("{:?} is not supported (x86_64 only)", self.arch)));
         }
         let needed = semver(&self.min_host_version)
             .ok_or_else(|| invalid("min_host_version", format!("{:?} is not X.Y.Z", self.min_host_version)))?;
@@ -214,7 +278,7 @@ pub(crate) mod tests {
             schema_version: 1,
             bundle_version: "minimal-0123".into(),
             flavor: "minimal".into(),
-            arch: "x86_64".into(),
+            arch: Arch::X86_64,
             min_host_version: "0.1.0".into(),
             boot: Boot { cmdline: String::new() },
             artifacts: vec![art("kernel", ArtifactRole::Kernel), art("initramfs", ArtifactRole::Initrd)],
@@ -248,6 +312,21 @@ pub(crate) mod tests {
         let e = Manifest::parse(br#"{"schema_version": 2}"#, "0.1.0").unwrap_err();
         assert_eq!(e, ManifestError::Schema { found: 2 });
         assert!(matches!(Manifest::parse(b"{", "0.1.0"), Err(ManifestError::Parse(_))));
+        let riscv = good().to_json().replace(r#""arch": "x86_64""#, r#""arch": "riscv64""#);
+        assert_ne!(riscv, good().to_json(), "the replacement hit");
+        let e = Manifest::parse(riscv.as_bytes(), "0.1.0").unwrap_err().to_string();
+        assert!(e.contains(r#"arch "riscv64" is not supported (x86_64 or aarch64)"#), "{e}");
+    }
+
+    #[test]
+    fn both_architectures_round_trip_under_their_uname_names() {
+        let mut m = good();
+        m.arch = Arch::Aarch64;
+        assert!(m.to_json().contains(r#""arch": "aarch64""#));
+        assert_eq!(Manifest::parse(m.to_json().as_bytes(), "0.1.0").unwrap().arch, Arch::Aarch64);
+        assert_eq!(Arch::parse("arm64"), Some(Arch::Aarch64));
+        assert_eq!(Arch::parse("amd64"), Some(Arch::X86_64));
+        assert_eq!(Arch::parse("i686"), None);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::digest::Hashing;
-use crate::manifest::{Artifact, ArtifactRole, Boot, Manifest, MANIFEST_FILE, SCHEMA_VERSION};
+use crate::manifest::{Arch, Artifact, ArtifactRole, Boot, Manifest, MANIFEST_FILE, SCHEMA_VERSION};
 use crate::{io_err, BundleError};
 
 pub struct PackInput {
@@ -22,6 +22,7 @@ pub struct PackInput {
 
 pub struct PackOptions<'a> {
     pub flavor: &'a str,
+    pub arch: Arch,
     pub cmdline: &'a str,
     pub min_host_version: &'a str,
     /// Defaults to `<flavor>-<first 12 hex digits of a digest over the artifacts and cmdline>`.
@@ -79,7 +80,7 @@ pub fn pack(inputs: &[PackInput], opts: &PackOptions, out_dir: &Path) -> Result<
             schema_version: SCHEMA_VERSION,
             bundle_version: version,
             flavor: opts.flavor.to_string(),
-            arch: "x86_64".to_string(),
+            arch: opts.arch,
             min_host_version: opts.min_host_version.to_string(),
             boot: Boot { cmdline: opts.cmdline.to_string() },
             artifacts,

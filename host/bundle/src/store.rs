@@ -545,7 +545,7 @@ mod tests {
             schema_version: 1,
             bundle_version: version.into(),
             flavor: "minimal".into(),
-            arch: "x86_64".into(),
+            arch: crate::Arch::X86_64,
             min_host_version: "0.1.0".into(),
             boot: Boot { cmdline: build.into() },
             artifacts: vec![art("kernel", ArtifactRole::Kernel), art("initramfs", ArtifactRole::Initrd)],

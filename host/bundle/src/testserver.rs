@@ -303,6 +303,7 @@ pub fn synthetic_bundle(
     ];
     let opts = PackOptions {
         flavor: "minimal",
+        arch: crate::Arch::X86_64,
         cmdline: "",
         min_host_version,
         version: Some(version.to_string()),

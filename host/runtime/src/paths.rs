@@ -16,9 +16,20 @@ pub fn cache_dir() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home.join(".cache")).join("umbra")
 }
 
-/// Bundles built by `vmctl bundle build`, one directory per flavor.
+/// Bundles built by `vmctl bundle build`, one directory per flavor (see [`built_bundle_name`]).
 pub fn built_bundles_dir() -> PathBuf {
     cache_dir().join("bundles")
+}
+
+/// The name `vmctl bundle build` gives a flavor in [`built_bundles_dir`]: the flavor for this
+/// host's architecture (what `--bundle minimal` finds), `<flavor>-<arch>` for another one
+/// (`minimal-aarch64` on an x86_64 host).
+pub fn built_bundle_name(flavor: &str, arch: umbra_bundle::Arch) -> String {
+    if arch == umbra_bundle::Arch::host() {
+        flavor.to_string()
+    } else {
+        format!("{flavor}-{arch}")
+    }
 }
 
 /// Verified, decompressed bundles, one directory per bundle version.

@@ -156,8 +156,8 @@ impl Drop for Scratch {
 
 pub async fn session(args: SessionBenchArgs) -> anyhow::Result<()> {
     let choice: umbra_api::BackendChoice = args.backend.into();
-    let (backend, why) = select::choose(choice)?;
     let image = crate::bundle_store::boot_image(&args.bundle)?;
+    let (backend, why) = select::choose(choice, image.arch)?;
     // Sessions and umbrad resolve the bundle themselves: give them a packed bundle's absolute
     // path, so the private umbrad (with its own XDG dirs) finds the very same one.
     let bundle = match umbra_runtime::image::packed_dir(&args.bundle) {

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use umbra_bundle::{pack, ArtifactRole, PackInput, PackOptions};
+use umbra_bundle::{pack, Arch, ArtifactRole, PackInput, PackOptions};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Flavor {
@@ -20,10 +20,15 @@ pub enum Flavor {
 pub struct BuildArgs {
     #[arg(long, value_enum, default_value = "minimal")]
     flavor: Flavor,
-    /// Output directory [default: ~/.cache/umbra/bundles/<flavor>]
+    /// Guest architecture: x86_64 (amd64) or aarch64 (arm64) [default: this host's]. A guest
+    /// of another architecture runs on the qemu backend, emulated.
+    #[arg(long, value_parser = parse_arch)]
+    arch: Option<Arch>,
+    /// Output directory [default: ~/.cache/umbra/bundles/<flavor>, or <flavor>-<arch> for a
+    /// guest of another architecture than this host's]
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Use this vmlinux instead of running scripts/build-kernel.
+    /// Use this kernel (vmlinux, or Image for arm64) instead of running scripts/build-kernel.
     #[arg(long)]
     kernel: Option<PathBuf>,
     /// Use this static agent instead of running scripts/build-agent.
@@ -42,6 +47,10 @@ pub struct BuildArgs {
     level: Option<i32>,
 }
 
+fn parse_arch(name: &str) -> Result<Arch, String> {
+    Arch::parse(name).ok_or_else(|| format!("unknown architecture {name:?} (x86_64 or aarch64; amd64 and arm64 work too)"))
+}
+
 fn source_dir(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let dir = arg
         .or_else(|| std::env::var_os("UMBRA_SOURCE_DIR").map(PathBuf::from))
@@ -54,8 +63,8 @@ fn source_dir(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 }
 
 /// Runs a recipe script that prints one path on stdout (its logs go to our stderr).
-fn script_output(script: &Path, args: &[&Path]) -> anyhow::Result<PathBuf> {
-    eprintln!("vmctl: running {}", script.display());
+fn script_output(script: &Path, args: &[&str]) -> anyhow::Result<PathBuf> {
+    eprintln!("vmctl: running {} {}", script.display(), args.join(" "));
     let out = Command::new(script)
         .args(args)
         .stderr(std::process::Stdio::inherit())
@@ -68,10 +77,14 @@ fn script_output(script: &Path, args: &[&Path]) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
-fn run_script(script: &Path, args: &[&Path]) -> anyhow::Result<()> {
-    eprintln!("vmctl: running {}", script.display());
-    let status =
-        Command::new(script).args(args).status().with_context(|| format!("cannot run {}", script.display()))?;
+/// Runs an image recipe; `UMBRA_GUEST_ARCH` tells it which architecture to build for.
+fn run_script(script: &Path, args: &[&Path], arch: Arch) -> anyhow::Result<()> {
+    eprintln!("vmctl: running {} ({arch})", script.display());
+    let status = Command::new(script)
+        .args(args)
+        .env("UMBRA_GUEST_ARCH", arch.debian_name())
+        .status()
+        .with_context(|| format!("cannot run {}", script.display()))?;
     if !status.success() {
         bail!("{} failed ({status})", script.display());
     }
@@ -80,28 +93,35 @@ fn run_script(script: &Path, args: &[&Path]) -> anyhow::Result<()> {
 
 pub fn run(args: BuildArgs) -> anyhow::Result<()> {
     let src = source_dir(args.source)?;
+    let arch = args.arch.unwrap_or(Arch::host());
+    let arch_args = ["--arch", arch.debian_name()];
     let kernel = match args.kernel {
         Some(k) => k,
-        None => script_output(&src.join("scripts/build-kernel"), &[])?,
+        None => script_output(&src.join("scripts/build-kernel"), &arch_args)?,
     };
     let agent = match args.agent {
         Some(a) => a,
-        None => script_output(&src.join("scripts/build-agent"), &[])?,
+        None => script_output(&src.join("scripts/build-agent"), &arch_args)?,
     };
     let cache = crate::paths::cache_dir();
     let flavor_name = match args.flavor {
         Flavor::Minimal => "minimal",
         Flavor::Standard => "standard",
     };
-    let work = cache.join("bundle-work").join(flavor_name);
+    let name = umbra_runtime::paths::built_bundle_name(flavor_name, arch);
+    let work = cache.join("bundle-work").join(&name);
     std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
 
+    let kernel_format = match arch {
+        Arch::X86_64 => "elf-vmlinux",
+        Arch::Aarch64 => "arm64-image",
+    };
     let kernel_input =
-        PackInput { name: "kernel".into(), role: ArtifactRole::Kernel, format: "elf-vmlinux".into(), path: kernel };
+        PackInput { name: "kernel".into(), role: ArtifactRole::Kernel, format: kernel_format.into(), path: kernel };
     let (image, cmdline) = match args.flavor {
         Flavor::Minimal => {
             let img = work.join("initramfs.cpio.zst");
-            run_script(&src.join("rootfs/minimal/build"), &[&agent, &img])?;
+            run_script(&src.join("rootfs/minimal/build"), &[&agent, &img], arch)?;
             let input = PackInput {
                 name: "initramfs".into(),
                 role: ArtifactRole::Initrd,
@@ -112,15 +132,16 @@ pub fn run(args: BuildArgs) -> anyhow::Result<()> {
         }
         Flavor::Standard => {
             let img = work.join("rootfs.erofs");
-            run_script(&src.join("rootfs/standard/build"), &[&agent, &img])?;
+            run_script(&src.join("rootfs/standard/build"), &[&agent, &img], arch)?;
             let input =
                 PackInput { name: "rootfs".into(), role: ArtifactRole::Rootfs, format: "erofs".into(), path: img };
             (input, "root=/dev/vda rootfstype=erofs ro init=/sbin/umbra-agent")
         }
     };
-    let out = args.out.unwrap_or_else(|| cache.join("bundles").join(flavor_name));
+    let out = args.out.unwrap_or_else(|| cache.join("bundles").join(&name));
     let opts = PackOptions {
         flavor: flavor_name,
+        arch,
         cmdline,
         min_host_version: env!("CARGO_PKG_VERSION"),
         version: args.version,

@@ -128,7 +128,7 @@ pub fn run(args: DoctorArgs) -> i32 {
         },
         daemon_check(),
     ]);
-    let (backend, why) = match umbra_runtime::backend::select::choose(umbra_api::BackendChoice::Auto) {
+    let (backend, why) = match umbra_runtime::backend::select::choose(umbra_api::BackendChoice::Auto, umbra_bundle::Arch::host()) {
         Ok((b, why)) => (format!("{b:?}").to_lowercase(), why),
         Err(e) => ("none".into(), e.to_string()),
     };

@@ -57,6 +57,14 @@ pub const QEMU: Program = Program {
     also_in: &[],
     fix: "run scripts/install-deps (apt-get install qemu-system-x86)",
 };
+/// The emulator for arm64 guests (QEMU `-M virt`; TCG on an x86_64 host).
+pub const QEMU_AARCH64: Program = Program {
+    name: "qemu-system-aarch64",
+    env: "UMBRA_QEMU_AARCH64",
+    ships_with_umbra: false,
+    also_in: &[],
+    fix: "run scripts/install-deps (apt-get install qemu-system-arm)",
+};
 pub const VHOST_VSOCK: Program = Program {
     name: "vhost-device-vsock",
     env: "UMBRA_VHOST_VSOCK",
@@ -101,7 +109,7 @@ pub const UMBRAD: Program = Program {
 };
 
 /// Every program, in the order `vmctl doctor` lists them.
-pub const PROGRAMS: [Program; 7] = [QEMU, UMBRA_VMM, VHOST_VSOCK, VIRTIOFSD, UMBRA_FSD, UMBRAD, MKFS_EXT4];
+pub const PROGRAMS: [Program; 8] = [QEMU, QEMU_AARCH64, UMBRA_VMM, VHOST_VSOCK, VIRTIOFSD, UMBRA_FSD, UMBRAD, MKFS_EXT4];
 
 impl Program {
     /// The override, else (for Umbra's own) next to the running executable, else PATH, then

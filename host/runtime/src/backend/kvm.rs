@@ -116,6 +116,7 @@ mod tests {
     fn the_session_disk_follows_the_rootfs_and_is_writable() {
         let mut spec = VmSpec::new(BootImage {
             version: "test".into(),
+            arch: umbra_bundle::Arch::X86_64,
             kernel: PathBuf::from("/k/vmlinux"),
             initrd: None,
             rootfs: Some(PathBuf::from("/b/root.erofs")),

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use umbra_bundle::{ArtifactRole, BundleError, ExtractedBundle};
+use umbra_bundle::{Arch, ArtifactRole, BundleError, ExtractedBundle};
 
 pub use children::Supervised;
 pub use host::KvmKind;
@@ -35,12 +35,15 @@ use crate::agent::AgentClient;
 pub const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a diagnosis waits for the console copier to catch up with a VMM that exited.
 const CONSOLE_DRAIN: Duration = Duration::from_secs(1);
-/// Every guest kernel gets these; `reboot=t` ends the VM on a guest reboot without waiting on
-/// an i8042 that microVMs lack, `panic=-1` reboots (and so ends the VM) on a panic.
-/// `no_timer_check`: on a starved emulated vCPU (dozens of guests booting at once under TCG)
-/// the IO-APIC timer check fails and the kernel panics ("IO-APIC + timer doesn't work!"); the
-/// check only matters on broken real hardware.
+/// Every x86_64 guest kernel under QEMU gets these; `reboot=t` ends the VM on a guest reboot
+/// without waiting on an i8042 that microVMs lack, `panic=-1` reboots (and so ends the VM) on a
+/// panic. `no_timer_check`: on a starved emulated vCPU (dozens of guests booting at once under
+/// TCG) the IO-APIC timer check fails and the kernel panics ("IO-APIC + timer doesn't work!");
+/// the check only matters on broken real hardware.
 pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=t quiet panic=-1 no_timer_check";
+/// The same for an arm64 guest on QEMU `-M virt`: its console is the PL011 (`ttyAMA0`), and a
+/// reboot is a PSCI call that `-no-reboot` turns into QEMU's exit.
+pub const BASE_CMDLINE_AARCH64: &str = "console=ttyAMA0 quiet panic=-1";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
@@ -58,6 +61,15 @@ impl BackendKind {
         }
     }
 
+    /// Whether this backend can run `image` here: QEMU runs every architecture (emulating the
+    /// ones that are not the host's), the others only the host's.
+    pub fn check_arch(self, image: &BootImage) -> Result<(), VmError> {
+        if self == BackendKind::Qemu || image.arch == Arch::host() {
+            return Ok(());
+        }
+        Err(VmError::WrongArch { version: image.version.clone(), guest: image.arch, host: Arch::host(), backend: self.name() })
+    }
+
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "kvm" => Some(BackendKind::Kvm),
@@ -71,6 +83,9 @@ impl BackendKind {
 #[derive(Debug, Clone)]
 pub struct BootImage {
     pub version: String,
+    /// The guest's architecture (the bundle's `arch`): it picks the QEMU binary and machine,
+    /// and the backends that run only the host's architecture refuse the others.
+    pub arch: Arch,
     pub kernel: PathBuf,
     pub initrd: Option<PathBuf>,
     pub rootfs: Option<PathBuf>,
@@ -89,6 +104,7 @@ impl BootImage {
     pub fn from_extracted(b: &ExtractedBundle) -> Self {
         Self {
             version: b.manifest.bundle_version.clone(),
+            arch: b.manifest.arch,
             kernel: b.kernel(),
             initrd: b.path(ArtifactRole::Initrd),
             rootfs: b.path(ArtifactRole::Rootfs),
@@ -142,6 +158,9 @@ pub enum VmError {
     /// The requested backend cannot run on this host.
     #[error("{0}")]
     BackendUnavailable(String),
+    /// The bundle is for an architecture the backend cannot run.
+    #[error("bundle {version} is an {guest} guest; the {backend} backend runs only {host} guests on this host (use the qemu backend, which emulates {guest})")]
+    WrongArch { version: String, guest: Arch, host: Arch, backend: &'static str },
     #[error("cannot {what}: {source}")]
     Io { what: String, source: std::io::Error },
     #[error("{helper} exited during start-up ({status}); its log:\n{log}")]
@@ -174,6 +193,7 @@ pub struct Vm {
 impl Vm {
     /// Boots `spec` on `backend` and waits for the agent.
     pub async fn launch(backend: BackendKind, spec: &VmSpec) -> Result<Self, VmError> {
+        backend.check_arch(&spec.image)?;
         match backend {
             BackendKind::Kvm => kvm::launch(spec).await,
             BackendKind::Qemu => qemu::launch(spec).await,

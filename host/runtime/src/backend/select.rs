@@ -2,14 +2,31 @@
 //! `vmctl doctor` share.
 
 use umbra_api::BackendChoice;
+use umbra_bundle::Arch;
 
 use super::host::KvmKind;
 use super::{kvm, BackendKind, VmError};
 
-/// The backend for `choice` on this host, with the reason (shown by `vmctl doctor` and in the
-/// `ready` event).
-pub fn choose(choice: BackendChoice) -> Result<(BackendKind, String), VmError> {
+/// The backend for `choice` on this host and a guest of `arch`, with the reason (shown by
+/// `vmctl doctor` and in the `ready` event).
+pub fn choose(choice: BackendChoice, arch: Arch) -> Result<(BackendKind, String), VmError> {
+    if arch != Arch::host() {
+        return foreign(choice, arch);
+    }
     choose_for(choice, KvmKind::detect(), kvm::find_vmm().is_some())
+}
+
+/// A guest of another architecture: only QEMU, which emulates it, runs it.
+fn foreign(choice: BackendChoice, arch: Arch) -> Result<(BackendKind, String), VmError> {
+    let host = Arch::host();
+    match choice {
+        BackendChoice::Qemu | BackendChoice::Auto => {
+            Ok((BackendKind::Qemu, format!("an {arch} guest on an {host} host: QEMU with TCG emulation")))
+        }
+        BackendChoice::Kvm => Err(VmError::BackendUnavailable(format!(
+            "backend kvm runs only {host} guests on this host; this bundle is {arch} (use the qemu backend)"
+        ))),
+    }
 }
 
 fn choose_for(choice: BackendChoice, kvm: KvmKind, have_vmm: bool) -> Result<(BackendKind, String), VmError> {
@@ -55,6 +72,16 @@ mod tests {
         assert_eq!(pick(KvmKind::Hardware, false), BackendKind::Qemu);
         assert_eq!(pick(KvmKind::Pvm, true), BackendKind::Qemu);
         assert_eq!(pick(KvmKind::Absent, true), BackendKind::Qemu);
+    }
+
+    #[test]
+    fn a_foreign_guest_is_emulated_and_never_given_to_kvm() {
+        let other = if Arch::host() == Arch::X86_64 { Arch::Aarch64 } else { Arch::X86_64 };
+        let (backend, why) = choose(BackendChoice::Auto, other).unwrap();
+        assert_eq!(backend, BackendKind::Qemu);
+        assert!(why.contains("TCG"), "{why}");
+        let e = choose(BackendChoice::Kvm, other).unwrap_err().to_string();
+        assert!(e.contains(other.as_str()) && e.contains("qemu"), "{e}");
     }
 
     #[test]

@@ -70,7 +70,7 @@ impl Incarnation {
         let resolved = tokio::task::spawn_blocking(move || crate::image::resolve(&spec, &store))
             .await
             .map_err(|e| SessionError::InvalidArgument(format!("bundle resolution panicked: {e}")))??;
-        let (backend, why) = select::choose(plan.settings.backend)
+        let (backend, why) = select::choose(plan.settings.backend, resolved.image.arch)
             .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
 
         let slot = ctx.admission.enter(|position| report(EventKind::BootQueued { position })).await;
