@@ -145,8 +145,7 @@ async fn a_read_only_disk_reads_back_and_refuses_writes() {
     for lane in lanes() {
         let mut boot_image = lane_image(lane);
         boot_image.rootfs = Some(image_path.clone());
-        let vm =
-            Vm::launch(lane.backend, &VmSpec::new(boot_image)).await.unwrap_or_else(|e| panic!("{lane:?}: {e}"));
+        let vm = Vm::launch(lane.backend, &VmSpec::new(boot_image)).await.unwrap_or_else(|e| panic!("{lane:?}: {e}"));
         let out = run(
             vm.agent(),
             sh("cat /sys/block/vda/size; dd if=/dev/vda bs=4096 skip=1 count=1 2>/dev/null | sha256sum"),

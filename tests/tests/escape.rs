@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use umbra_api::methods::StartParams;
-use umbra_api::session::{BackendChoice, FolderSpec, NetworkMode, NetworkPolicy, SettingsPatch};
+use umbra_api::session::{FolderSpec, NetworkMode, NetworkPolicy, SettingsPatch};
 use umbra_proto::ShareMode;
 use umbra_runtime::backend::BackendKind;
 use umbra_runtime::session::{ExecRequest, Session};
@@ -220,10 +220,7 @@ async fn run_suite(backend: BackendKind) {
     let (ro_before, rw_before) = (snapshot(&ro), snapshot(&rw));
 
     let m = umbra_tests::session_manager_for(&dir, "standard", MEMORY_MIB);
-    let backend_choice = match backend {
-        BackendKind::Kvm => BackendChoice::Kvm,
-        BackendKind::Qemu => BackendChoice::Qemu,
-    };
+    let backend_choice = backend.choice();
     let params = StartParams {
         name: SESSION.into(),
         folders: vec![
@@ -439,6 +436,7 @@ async fn run_suite(backend: BackendKind) {
             let own = match backend {
                 BackendKind::Qemu => 384,
                 BackendKind::Kvm => 64,
+                BackendKind::Vz => unreachable!("the escape suite runs on Linux backends"),
             };
             if rss > MEMORY_MIB as u64 + own {
                 return Err(format!(
@@ -490,6 +488,7 @@ async fn run_suite(backend: BackendKind) {
             let cap = match backend {
                 BackendKind::Qemu => umbra_runtime::backend::console::CONSOLE_LOG_CAP,
                 BackendKind::Kvm => 16 << 20,
+                BackendKind::Vz => unreachable!("the escape suite runs on Linux backends"),
             };
             if size > cap + (64 << 10) {
                 return Err(format!("the console log is {size} bytes, over its {cap}-byte cap"));

@@ -53,13 +53,16 @@ impl std::fmt::Display for SessionStatus {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BackendChoice {
-    /// The Umbra VMM where the CPU has VT-x/AMD-V, QEMU elsewhere.
+    /// Linux: the Umbra VMM where the CPU has VT-x/AMD-V, QEMU elsewhere. macOS: `vz`. A bundle
+    /// for another architecture than the host's: QEMU, emulated.
     #[default]
     Auto,
-    /// Umbra's own VMM on KVM.
+    /// Umbra's own VMM on KVM (Linux).
     Kvm,
     /// QEMU (KVM acceleration where the host has it, emulation otherwise).
     Qemu,
+    /// Apple's Virtualization.framework (macOS). Since API 1.1.
+    Vz,
 }
 
 /// A host folder to share with a session.

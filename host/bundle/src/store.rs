@@ -88,15 +88,21 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), BundleError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("cannot fsync", dir))
 }
 
-/// Swaps two paths in one step (renameat2 RENAME_EXCHANGE). ENOENT when either is missing,
-/// EINVAL where the filesystem cannot swap.
+/// Swaps two paths in one step (Linux: renameat2 RENAME_EXCHANGE; macOS: renamex_np
+/// RENAME_SWAP). ENOENT when either is missing, EINVAL (Linux) or ENOTSUP (macOS) where the
+/// filesystem cannot swap.
 fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| std::io::ErrorKind::InvalidInput);
     let (a, b) = (c(a)?, c(b)?);
     // SAFETY: both are NUL-terminated paths alive for the call; AT_FDCWD resolves relative
     // paths as rename(2) does. No other memory is passed.
-    if unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) } != 0 {
+    #[cfg(target_os = "linux")]
+    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) };
+    // SAFETY: as above; renamex_np takes the two paths and the flag only.
+    #[cfg(target_os = "macos")]
+    let rc = unsafe { libc::renamex_np(a.as_ptr(), b.as_ptr(), libc::RENAME_SWAP) };
+    if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())

@@ -182,8 +182,9 @@ pub async fn session(args: SessionBenchArgs) -> anyhow::Result<()> {
     };
     let accel = match (backend, KvmKind::detect()) {
         (BackendKind::Kvm, _) => "kvm",
-        (BackendKind::Qemu, KvmKind::Hardware) => "kvm",
+        (BackendKind::Qemu, KvmKind::Hardware) if setup.image.arch == umbra_bundle::Arch::host() => "kvm",
         (BackendKind::Qemu, _) => "tcg",
+        (BackendKind::Vz, _) => "hvf",
     };
     println!(
         "backend {} ({why}) · accel {accel} · bundle {} · {} MiB, {} cpu · disk {}",

@@ -48,7 +48,8 @@ pub struct BuildArgs {
 }
 
 fn parse_arch(name: &str) -> Result<Arch, String> {
-    Arch::parse(name).ok_or_else(|| format!("unknown architecture {name:?} (x86_64 or aarch64; amd64 and arm64 work too)"))
+    Arch::parse(name)
+        .ok_or_else(|| format!("unknown architecture {name:?} (x86_64 or aarch64; amd64 and arm64 work too)"))
 }
 
 fn source_dir(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {

@@ -128,20 +128,24 @@ pub fn run(args: DoctorArgs) -> i32 {
         },
         daemon_check(),
     ]);
-    let (backend, why) = match umbra_runtime::backend::select::choose(umbra_api::BackendChoice::Auto, umbra_bundle::Arch::host()) {
-        Ok((b, why)) => (format!("{b:?}").to_lowercase(), why),
-        Err(e) => ("none".into(), e.to_string()),
-    };
+    let (backend, why) =
+        match umbra_runtime::backend::select::choose(umbra_api::BackendChoice::Auto, umbra_bundle::Arch::host()) {
+            Ok((b, why)) => (format!("{b:?}").to_lowercase(), why),
+            Err(e) => ("none".into(), e.to_string()),
+        };
     let ok = |names: &[&str]| checks.iter().filter(|c| names.contains(&c.name)).all(|c| c.ok);
     // `vmctl run` on QEMU; sessions add folders (umbra-fsd, virtiofsd), the disk and the daemon.
     let runnable = ok(&["qemu-system-x86_64", "vhost-device-vsock", "bundles"]);
     let sessions = runnable && ok(&["umbra-fsd", "virtiofsd", "mkfs.ext4", "umbrad"]);
     // What confines the parts a hostile guest talks to, as things stand.
+    #[cfg(target_os = "linux")]
     let landlock = match umbra_vmm::jail::landlock_abi() {
         Ok(Some(abi)) => format!("landlock ABI {abi}"),
         Ok(None) => "no landlock (not in this kernel)".to_string(),
         Err(e) => e,
     };
+    #[cfg(not(target_os = "linux"))]
+    let landlock = "no landlock (not Linux)".to_string();
     // SAFETY: geteuid has no preconditions.
     let identity = if unsafe { libc::geteuid() } == 0 {
         format!("as uid {} (nobody)", umbra_runtime::backend::kvm::JAIL_ID)

@@ -4,6 +4,7 @@ mod bench;
 mod bench_fs;
 mod bench_net;
 mod bench_session;
+#[cfg(target_os = "linux")]
 mod bench_vmm;
 mod bundle_bench;
 mod bundle_build;
@@ -58,6 +59,7 @@ enum BenchCommand {
     /// A shared folder from inside the guest beside the same work natively on the host.
     Fs(bench_fs::FsBenchArgs),
     /// The Umbra VMM: bare-guest launch -> exit and RSS; Linux boot beside QEMU on hardware KVM.
+    #[cfg(target_os = "linux")]
     Vmm(bench_vmm::VmmBenchArgs),
     /// Session start -> first output beside a bare VM boot; spawn round-trips: agent, runtime,
     /// umbrad.
@@ -101,6 +103,7 @@ fn main() {
         Command::Bench { command: BenchCommand::Fs(args) } => {
             async_main(async move { exit_code(bench_fs::fs(args).await) })
         }
+        #[cfg(target_os = "linux")]
         Command::Bench { command: BenchCommand::Vmm(args) } => {
             async_main(async move { exit_code(bench_vmm::vmm(args).await) })
         }

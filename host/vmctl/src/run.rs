@@ -30,6 +30,8 @@ pub enum BackendChoice {
     Auto,
     Qemu,
     Kvm,
+    /// Virtualization.framework (macOS).
+    Vz,
 }
 
 impl From<BackendChoice> for umbra_api::BackendChoice {
@@ -38,6 +40,7 @@ impl From<BackendChoice> for umbra_api::BackendChoice {
             BackendChoice::Auto => umbra_api::BackendChoice::Auto,
             BackendChoice::Qemu => umbra_api::BackendChoice::Qemu,
             BackendChoice::Kvm => umbra_api::BackendChoice::Kvm,
+            BackendChoice::Vz => umbra_api::BackendChoice::Vz,
         }
     }
 }

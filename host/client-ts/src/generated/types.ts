@@ -4,7 +4,7 @@
 // The wire protocol and what every field means: docs/ipc.md.
 
 /** The IPC contract's version (`major.minor`) these types describe. */
-export const API_VERSION = "1.0";
+export const API_VERSION = "1.1";
 
 /** Bytes of each output stream umbrad sends before it waits for `process.ack`. */
 export const OUTPUT_WINDOW = 1048576;
@@ -72,11 +72,12 @@ export type ApprovalSettings = {
 /**
  * Which VM backend to use.
  *
- * - `"auto"`: The Umbra VMM where the CPU has VT-x/AMD-V, QEMU elsewhere.
- * - `"kvm"`: Umbra's own VMM on KVM.
+ * - `"auto"`: Linux: the Umbra VMM where the CPU has VT-x/AMD-V, QEMU elsewhere. macOS: `vz`. A bundle for another architecture than the host's: QEMU, emulated.
+ * - `"kvm"`: Umbra's own VMM on KVM (Linux).
  * - `"qemu"`: QEMU (KVM acceleration where the host has it, emulation otherwise).
+ * - `"vz"`: Apple's Virtualization.framework (macOS). Since API 1.1.
  */
-export type BackendChoice = "auto" | "kvm" | "qemu";
+export type BackendChoice = "auto" | "kvm" | "qemu" | "vz";
 
 export interface BundleStatus {
   installed: InstalledInfo[];

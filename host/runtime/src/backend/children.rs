@@ -53,6 +53,9 @@ impl Supervised {
         // getppid, setpgid, _exit) and touch no heap state.
         unsafe {
             cmd.pre_exec(move || {
+                // macOS has no parent-death signal; there the VM runs in-process (vz) and
+                // helpers are killed when their `Supervised` drops.
+                #[cfg(target_os = "linux")]
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                     return Err(io::Error::last_os_error());
                 }

@@ -109,7 +109,8 @@ pub const UMBRAD: Program = Program {
 };
 
 /// Every program, in the order `vmctl doctor` lists them.
-pub const PROGRAMS: [Program; 8] = [QEMU, QEMU_AARCH64, UMBRA_VMM, VHOST_VSOCK, VIRTIOFSD, UMBRA_FSD, UMBRAD, MKFS_EXT4];
+pub const PROGRAMS: [Program; 8] =
+    [QEMU, QEMU_AARCH64, UMBRA_VMM, VHOST_VSOCK, VIRTIOFSD, UMBRA_FSD, UMBRAD, MKFS_EXT4];
 
 impl Program {
     /// The override, else (for Umbra's own) next to the running executable, else PATH, then

@@ -10,6 +10,7 @@ mod children;
 pub mod console;
 pub mod disk;
 pub mod fsd;
+#[cfg(target_os = "linux")]
 mod helper_jail;
 pub mod host;
 pub mod kvm;
@@ -18,6 +19,7 @@ mod qemu;
 pub use qemu::QEMU_SANDBOX;
 mod rundir;
 pub mod select;
+pub mod vz;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -49,8 +51,10 @@ pub const BASE_CMDLINE_AARCH64: &str = "console=ttyAMA0 quiet panic=-1";
 pub enum BackendKind {
     /// Umbra's own VMM (`umbra-vmm`) on KVM.
     Kvm,
-    /// QEMU `-M microvm`: the headless test harness and the fallback.
+    /// QEMU `-M microvm` (`-M virt` for arm64): the headless test harness and the fallback.
     Qemu,
+    /// Apple's Virtualization.framework, in-process (macOS only).
+    Vz,
 }
 
 impl BackendKind {
@@ -58,6 +62,16 @@ impl BackendKind {
         match self {
             BackendKind::Kvm => "kvm",
             BackendKind::Qemu => "qemu",
+            BackendKind::Vz => "vz",
+        }
+    }
+
+    /// The choice that asks for this backend by name.
+    pub fn choice(self) -> umbra_api::BackendChoice {
+        match self {
+            BackendKind::Kvm => umbra_api::BackendChoice::Kvm,
+            BackendKind::Qemu => umbra_api::BackendChoice::Qemu,
+            BackendKind::Vz => umbra_api::BackendChoice::Vz,
         }
     }
 
@@ -67,13 +81,19 @@ impl BackendKind {
         if self == BackendKind::Qemu || image.arch == Arch::host() {
             return Ok(());
         }
-        Err(VmError::WrongArch { version: image.version.clone(), guest: image.arch, host: Arch::host(), backend: self.name() })
+        Err(VmError::WrongArch {
+            version: image.version.clone(),
+            guest: image.arch,
+            host: Arch::host(),
+            backend: self.name(),
+        })
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "kvm" => Some(BackendKind::Kvm),
             "qemu" => Some(BackendKind::Qemu),
+            "vz" => Some(BackendKind::Vz),
             _ => None,
         }
     }
@@ -182,12 +202,16 @@ pub struct Vm {
     /// VMM last: dropped (killed) before the daemons it uses.
     children: Vec<Supervised>,
     console_log: PathBuf,
-    console: console::ConsoleCopier,
+    /// Copies a VMM's console pipe into `console_log` (an in-process VM writes it itself).
+    console: Option<console::ConsoleCopier>,
     /// Time from launch until the agent answered the handshake.
     pub boot_time: Duration,
     run_dir: RunDir,
     /// The folder server, when the VM was launched with folder sharing.
     folders: Option<fsd::FolderServer>,
+    /// The in-process VM of the vz backend.
+    #[cfg(target_os = "macos")]
+    vz: Option<std::sync::Arc<vz::VzMachine>>,
 }
 
 impl Vm {
@@ -197,6 +221,12 @@ impl Vm {
         match backend {
             BackendKind::Kvm => kvm::launch(spec).await,
             BackendKind::Qemu => qemu::launch(spec).await,
+            #[cfg(target_os = "macos")]
+            BackendKind::Vz => vz::launch(spec).await,
+            #[cfg(not(target_os = "macos"))]
+            BackendKind::Vz => Err(VmError::BackendUnavailable(
+                "backend vz is Apple's Virtualization.framework: it runs only on macOS".into(),
+            )),
         }
     }
 
@@ -224,6 +254,10 @@ impl Vm {
 
     /// If the VM has ended (any helper exited), why — with the console's last lines.
     pub fn check_alive(&mut self) -> Result<(), VmError> {
+        #[cfg(target_os = "macos")]
+        if let Some(reason) = self.vz.as_ref().and_then(|m| vz::ended(m)) {
+            return Err(VmError::GuestDied { reason, console: self.console_tail(console::ERROR_CONTEXT_LINES) });
+        }
         let dead = self.children.iter_mut().find_map(|c| c.try_exited().map(|s| (c.name, s)));
         match dead {
             None => Ok(()),
@@ -232,7 +266,9 @@ impl Vm {
     }
 
     fn died(&self, name: &str, status: std::process::ExitStatus) -> VmError {
-        self.console.wait_drained(CONSOLE_DRAIN);
+        if let Some(copier) = &self.console {
+            copier.wait_drained(CONSOLE_DRAIN);
+        }
         let console = self.console_tail(console::ERROR_CONTEXT_LINES);
         let reason = match console::diagnose(&console) {
             Some(why) => why.to_string(),
@@ -268,12 +304,20 @@ impl Vm {
             if let Some(vmm) = self.children.last_mut() {
                 vmm.wait_timeout(Duration::from_secs(10)).await;
             }
+            #[cfg(target_os = "macos")]
+            if self.vz.is_some() {
+                let _ = self.wait(Duration::from_secs(10)).await;
+            }
         }
         self.kill();
     }
 
     /// Kills the VMM and every helper now.
     pub fn kill(&mut self) {
+        #[cfg(target_os = "macos")]
+        if let Some(machine) = self.vz.take() {
+            machine.stop(Duration::ZERO);
+        }
         for c in self.children.iter_mut().rev() {
             c.kill();
         }
@@ -370,10 +414,12 @@ impl Launch {
             agent,
             children,
             console_log,
-            console: copier,
+            console: Some(copier),
             boot_time: started.elapsed(),
             run_dir: run,
             folders,
+            #[cfg(target_os = "macos")]
+            vz: None,
         })
     }
 }
@@ -448,5 +494,31 @@ async fn wait_for_agent(
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod arch_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_backend_that_runs_only_the_hosts_architecture_refuses_another_by_name() {
+        let other = if Arch::host() == Arch::X86_64 { Arch::Aarch64 } else { Arch::X86_64 };
+        let image = BootImage {
+            version: "minimal-test".into(),
+            arch: other,
+            kernel: PathBuf::from("/nonexistent/Image"),
+            initrd: None,
+            rootfs: None,
+            cmdline: String::new(),
+        };
+        for backend in [BackendKind::Kvm, BackendKind::Vz] {
+            let e = Vm::launch(backend, &VmSpec::new(image.clone())).await.err().expect("refused");
+            let text = e.to_string();
+            assert!(matches!(e, VmError::WrongArch { .. }), "{backend:?}: {text}");
+            assert!(text.contains(other.as_str()) && text.contains(Arch::host().as_str()), "{text}");
+            assert!(text.contains("minimal-test") && text.contains("qemu"), "{text}");
+        }
+        assert!(BackendKind::Qemu.check_arch(&image).is_ok(), "QEMU emulates it");
     }
 }

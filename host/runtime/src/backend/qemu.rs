@@ -15,8 +15,8 @@ use super::fsd::FolderServer;
 use super::host::KvmKind;
 use super::rundir::{new_vm_id, RunDir};
 use super::{
-    io, log_file, start_folder_server, BackendKind, GuestProcess, Launch, Supervised, Vm, VmError, VmSpec, BASE_CMDLINE,
-    BASE_CMDLINE_AARCH64,
+    io, log_file, start_folder_server, BackendKind, GuestProcess, Launch, Supervised, Vm, VmError, VmSpec,
+    BASE_CMDLINE, BASE_CMDLINE_AARCH64,
 };
 use umbra_bundle::Arch;
 
@@ -140,6 +140,7 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log_file(&vhost_log)?);
+    #[cfg(target_os = "linux")]
     if super::helper_jail::HelperJail::enabled() {
         let root = run.join("vhost-root");
         std::fs::create_dir(&root).map_err(io(format!("create {}", root.display())))?;
@@ -176,8 +177,7 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     // KVM runs only the host's architecture; another one is emulated.
     let accel_kvm = KvmKind::detect() == KvmKind::Hardware && spec.image.arch == Arch::host();
     let cmd = qemu_command(&qemu, spec, &run, accel_kvm, folders.as_ref().map(FolderServer::socket));
-    let guest =
-        GuestProcess { name: qemu_name, binary: &qemu, cmd, log: run.join("qemu.log"), log_label: "qemu: " };
+    let guest = GuestProcess { name: qemu_name, binary: &qemu, cmd, log: run.join("qemu.log"), log_label: "qemu: " };
     Launch { backend: BackendKind::Qemu, started, id, run, children, folders }.finish(spec, guest).await
 }
 

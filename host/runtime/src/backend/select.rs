@@ -13,7 +13,22 @@ pub fn choose(choice: BackendChoice, arch: Arch) -> Result<(BackendKind, String)
     if arch != Arch::host() {
         return foreign(choice, arch);
     }
+    if cfg!(target_os = "macos") {
+        return choose_on_macos(choice);
+    }
     choose_for(choice, KvmKind::detect(), kvm::find_vmm().is_some())
+}
+
+/// macOS: Virtualization.framework runs the host's architecture; there is no KVM, and QEMU
+/// here lacks the vhost-user daemons (Linux-only) the qemu backend needs.
+fn choose_on_macos(choice: BackendChoice) -> Result<(BackendKind, String), VmError> {
+    match choice {
+        BackendChoice::Auto => Ok((BackendKind::Vz, "macOS: Virtualization.framework".into())),
+        BackendChoice::Vz => Ok((BackendKind::Vz, "requested".into())),
+        BackendChoice::Kvm | BackendChoice::Qemu => Err(VmError::BackendUnavailable(
+            "on macOS only the vz backend (Virtualization.framework) runs the host's architecture".into(),
+        )),
+    }
 }
 
 /// A guest of another architecture: only QEMU, which emulates it, runs it.
@@ -23,8 +38,8 @@ fn foreign(choice: BackendChoice, arch: Arch) -> Result<(BackendKind, String), V
         BackendChoice::Qemu | BackendChoice::Auto => {
             Ok((BackendKind::Qemu, format!("an {arch} guest on an {host} host: QEMU with TCG emulation")))
         }
-        BackendChoice::Kvm => Err(VmError::BackendUnavailable(format!(
-            "backend kvm runs only {host} guests on this host; this bundle is {arch} (use the qemu backend)"
+        BackendChoice::Kvm | BackendChoice::Vz => Err(VmError::BackendUnavailable(format!(
+            "backends kvm and vz run only {host} guests on this host; this bundle is {arch} (use the qemu backend)"
         ))),
     }
 }
@@ -33,6 +48,7 @@ fn choose_for(choice: BackendChoice, kvm: KvmKind, have_vmm: bool) -> Result<(Ba
     let unavailable = |why: &str| Err(VmError::BackendUnavailable(why.to_string()));
     match choice {
         BackendChoice::Qemu => Ok((BackendKind::Qemu, "requested".into())),
+        BackendChoice::Vz => unavailable("backend vz is Apple's Virtualization.framework: it runs only on macOS"),
         BackendChoice::Kvm => {
             if kvm == KvmKind::Absent {
                 return unavailable(

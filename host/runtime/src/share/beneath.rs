@@ -21,6 +21,7 @@ use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+#[cfg(target_os = "linux")]
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// `struct open_how` from `<linux/openat2.h>` (libc's copy is `#[non_exhaustive]`, so it cannot
@@ -28,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// ```c
 /// struct open_how { __u64 flags; __u64 mode; __u64 resolve; };
 /// ```
+#[cfg(target_os = "linux")]
 #[repr(C)]
 struct OpenHow {
     flags: u64,
@@ -39,10 +41,25 @@ struct OpenHow {
 const MAX_SYMLINKS: usize = 40;
 /// `RESOLVE_BENEATH` answers `EAGAIN` when a rename raced the lookup; retrying is the documented
 /// remedy, a bound keeps a hostile renamer from spinning us forever.
+#[cfg(target_os = "linux")]
 const EAGAIN_RETRIES: usize = 16;
 
 /// Set once `openat2` answered `ENOSYS` (pre-5.6 kernel, or a seccomp filter hiding it).
+#[cfg(target_os = "linux")]
 static OPENAT2_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Opens a name for `*at` calls and metadata only. Linux: `O_PATH` (no read access needed,
+/// a FIFO cannot block). macOS has no `O_PATH`: read-only and non-blocking is the nearest,
+/// and `O_SYMLINK` describes a final symlink instead of failing on it with `O_NOFOLLOW`.
+#[cfg(target_os = "linux")]
+pub const O_PATH: libc::c_int = libc::O_PATH;
+#[cfg(not(target_os = "linux"))]
+pub const O_PATH: libc::c_int = libc::O_RDONLY | libc::O_NONBLOCK;
+/// `O_PATH` for an entry that may itself be a symlink, which is described, not followed.
+#[cfg(target_os = "linux")]
+const O_PATH_LINK: libc::c_int = libc::O_PATH | libc::O_NOFOLLOW;
+#[cfg(not(target_os = "linux"))]
+const O_PATH_LINK: libc::c_int = O_PATH | libc::O_SYMLINK;
 
 /// True for the errors by which a beneath-resolution says "this path leads out of the root":
 /// `EXDEV` (absolute symlink, `..` above the root, magic link) and `ELOOP` (a symlink where none
@@ -59,6 +76,8 @@ pub fn open_dir(path: &Path) -> io::Result<File> {
 /// Opens `rel` beneath `root` with `open(2)` `flags` (`O_CLOEXEC` is always added), following
 /// only symlinks that resolve inside `root`. An empty `rel` opens `root` itself.
 pub fn open_beneath(root: &File, rel: &Path, flags: libc::c_int, mode: u32) -> io::Result<File> {
+    // macOS has no beneath-resolving open: the walk does it (with O_NOFOLLOW at each step).
+    #[cfg(target_os = "linux")]
     if !OPENAT2_UNSUPPORTED.load(Ordering::Relaxed) {
         match openat2_beneath(root, rel, flags, mode) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => OPENAT2_UNSUPPORTED.store(true, Ordering::Relaxed),
@@ -71,6 +90,7 @@ pub fn open_beneath(root: &File, rel: &Path, flags: libc::c_int, mode: u32) -> i
     walk_beneath(root, rel, flags, mode)
 }
 
+#[cfg(target_os = "linux")]
 fn openat2_beneath(root: &File, rel: &Path, flags: libc::c_int, mode: u32) -> io::Result<File> {
     let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
     let path = CString::new(rel.as_os_str().as_bytes()).map_err(|_| einval())?;
@@ -143,7 +163,7 @@ pub(super) fn walk_beneath(root: &File, rel: &Path, flags: libc::c_int, mode: u3
             // O_NOFOLLOW: a symlink swapped in since the lstat fails instead of being followed.
             return openat(dir, &name, flags | libc::O_NOFOLLOW, mode);
         }
-        let next = openat(dir, &name, libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?;
+        let next = openat(dir, &name, O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?;
         dirs.push(next);
     }
     // The path named a directory: the root, or one reached through `..` or a symlink.
@@ -201,7 +221,7 @@ pub fn openat(dir: &File, name: &OsStr, flags: libc::c_int, mode: u32) -> io::Re
 
 /// `lstat` of one entry of `dir` (a final symlink is described, not followed).
 pub fn lstat_at(dir: &File, name: &OsStr) -> io::Result<Metadata> {
-    openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?.metadata()
+    openat(dir, name, O_PATH_LINK, 0)?.metadata()
 }
 
 /// Opens the existing directory `name` in `dir` for further `*at` calls, refusing a symlink
@@ -267,8 +287,7 @@ pub fn read_dir(dir: &File) -> io::Result<Vec<OsString>> {
     let mut names = Vec::new();
     loop {
         // readdir signals errors only through errno, so clear it first.
-        // SAFETY: __errno_location returns this thread's errno slot, always valid.
-        unsafe { *libc::__errno_location() = 0 };
+        clear_errno();
         // SAFETY: `stream.0` is an open DIR stream owned by `stream`.
         let entry = unsafe { libc::readdir(stream.0) };
         if entry.is_null() {
@@ -292,6 +311,21 @@ impl Drop for DirStream {
         // SAFETY: the stream came from a successful fdopendir and is closed exactly once, here.
         unsafe { libc::closedir(self.0) };
     }
+}
+
+/// Sets this thread's `errno` to 0 (readdir reports errors only through it).
+fn clear_errno() {
+    // SAFETY: __errno_location (Linux) and __error (macOS) return this thread's errno slot,
+    // always valid for a write.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        *libc::__errno_location() = 0
+    };
+    // SAFETY: as above.
+    #[cfg(target_os = "macos")]
+    unsafe {
+        *libc::__error() = 0
+    };
 }
 
 #[cfg(test)]

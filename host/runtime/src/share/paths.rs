@@ -323,7 +323,7 @@ impl SessionShares {
     pub fn host_open_for_user(&self, guest_path: &str) -> Result<PathBuf, PathError> {
         check_openable_extension(guest_path)?;
         // O_PATH: no read access needed, and a FIFO cannot block us.
-        let file = self.open_beneath(guest_path, libc::O_PATH)?;
+        let file = self.open_beneath(guest_path, beneath::O_PATH)?;
         let io = |source| PathError::Io { path: guest_path.to_owned(), source };
         let kind = file.metadata().map_err(io)?.file_type();
         if !kind.is_file() && !kind.is_dir() {

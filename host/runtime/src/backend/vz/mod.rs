@@ -1,0 +1,100 @@
+//! The `vz` backend: Apple's Virtualization.framework on macOS (docs/macos.md). The VM runs in
+//! this process on its own dispatch queue: no VMM process, no helper daemons. Virtio-fs, vsock,
+//! block, entropy and the console are the framework's own devices.
+//!
+//! [`config`] maps a [`super::VmSpec`] onto plain data (unit-tested everywhere); `machine`, built
+//! only for macOS, turns that into Virtualization.framework objects through objc2.
+
+mod config;
+pub use config::{vz_config, VzConfig, VzDevice, VzShare, MIN_MEMORY_MIB, VZ_CMDLINE};
+
+#[cfg(target_os = "macos")]
+mod machine;
+#[cfg(target_os = "macos")]
+pub use machine::{VzMachine, VzState};
+
+#[cfg(target_os = "macos")]
+pub use launch::{ended, launch};
+
+/// Booting a [`VzMachine`] into a [`super::Vm`]: the same readiness rule as the other
+/// backends (the agent's announcement on its ready port, then the handshake on its port).
+#[cfg(target_os = "macos")]
+mod launch {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::{vz_config, VzMachine, VzState};
+    use crate::agent::AgentClient;
+    use crate::backend::rundir::{new_vm_id, RunDir};
+    use crate::backend::{console, io, BackendKind, Vm, VmError, VmSpec};
+
+    /// Why the VM ended, if it has.
+    pub fn ended(machine: &VzMachine) -> Option<String> {
+        match machine.state() {
+            VzState::Starting | VzState::Running => None,
+            VzState::Stopped => Some("the guest shut down".into()),
+            VzState::Failed(e) => Some(format!("Virtualization.framework stopped the VM: {e}")),
+        }
+    }
+
+    async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, VmError> {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| VmError::BackendUnavailable(format!("a Virtualization.framework call panicked: {e}")))
+    }
+
+    pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
+        let started = Instant::now();
+        let id = new_vm_id();
+        let run = RunDir::create(&id).map_err(io("create the VM run directory"))?;
+        let console_log = run.join("console.log");
+        let cfg = vz_config(spec, &console_log)?;
+        let machine = blocking(move || VzMachine::create(&cfg))
+            .await?
+            .map_err(|e| VmError::BackendUnavailable(format!("Virtualization.framework refused the VM: {e}")))?;
+        let machine = Arc::new(machine);
+        let died = |reason: String| VmError::GuestDied {
+            reason: format!("during boot: {reason}"),
+            console: console::tail(&console_log, console::ERROR_CONTEXT_LINES),
+        };
+        let (m, timeout) = (machine.clone(), spec.boot_timeout);
+        blocking(move || m.start(timeout)).await?.map_err(|e| died(format!("the VM did not start: {e}")))?;
+        let deadline = started + spec.boot_timeout;
+        while !machine.announced() {
+            if let Some(reason) = ended(&machine) {
+                machine.stop(Duration::ZERO);
+                return Err(died(reason));
+            }
+            if Instant::now() >= deadline {
+                machine.stop(Duration::ZERO);
+                return Err(VmError::BootTimeout {
+                    timeout: spec.boot_timeout,
+                    last_error: "the agent has not announced itself".into(),
+                    processes: "(in-process VM: no helper processes)\n".into(),
+                    console: console::tail(&console_log, console::ERROR_CONTEXT_LINES),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let m = machine.clone();
+        let fd = blocking(move || m.connect(umbra_proto::AGENT_VSOCK_PORT, Duration::from_secs(10)))
+            .await?
+            .map_err(|e| died(format!("cannot connect to the agent: {e}")))?;
+        let stream = std::os::unix::net::UnixStream::from(fd);
+        stream.set_nonblocking(true).map_err(io("make the agent connection non-blocking"))?;
+        let stream = tokio::net::UnixStream::from_std(stream).map_err(io("register the agent connection"))?;
+        let agent = AgentClient::handshake(stream).await.map_err(|e| died(format!("agent handshake: {e}")))?;
+        Ok(Vm {
+            id,
+            backend: BackendKind::Vz,
+            agent,
+            children: Vec::new(),
+            console_log,
+            console: None,
+            boot_time: started.elapsed(),
+            run_dir: run,
+            folders: None,
+            vz: Some(machine),
+        })
+    }
+}
