@@ -79,7 +79,7 @@ pub async fn fs(args: FsBenchArgs) -> anyhow::Result<()> {
             args.files,
             args.read_mib
         );
-        vm.folder_server().expect("sharing on").add("bench", &shared, false).await?;
+        vm.add_folder("bench", &shared, false, &Default::default()).await?;
         let mount = MountRequest {
             source: "umbra".into(),
             target: "/umbra/shares".into(),

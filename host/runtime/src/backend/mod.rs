@@ -190,6 +190,8 @@ pub enum VmError {
     /// The folder server (umbra-fsd) refused a request.
     #[error("the folder server refused: {0}")]
     FolderServer(String),
+    #[error("the VM was launched without folder sharing")]
+    NoFolderSharing,
     #[error("the VM ended ({reason}); last console lines:\n{console}")]
     GuestDied { reason: String, console: String },
 }
@@ -212,6 +214,9 @@ pub struct Vm {
     /// The in-process VM of the vz backend.
     #[cfg(target_os = "macos")]
     vz: Option<std::sync::Arc<vz::VzMachine>>,
+    /// The vz VM's folder share set, when it was launched with folder sharing.
+    #[cfg(target_os = "macos")]
+    vz_shares: Option<Vec<vz::VzShare>>,
 }
 
 impl Vm {
@@ -234,9 +239,41 @@ impl Vm {
         &self.agent
     }
 
-    /// The folder server, if the VM was launched with `folder_sharing`.
-    pub fn folder_server(&mut self) -> Option<&mut fsd::FolderServer> {
-        self.folders.as_mut()
+    /// Whether folders can be shared with this VM (it was launched with `folder_sharing`).
+    pub fn shares_folders(&self) -> bool {
+        #[cfg(target_os = "macos")]
+        if self.vz.is_some() {
+            return self.vz_shares.is_some();
+        }
+        self.folders.is_some()
+    }
+
+    /// Puts the host directory `source` into the VM's folder share as `name`, read-only on the
+    /// host if `read_only`; the guest mounts it from there. Linux: the folder server binds it
+    /// (with `protection` applied on the host). vz: the framework's share set is replaced.
+    pub async fn add_folder(
+        &mut self,
+        name: &str,
+        source: &Path,
+        read_only: bool,
+        protection: &fsd::Protection,
+    ) -> Result<(), VmError> {
+        #[cfg(target_os = "macos")]
+        if let (Some(machine), Some(shares)) = (&self.vz, &mut self.vz_shares) {
+            return vz::add_folder(machine, shares, name, source, read_only, protection).await;
+        }
+        let server = self.folders.as_mut().ok_or(VmError::NoFolderSharing)?;
+        server.add_protected(name, source, read_only, protection).await
+    }
+
+    /// Takes folder `name` out of the VM's folder share.
+    pub async fn remove_folder(&mut self, name: &str) -> Result<(), VmError> {
+        #[cfg(target_os = "macos")]
+        if let (Some(machine), Some(shares)) = (&self.vz, &mut self.vz_shares) {
+            return vz::remove_folder(machine, shares, name).await;
+        }
+        let server = self.folders.as_mut().ok_or(VmError::NoFolderSharing)?;
+        server.remove(name).await
     }
 
     pub fn run_dir(&self) -> &Path {
@@ -420,6 +457,8 @@ impl Launch {
             folders,
             #[cfg(target_os = "macos")]
             vz: None,
+            #[cfg(target_os = "macos")]
+            vz_shares: None,
         })
     }
 }

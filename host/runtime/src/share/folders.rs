@@ -233,19 +233,19 @@ impl SharedFolders {
             _ => None,
         };
         // The bind's name in the share root is the folder name (one session per VM).
-        let server = vm.folder_server().ok_or(ShareError::NoFolderServer)?;
+        if !vm.shares_folders() {
+            return Err(ShareError::NoFolderServer);
+        }
         let protection = match protect {
             true => Protection { protect_git: self.policy.protect_git, hide: self.policy.hide.clone() },
             false => Protection::default(),
         };
-        server.add_protected(name, host_path, !mode.host_writable(), &protection).await.map_err(ShareError::Server)?;
+        vm.add_folder(name, host_path, !mode.host_writable(), &protection).await.map_err(ShareError::Server)?;
         let request = ShareRequest { session: session.into(), name: name.into(), mode };
         let guest_path = match vm.agent().share(request).await {
             Ok(p) => p,
             Err(source) => {
-                if let Some(server) = vm.folder_server() {
-                    let _ = server.remove(name).await;
-                }
+                let _ = vm.remove_folder(name).await;
                 return Err(ShareError::GuestMount { name: name.into(), source });
             }
         };
@@ -265,8 +265,10 @@ impl SharedFolders {
         let i = self.shared.iter().position(|s| s.name == name).ok_or_else(|| ShareError::NotShared(name.into()))?;
         let session = self.shared[i].session.clone();
         vm.agent().unshare(&session, name).await?;
-        let server = vm.folder_server().ok_or(ShareError::NoFolderServer)?;
-        server.remove(name).await.map_err(ShareError::Server)?;
+        vm.remove_folder(name).await.map_err(|e| match e {
+            VmError::NoFolderSharing => ShareError::NoFolderServer,
+            e => ShareError::Server(e),
+        })?;
         self.shared.remove(i);
         Ok(())
     }

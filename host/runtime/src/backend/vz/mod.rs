@@ -14,7 +14,7 @@ mod machine;
 pub use machine::{VzMachine, VzState};
 
 #[cfg(target_os = "macos")]
-pub use launch::{ended, launch};
+pub use launch::{add_folder, ended, launch, remove_folder};
 
 /// Booting a [`VzMachine`] into a [`super::Vm`]: the same readiness rule as the other
 /// backends (the agent's announcement on its ready port, then the handshake on its port).
@@ -26,6 +26,10 @@ mod launch {
     use super::{vz_config, VzMachine, VzState};
     use crate::agent::AgentClient;
     use crate::backend::rundir::{new_vm_id, RunDir};
+    use std::path::Path;
+
+    use super::VzShare;
+    use crate::backend::fsd::{Protection, FS_TAG};
     use crate::backend::{console, io, BackendKind, Vm, VmError, VmSpec};
 
     /// Why the VM ended, if it has.
@@ -95,6 +99,49 @@ mod launch {
             run_dir: run,
             folders: None,
             vz: Some(machine),
+            vz_shares: spec.folder_sharing.then(Vec::new),
         })
+    }
+
+    /// Adds `name` to the share set. The framework shares a directory read-only or read-write
+    /// and nothing finer: a share that asks for `.git` protection or hidden files is refused
+    /// rather than given without them.
+    pub async fn add_folder(
+        machine: &Arc<VzMachine>,
+        shares: &mut Vec<VzShare>,
+        name: &str,
+        source: &Path,
+        read_only: bool,
+        protection: &Protection,
+    ) -> Result<(), VmError> {
+        if protection.protect_git || !protection.hide.is_empty() {
+            return Err(VmError::FolderServer(format!(
+                "folder {name}: the vz backend cannot protect .git or hide files on the host (Virtualization.framework \
+                 shares whole directories); share it without that policy"
+            )));
+        }
+        if shares.iter().any(|s| s.name == name) {
+            return Err(VmError::FolderServer(format!("folder {name} is already in the share")));
+        }
+        let mut next = shares.clone();
+        next.push(VzShare { name: name.into(), path: source.to_path_buf(), read_only });
+        set(machine, &next).await?;
+        *shares = next;
+        Ok(())
+    }
+
+    pub async fn remove_folder(machine: &Arc<VzMachine>, shares: &mut Vec<VzShare>, name: &str) -> Result<(), VmError> {
+        let next: Vec<VzShare> = shares.iter().filter(|s| s.name != name).cloned().collect();
+        if next.len() == shares.len() {
+            return Err(VmError::FolderServer(format!("folder {name} is not in the share")));
+        }
+        set(machine, &next).await?;
+        *shares = next;
+        Ok(())
+    }
+
+    async fn set(machine: &Arc<VzMachine>, shares: &[VzShare]) -> Result<(), VmError> {
+        let (m, shares) = (machine.clone(), shares.to_vec());
+        blocking(move || m.set_shares(FS_TAG, &shares)).await?.map_err(VmError::FolderServer)
     }
 }
