@@ -50,8 +50,9 @@ pub enum VzDevice {
     FileSystem { tag: String, shares: Vec<VzShare> },
     /// `VZVirtioEntropyDeviceConfiguration`: the guest's RNG is seeded from the host's.
     Entropy,
-    /// `VZVirtioConsoleDeviceSerialPortConfiguration` with a `VZFileSerialPortAttachment`
-    /// writing the console to `log`.
+    /// `VZVirtioConsoleDeviceSerialPortConfiguration` with a `VZFileHandleSerialPortAttachment`
+    /// writing into a pipe, which the runtime copies into `log` under the same size cap as on
+    /// Linux (a guest flooding its console cannot fill the host's disk).
     Console { log: PathBuf },
 }
 

@@ -10,9 +10,8 @@
 //! A `VZVirtioSocketConnection` closes its file descriptor when it is released, so
 //! [`VzMachine::connect`] hands out a `dup` of it and lets the connection object go.
 
-use std::fs::OpenOptions;
 use std::mem::ManuallyDrop;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -23,10 +22,10 @@ use dispatch2::{DispatchQueue, DispatchRetained};
 use objc2::rc::Retained;
 use objc2::runtime::ProtocolObject;
 use objc2::{define_class, msg_send, AllocAnyThread, DefinedClass};
-use objc2_foundation::{NSArray, NSDictionary, NSError, NSObject, NSObjectProtocol, NSString, NSURL};
+use objc2_foundation::{NSArray, NSDictionary, NSError, NSFileHandle, NSObject, NSObjectProtocol, NSString, NSURL};
 use objc2_virtualization::{
     VZDirectorySharingDeviceConfiguration, VZDiskImageStorageDeviceAttachment, VZEntropyDeviceConfiguration,
-    VZFileSerialPortAttachment, VZLinuxBootLoader, VZMultipleDirectoryShare, VZSerialPortConfiguration,
+    VZFileHandleSerialPortAttachment, VZLinuxBootLoader, VZMultipleDirectoryShare, VZSerialPortConfiguration,
     VZSharedDirectory, VZSocketDeviceConfiguration, VZStorageDeviceConfiguration, VZVirtioBlockDeviceConfiguration,
     VZVirtioConsoleDeviceSerialPortConfiguration, VZVirtioEntropyDeviceConfiguration, VZVirtioFileSystemDevice,
     VZVirtioFileSystemDeviceConfiguration, VZVirtioSocketConnection, VZVirtioSocketDevice,
@@ -174,6 +173,8 @@ pub struct VzMachine {
     queue: DispatchRetained<DispatchQueue>,
     vz: ManuallyDrop<Vz>,
     shared: Arc<Shared>,
+    /// The read end of the console pipe, until the runtime takes it.
+    console: Mutex<Option<OwnedFd>>,
 }
 
 impl VzMachine {
@@ -187,8 +188,13 @@ impl VzMachine {
             changed: Condvar::new(),
             announced: AtomicBool::new(false),
         });
-        let vz = on_queue(&queue, || build(cfg, &queue, &shared))?;
-        Ok(VzMachine { queue, vz: ManuallyDrop::new(vz), shared })
+        let (vz, console) = on_queue(&queue, || build(cfg, &queue, &shared))?;
+        Ok(VzMachine { queue, vz: ManuallyDrop::new(vz), shared, console: Mutex::new(console) })
+    }
+
+    /// The read end of the console pipe (once): the guest's console output.
+    pub fn take_console(&self) -> Option<OwnedFd> {
+        self.console.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
     /// Starts the VM, waiting up to `timeout` for the framework to confirm it.
@@ -337,9 +343,9 @@ fn wait<T>(rx: &mpsc::Receiver<T>, timeout: Duration, what: &str) -> Result<T, S
     })
 }
 
-/// Creates the VM; runs on `queue`.
-fn build(cfg: &VzConfig, queue: &DispatchQueue, shared: &Arc<Shared>) -> Result<Vz, String> {
-    let config = configuration(cfg)?;
+/// Creates the VM, and the read end of its console pipe; runs on `queue`.
+fn build(cfg: &VzConfig, queue: &DispatchQueue, shared: &Arc<Shared>) -> Result<(Vz, Option<OwnedFd>), String> {
+    let (config, console) = configuration(cfg)?;
     // SAFETY: on `queue`, a serial queue the VM keeps using; the configuration is valid.
     let vm = unsafe { VZVirtualMachine::initWithConfiguration_queue(VZVirtualMachine::alloc(), &config, queue) };
     let delegate = VmDelegate::new(shared.clone());
@@ -365,11 +371,11 @@ fn build(cfg: &VzConfig, queue: &DispatchQueue, shared: &Arc<Shared>) -> Result<
         }
         _ => None,
     };
-    Ok(Vz { vm, socket, _delegate: delegate, _ready: ready })
+    Ok((Vz { vm, socket, _delegate: delegate, _ready: ready }, console))
 }
 
-/// The VM's configuration, validated.
-fn configuration(cfg: &VzConfig) -> Result<Retained<VZVirtualMachineConfiguration>, String> {
+/// The VM's configuration, validated, and the read end of its console pipe.
+fn configuration(cfg: &VzConfig) -> Result<(Retained<VZVirtualMachineConfiguration>, Option<OwnedFd>), String> {
     // SAFETY: configuration objects are plain data, used by this thread only until the VM copies
     // them; every argument is a valid object of the declared type.
     let boot = unsafe {
@@ -385,6 +391,7 @@ fn configuration(cfg: &VzConfig) -> Result<Retained<VZVirtualMachineConfiguratio
     let mut sharing: Vec<Retained<VZDirectorySharingDeviceConfiguration>> = Vec::new();
     let mut entropy: Vec<Retained<VZEntropyDeviceConfiguration>> = Vec::new();
     let mut serial: Vec<Retained<VZSerialPortConfiguration>> = Vec::new();
+    let mut console = None;
     for device in &cfg.devices {
         // SAFETY: as above.
         unsafe {
@@ -417,20 +424,22 @@ fn configuration(cfg: &VzConfig) -> Result<Retained<VZVirtualMachineConfiguratio
                 }
                 VzDevice::Entropy => entropy.push(Retained::into_super(VZVirtioEntropyDeviceConfiguration::new())),
                 VzDevice::Console { log } => {
-                    // The attachment wants an existing file.
-                    OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(log)
-                        .map_err(|e| format!("console log {}: {e}", log.display()))?;
-                    let attachment = VZFileSerialPortAttachment::initWithURL_append_error(
-                        VZFileSerialPortAttachment::alloc(),
-                        &*file_url(log)?,
+                    let (read, write) = pipe().map_err(|e| format!("console pipe for {}: {e}", log.display()))?;
+                    // The handle owns the write end from here and closes it when released.
+                    let write = NSFileHandle::initWithFileDescriptor_closeOnDealloc(
+                        NSFileHandle::alloc(),
+                        write.into_raw_fd(),
                         true,
-                    )
-                    .map_err(|e| format!("console log {}: {}", log.display(), describe(&e)))?;
+                    );
+                    let attachment =
+                        VZFileHandleSerialPortAttachment::initWithFileHandleForReading_fileHandleForWriting(
+                            VZFileHandleSerialPortAttachment::alloc(),
+                            None,
+                            Some(&write),
+                        );
                     let port = VZVirtioConsoleDeviceSerialPortConfiguration::new();
                     port.setAttachment(Some(&attachment));
+                    console = Some(read);
                     serial.push(Retained::into_super(port));
                 }
             }
@@ -448,7 +457,7 @@ fn configuration(cfg: &VzConfig) -> Result<Retained<VZVirtualMachineConfiguratio
         config.setEntropyDevices(&NSArray::from_retained_slice(&entropy));
         config.setSerialPorts(&NSArray::from_retained_slice(&serial));
         config.validateWithError().map_err(|e| format!("invalid configuration: {}", describe(&e)))?;
-        Ok(config)
+        Ok((config, console))
     }
 }
 
@@ -474,6 +483,25 @@ fn directory_share(shares: &[VzShare]) -> Result<Retained<VZMultipleDirectorySha
     let directories = NSDictionary::from_retained_objects(&keys, &directories);
     // SAFETY: every name was validated above.
     Ok(unsafe { VZMultipleDirectoryShare::initWithDirectories(VZMultipleDirectoryShare::alloc(), &directories) })
+}
+
+/// A pipe, both ends close-on-exec (macOS has no pipe2).
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe writes.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe just returned these two descriptors, owned by nothing else.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    for fd in [&read, &write] {
+        use std::os::fd::AsRawFd;
+        // SAFETY: F_SETFD on a descriptor we own.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok((read, write))
 }
 
 /// A file URL for `path`.

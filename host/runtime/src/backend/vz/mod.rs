@@ -57,6 +57,14 @@ mod launch {
             .await?
             .map_err(|e| VmError::BackendUnavailable(format!("Virtualization.framework refused the VM: {e}")))?;
         let machine = Arc::new(machine);
+        // The console pipe is drained from before the guest starts, so it never blocks the guest.
+        let copier = match machine.take_console() {
+            Some(read) => Some(
+                console::ConsoleCopier::start(std::fs::File::from(read), console_log.clone())
+                    .map_err(io("start the console copier"))?,
+            ),
+            None => None,
+        };
         let died = |reason: String| VmError::GuestDied {
             reason: format!("during boot: {reason}"),
             console: console::tail(&console_log, console::ERROR_CONTEXT_LINES),
@@ -94,7 +102,7 @@ mod launch {
             agent,
             children: Vec::new(),
             console_log,
-            console: None,
+            console: copier,
             boot_time: started.elapsed(),
             run_dir: run,
             folders: None,
