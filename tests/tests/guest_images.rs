@@ -56,3 +56,26 @@ fn two_builds_of_the_minimal_bundle_are_identical() {
         );
     }
 }
+
+#[test]
+fn an_unknown_architecture_is_refused_before_anything_is_built() {
+    let out = Command::new(workspace_bin("vmctl"))
+        .args(["bundle", "build", "--flavor", "minimal", "--arch", "riscv64", "--out", "/nonexistent/b"])
+        .output()
+        .expect("run vmctl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("riscv64") && stderr.contains("x86_64 or aarch64"), "{stderr}");
+    assert!(!stderr.contains("build-kernel"), "nothing ran: {stderr}");
+}
+
+#[test]
+fn the_arm64_bundle_says_its_architecture_and_kernel_format() {
+    let dir =
+        umbra_tests::test_bundle(&umbra_runtime::paths::built_bundle_name("minimal", umbra_bundle::Arch::Aarch64));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["arch"], "aarch64");
+    let kernel = manifest["artifacts"].as_array().unwrap().iter().find(|a| a["role"] == "kernel").unwrap();
+    assert_eq!(kernel["format"], "arm64-image");
+}
