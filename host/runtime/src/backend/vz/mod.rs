@@ -65,37 +65,16 @@ mod launch {
             ),
             None => None,
         };
-        let died = |reason: String| VmError::GuestDied {
-            reason: format!("during boot: {reason}"),
-            console: console::tail(&console_log, console::ERROR_CONTEXT_LINES),
+        // Whatever fails once the VM may run stops it before the failure is reported: a start that
+        // timed out may still complete.
+        let agent = match boot(&machine, spec, started, &console_log).await {
+            Ok(agent) => agent,
+            Err(e) => {
+                let m = machine.clone();
+                let _ = blocking(move || m.stop(Duration::ZERO)).await;
+                return Err(e);
+            }
         };
-        let (m, timeout) = (machine.clone(), spec.boot_timeout);
-        blocking(move || m.start(timeout)).await?.map_err(|e| died(format!("the VM did not start: {e}")))?;
-        let deadline = started + spec.boot_timeout;
-        while !machine.announced() {
-            if let Some(reason) = ended(&machine) {
-                machine.stop(Duration::ZERO);
-                return Err(died(reason));
-            }
-            if Instant::now() >= deadline {
-                machine.stop(Duration::ZERO);
-                return Err(VmError::BootTimeout {
-                    timeout: spec.boot_timeout,
-                    last_error: "the agent has not announced itself".into(),
-                    processes: "(in-process VM: no helper processes)\n".into(),
-                    console: console::tail(&console_log, console::ERROR_CONTEXT_LINES),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let m = machine.clone();
-        let fd = blocking(move || m.connect(umbra_proto::AGENT_VSOCK_PORT, Duration::from_secs(10)))
-            .await?
-            .map_err(|e| died(format!("cannot connect to the agent: {e}")))?;
-        let stream = std::os::unix::net::UnixStream::from(fd);
-        stream.set_nonblocking(true).map_err(io("make the agent connection non-blocking"))?;
-        let stream = tokio::net::UnixStream::from_std(stream).map_err(io("register the agent connection"))?;
-        let agent = AgentClient::handshake(stream).await.map_err(|e| died(format!("agent handshake: {e}")))?;
         Ok(Vm {
             id,
             backend: BackendKind::Vz,
@@ -109,6 +88,44 @@ mod launch {
             vz: Some(machine),
             vz_shares: spec.folder_sharing.then(Vec::new),
         })
+    }
+
+    /// Starts the VM and waits for the agent's announcement, then shakes hands on its port.
+    async fn boot(
+        machine: &Arc<VzMachine>,
+        spec: &VmSpec,
+        started: Instant,
+        console_log: &Path,
+    ) -> Result<AgentClient, VmError> {
+        let died = |reason: String| VmError::GuestDied {
+            reason: format!("during boot: {reason}"),
+            console: console::tail(console_log, console::ERROR_CONTEXT_LINES),
+        };
+        let (m, timeout) = (machine.clone(), spec.boot_timeout);
+        blocking(move || m.start(timeout)).await?.map_err(|e| died(format!("the VM did not start: {e}")))?;
+        let deadline = started + spec.boot_timeout;
+        while !machine.announced() {
+            if let Some(reason) = ended(machine) {
+                return Err(died(reason));
+            }
+            if Instant::now() >= deadline {
+                return Err(VmError::BootTimeout {
+                    timeout: spec.boot_timeout,
+                    last_error: "the agent has not announced itself".into(),
+                    processes: "(in-process VM: no helper processes)\n".into(),
+                    console: console::tail(console_log, console::ERROR_CONTEXT_LINES),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let m = machine.clone();
+        let fd = blocking(move || m.connect(umbra_proto::AGENT_VSOCK_PORT, Duration::from_secs(10)))
+            .await?
+            .map_err(|e| died(format!("cannot connect to the agent: {e}")))?;
+        let stream = std::os::unix::net::UnixStream::from(fd);
+        stream.set_nonblocking(true).map_err(io("make the agent connection non-blocking"))?;
+        let stream = tokio::net::UnixStream::from_std(stream).map_err(io("register the agent connection"))?;
+        AgentClient::handshake(stream).await.map_err(|e| died(format!("agent handshake: {e}")))
     }
 
     /// Adds `name` to the share set. The framework shares a directory read-only or read-write
