@@ -13,16 +13,24 @@ const LEAF_EXT_TOPOLOGY: u32 = 0xb;
 const LEAF_V2_EXT_TOPOLOGY: u32 = 0x1f;
 const LEAF_AMD_EXT_APIC: u32 = 0x8000_001e;
 const ECX_HYPERVISOR: u32 = 1 << 31;
+/// The local APIC's TSC-deadline mode. KVM emulates it where it says so
+/// (KVM_CAP_TSC_DEADLINE_TIMER) but never sets the bit in its supported CPUID: without it the
+/// guest drives its timer in one-shot mode and calibrates the APIC against the PIT at boot.
+const ECX_TSC_DEADLINE: u32 = 1 << 24;
 const EDX_HTT: u32 = 1 << 28;
 
-/// Makes `cpuid` describe vCPU `id` of `count`.
-pub fn patch_cpuid(cpuid: &mut CpuId, id: u8, count: u8) {
+/// Makes `cpuid` describe vCPU `id` of `count`; `tsc_deadline`: KVM emulates the
+/// TSC-deadline timer.
+pub fn patch_cpuid(cpuid: &mut CpuId, id: u8, count: u8, tsc_deadline: bool) {
     for e in cpuid.as_mut_slice() {
         match e.function {
             LEAF_FEATURES => {
                 // EBX[31:24] initial APIC ID, EBX[23:16] logical processors per package.
                 e.ebx = (e.ebx & 0xffff) | ((id as u32) << 24) | ((count as u32) << 16);
                 e.ecx |= ECX_HYPERVISOR;
+                if tsc_deadline {
+                    e.ecx |= ECX_TSC_DEADLINE;
+                }
                 if count > 1 {
                     e.edx |= EDX_HTT;
                 } else {
@@ -128,12 +136,17 @@ mod tests {
             kvm_cpuid_entry2 { function: 0xb, index: 1, edx: 7, ..Default::default() },
         ];
         let mut cpuid = CpuId::from_entries(&entries).unwrap();
-        patch_cpuid(&mut cpuid, 3, 4);
+        patch_cpuid(&mut cpuid, 3, 4, true);
         let e = cpuid.as_slice();
         assert_eq!(e[0].ebx, 0x0304_ccdd);
         assert_ne!(e[0].ecx & ECX_HYPERVISOR, 0);
         assert_ne!(e[0].edx & EDX_HTT, 0);
+        assert_ne!(e[0].ecx & ECX_TSC_DEADLINE, 0);
         assert_eq!(e[1].edx, 3);
+        // Only offered where KVM emulates it.
+        let mut cpuid = CpuId::from_entries(&entries).unwrap();
+        patch_cpuid(&mut cpuid, 0, 1, false);
+        assert_eq!(cpuid.as_slice()[0].ecx & ECX_TSC_DEADLINE, 0);
     }
 
     #[test]

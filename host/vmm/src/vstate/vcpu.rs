@@ -26,7 +26,8 @@ impl Vcpu {
             .kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(|source| VstateError::Ioctl { step: "get supported CPUID", source })?;
-        cpu_model::patch_cpuid(&mut cpuid, id, count);
+        let tsc_deadline = vm.kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
+        cpu_model::patch_cpuid(&mut cpuid, id, count, tsc_deadline);
         fd.set_cpuid2(&cpuid).map_err(|source| VstateError::Ioctl { step: "set CPUID", source })?;
         Ok(Self { fd, id })
     }
