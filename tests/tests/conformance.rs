@@ -3,6 +3,7 @@
 //! with every other guest architecture, emulated (an aarch64 guest on `qemu-system-aarch64`
 //! here). Each case checks an outcome a user relies on.
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use umbra_proto::SpawnRequest;
@@ -37,6 +38,15 @@ async fn process_semantics() {
         // the guest is the architecture its bundle says
         let out = run(agent, sh("uname -m")).await;
         assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{}\n", lane.arch), "{lane:?}");
+        // In every run's log (libtest captures only the print macros): which lanes ran.
+        let _ = writeln!(
+            std::io::stderr(),
+            "conformance lane {} / {}: booted in {:?}, `uname -m` = {}",
+            lane.backend.name(),
+            lane.arch,
+            vm.boot_time,
+            lane.arch
+        );
 
         // exit codes and stdio separation
         let out = run(agent, sh("echo out; echo err >&2; exit 3")).await;
