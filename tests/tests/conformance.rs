@@ -37,7 +37,8 @@ async fn process_semantics() {
 
         // the guest is the architecture its bundle says
         let out = run(agent, sh("uname -m")).await;
-        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{}\n", lane.arch), "{lane:?}");
+        let machine = String::from_utf8_lossy(&out.stdout).trim_end().to_string();
+        assert_eq!(machine, lane.arch.as_str(), "{lane:?}");
         // In every run's log (libtest captures only the print macros): which lanes ran.
         let _ = writeln!(
             std::io::stderr(),
@@ -45,7 +46,7 @@ async fn process_semantics() {
             lane.backend.name(),
             lane.arch,
             vm.boot_time,
-            lane.arch
+            machine
         );
 
         // exit codes and stdio separation

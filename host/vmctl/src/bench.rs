@@ -70,6 +70,13 @@ async fn anchor_once(qemu: &Path, image: &BootImage, kvm: bool) -> anyhow::Resul
 pub async fn boot(args: BootBenchArgs) -> anyhow::Result<()> {
     let dir = crate::run::bundle_dir(&args.bundle)?;
     let image = BootImage::from_bundle_dir(&dir, &paths::extracted_dir())?;
+    if image.arch != umbra_bundle::Arch::X86_64 {
+        bail!(
+            "vmctl bench boot measures x86_64 bundles (its anchor is qemu -M microvm); {} is {}",
+            image.version,
+            image.arch
+        );
+    }
     let qemu = umbra_runtime::backend::host::QEMU.require()?;
     let kvm = KvmKind::detect() == KvmKind::Hardware;
     let runs = args.runs.max(1);

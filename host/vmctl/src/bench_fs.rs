@@ -59,9 +59,8 @@ fn ratio(guest: Duration, native: Duration) -> String {
 }
 
 pub async fn fs(args: FsBenchArgs) -> anyhow::Result<()> {
-    let (backend, why) =
-        umbra_runtime::backend::select::choose(umbra_api::BackendChoice::Auto, umbra_bundle::Arch::host())?;
     let image = crate::bundle_store::boot_image(&args.bundle)?;
+    let (backend, why) = umbra_runtime::backend::select::choose(umbra_api::BackendChoice::Auto, image.arch)?;
     let mut spec = VmSpec::new(image);
     spec.folder_sharing = true;
     let root = std::env::temp_dir().join(format!("umbra-bench-fs-{}", std::process::id()));

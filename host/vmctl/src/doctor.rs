@@ -86,7 +86,9 @@ fn dirs_with(root: &Path, file: &str) -> Vec<String> {
 
 pub fn run(args: DoctorArgs) -> i32 {
     let (kvm, kvm_check) = kvm_check();
-    let kernels = dirs_with(&paths::cache_dir().join("kernel"), "vmlinux");
+    let kernel_dir = paths::cache_dir().join("kernel");
+    let mut kernels = dirs_with(&kernel_dir, "vmlinux");
+    kernels.extend(dirs_with(&kernel_dir, "Image")); // arm64
     let built = dirs_with(&paths::built_bundles_dir(), "manifest.json");
     let store = umbra_bundle::Store::new(umbra_bundle::Store::default_root());
     let installed: Vec<String> = store

@@ -78,6 +78,14 @@ impl BackendKind {
     /// Whether this backend can run `image` here: QEMU runs every architecture (emulating the
     /// ones that are not the host's), the others only the host's.
     pub fn check_arch(self, image: &BootImage) -> Result<(), VmError> {
+        // vz boots arm64 guests only: the x86_64 kernel has no virtio-pci or virtio console,
+        // which Virtualization.framework's devices need.
+        if self == BackendKind::Vz && image.arch == Arch::host() && image.arch != Arch::Aarch64 {
+            return Err(VmError::BackendUnavailable(format!(
+                "bundle {} is {}: the vz backend boots aarch64 guests only (Apple silicon)",
+                image.version, image.arch
+            )));
+        }
         if self == BackendKind::Qemu || image.arch == Arch::host() {
             return Ok(());
         }
@@ -292,8 +300,14 @@ impl Vm {
     /// If the VM has ended (any helper exited), why — with the console's last lines.
     pub fn check_alive(&mut self) -> Result<(), VmError> {
         #[cfg(target_os = "macos")]
-        if let Some(reason) = self.vz.as_ref().and_then(|m| vz::ended(m)) {
-            return Err(VmError::GuestDied { reason, console: self.console_tail(console::ERROR_CONTEXT_LINES) });
+        if let Some(ended) = self.vz.as_ref().and_then(|m| vz::ended(m)) {
+            // A panic ends a vz VM the way a power-off does: the console says which.
+            if let Some(copier) = &self.console {
+                copier.wait_drained(CONSOLE_DRAIN);
+            }
+            let console = self.console_tail(console::ERROR_CONTEXT_LINES);
+            let reason = console::diagnose(&console).map(str::to_string).unwrap_or(ended);
+            return Err(VmError::GuestDied { reason, console });
         }
         let dead = self.children.iter_mut().find_map(|c| c.try_exited().map(|s| (c.name, s)));
         match dead {
@@ -352,8 +366,8 @@ impl Vm {
     /// Kills the VMM and every helper now.
     pub fn kill(&mut self) {
         #[cfg(target_os = "macos")]
-        if let Some(machine) = self.vz.take() {
-            machine.stop(Duration::ZERO);
+        if let Some(machine) = &self.vz {
+            machine.kill();
         }
         for c in self.children.iter_mut().rev() {
             c.kill();
@@ -559,5 +573,21 @@ mod arch_tests {
             assert!(text.contains("minimal-test") && text.contains("qemu"), "{text}");
         }
         assert!(BackendKind::Qemu.check_arch(&image).is_ok(), "QEMU emulates it");
+    }
+
+    #[test]
+    fn vz_boots_only_arm64_guests() {
+        let mut image = BootImage {
+            version: "minimal-test".into(),
+            arch: Arch::X86_64,
+            kernel: PathBuf::from("/nonexistent/vmlinux"),
+            initrd: None,
+            rootfs: None,
+            cmdline: String::new(),
+        };
+        let e = BackendKind::Vz.check_arch(&image).unwrap_err().to_string();
+        assert!(e.contains("aarch64 guests only") || e.contains("x86_64"), "{e}");
+        image.arch = Arch::Aarch64;
+        assert_eq!(BackendKind::Vz.check_arch(&image).is_ok(), Arch::host() == Arch::Aarch64);
     }
 }

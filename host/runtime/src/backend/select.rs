@@ -10,18 +10,25 @@ use super::{kvm, BackendKind, VmError};
 /// The backend for `choice` on this host and a guest of `arch`, with the reason (shown by
 /// `vmctl doctor` and in the `ready` event).
 pub fn choose(choice: BackendChoice, arch: Arch) -> Result<(BackendKind, String), VmError> {
+    if cfg!(target_os = "macos") {
+        return choose_on_macos(choice, arch);
+    }
     if arch != Arch::host() {
         return foreign(choice, arch);
-    }
-    if cfg!(target_os = "macos") {
-        return choose_on_macos(choice);
     }
     choose_for(choice, KvmKind::detect(), kvm::find_vmm().is_some())
 }
 
-/// macOS: Virtualization.framework runs the host's architecture; there is no KVM, and QEMU
-/// here lacks the vhost-user daemons (Linux-only) the qemu backend needs.
-fn choose_on_macos(choice: BackendChoice) -> Result<(BackendKind, String), VmError> {
+/// macOS: Virtualization.framework runs arm64 guests on Apple silicon; there is no KVM, and
+/// QEMU here lacks the vhost-user daemons (Linux-only) the qemu backend needs, so nothing
+/// runs another architecture.
+fn choose_on_macos(choice: BackendChoice, arch: Arch) -> Result<(BackendKind, String), VmError> {
+    if arch != Arch::Aarch64 || Arch::host() != Arch::Aarch64 {
+        return Err(VmError::BackendUnavailable(format!(
+            "on macOS Umbra runs aarch64 guests on Apple silicon (the vz backend); this bundle is {arch} on an {} host",
+            Arch::host()
+        )));
+    }
     match choice {
         BackendChoice::Auto => Ok((BackendKind::Vz, "macOS: Virtualization.framework".into())),
         BackendChoice::Vz => Ok((BackendKind::Vz, "requested".into())),

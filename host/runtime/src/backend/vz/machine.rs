@@ -293,6 +293,27 @@ impl VzMachine {
         }
     }
 
+    /// Stops the VM outright without waiting for the framework to confirm it (for `Drop` and
+    /// other places that must not block); [`Self::state`] turns `Stopped` once it has.
+    pub fn kill(&self) {
+        let shared = self.shared.clone();
+        self.on_queue(move |vz| {
+            // SAFETY: on the VM's queue.
+            if !unsafe { vz.vm.canStop() } {
+                return;
+            }
+            let handler = RcBlock::new(move |error: *mut NSError| {
+                // SAFETY: the framework passes nil or a valid NSError.
+                match unsafe { error.as_ref() } {
+                    None => shared.transition(VzState::Stopped),
+                    Some(e) => tracing::warn!("Virtualization.framework could not stop the VM: {}", describe(e)),
+                }
+            });
+            // SAFETY: on the VM's queue, which the handler is called on.
+            unsafe { vz.vm.stopWithCompletionHandler(&handler) };
+        });
+    }
+
     /// Replaces the share set of the running VM's file system device tagged `tag`.
     pub fn set_shares(&self, tag: &str, shares: &[VzShare]) -> Result<(), String> {
         self.on_queue(|vz| {

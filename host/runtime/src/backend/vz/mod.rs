@@ -97,9 +97,10 @@ mod launch {
         started: Instant,
         console_log: &Path,
     ) -> Result<AgentClient, VmError> {
-        let died = |reason: String| VmError::GuestDied {
-            reason: format!("during boot: {reason}"),
-            console: console::tail(console_log, console::ERROR_CONTEXT_LINES),
+        let died = |reason: String| {
+            let console = console::tail(console_log, console::ERROR_CONTEXT_LINES);
+            let reason = console::diagnose(&console).map(str::to_string).unwrap_or(reason);
+            VmError::GuestDied { reason: format!("during boot: {reason}"), console }
         };
         let (m, timeout) = (machine.clone(), spec.boot_timeout);
         blocking(move || m.start(timeout)).await?.map_err(|e| died(format!("the VM did not start: {e}")))?;
@@ -139,7 +140,8 @@ mod launch {
         read_only: bool,
         protection: &Protection,
     ) -> Result<(), VmError> {
-        if protection.protect_git || !protection.hide.is_empty() {
+        // umbra-fsd pins .git only in shares the host lets the guest write.
+        if (protection.protect_git && !read_only) || !protection.hide.is_empty() {
             return Err(VmError::FolderServer(format!(
                 "folder {name}: the vz backend cannot protect .git or hide files on the host (Virtualization.framework \
                  shares whole directories); share it without that policy"
