@@ -26,11 +26,11 @@ pub const QEMU_SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=de
 /// Each VM has its own vsock daemon, so every guest can use the same CID.
 const GUEST_CID: u32 = 3;
 
-/// The QEMU binary for a guest architecture, and the name its process goes by.
-fn qemu_program(arch: Arch) -> (super::host::Program, &'static str) {
+/// The QEMU binary for a guest architecture.
+fn qemu_program(arch: Arch) -> super::host::Program {
     match arch {
-        Arch::X86_64 => (super::host::QEMU, "qemu-system-x86_64"),
-        Arch::Aarch64 => (super::host::QEMU_AARCH64, "qemu-system-aarch64"),
+        Arch::X86_64 => super::host::QEMU,
+        Arch::Aarch64 => super::host::QEMU_AARCH64,
     }
 }
 
@@ -120,7 +120,7 @@ fn vhost_socket(run: &RunDir) -> std::path::PathBuf {
 
 pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let started = Instant::now();
-    let (program, qemu_name) = qemu_program(spec.image.arch);
+    let program = qemu_program(spec.image.arch);
     let qemu = program.require()?;
     let vhost = super::host::VHOST_VSOCK.require()?;
     let id = new_vm_id();
@@ -177,7 +177,7 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     // KVM runs only the host's architecture; another one is emulated.
     let accel_kvm = KvmKind::detect() == KvmKind::Hardware && spec.image.arch == Arch::host();
     let cmd = qemu_command(&qemu, spec, &run, accel_kvm, folders.as_ref().map(FolderServer::socket));
-    let guest = GuestProcess { name: qemu_name, binary: &qemu, cmd, log: run.join("qemu.log"), log_label: "qemu: " };
+    let guest = GuestProcess { name: program.name, binary: &qemu, cmd, log: run.join("qemu.log"), log_label: "qemu: " };
     Launch { backend: BackendKind::Qemu, started, id, run, children, folders }.finish(spec, guest).await
 }
 
@@ -236,7 +236,7 @@ mod tests {
         let cmdline = value("-append");
         assert!(cmdline.starts_with("console=ttyAMA0 ") && !cmdline.contains("ttyS0"), "{cmdline}");
         assert!(a.iter().any(|x| x == "vhost-user-vsock-device,chardev=vsock"), "{a:?}");
-        assert_eq!(qemu_program(Arch::Aarch64).1, "qemu-system-aarch64");
+        assert_eq!(qemu_program(Arch::Aarch64).name, "qemu-system-aarch64");
     }
 
     #[test]

@@ -269,9 +269,22 @@ impl VzMachine {
                 return;
             }
         }
-        let (tx, rx) = mpsc::channel();
+        if self.request_stop() && !self.shared.wait_ended(STOP_TIMEOUT) {
+            tracing::warn!("Virtualization.framework did not confirm the VM stopped within {STOP_TIMEOUT:?}");
+        }
+    }
+
+    /// Stops the VM outright without waiting for the framework to confirm it (for `Drop` and
+    /// other places that must not block); [`Self::state`] turns `Stopped` once it has.
+    pub fn kill(&self) {
+        self.request_stop();
+    }
+
+    /// Asks the framework to stop the VM outright; whether it could (a VM still starting, or
+    /// already stopped, cannot be).
+    fn request_stop(&self) -> bool {
         let shared = self.shared.clone();
-        let stopping = self.on_queue(move |vz| {
+        self.on_queue(move |vz| {
             // SAFETY: on the VM's queue.
             if !unsafe { vz.vm.canStop() } {
                 return false;
@@ -282,36 +295,11 @@ impl VzMachine {
                     None => shared.transition(VzState::Stopped),
                     Some(e) => tracing::warn!("Virtualization.framework could not stop the VM: {}", describe(e)),
                 }
-                let _ = tx.send(());
             });
             // SAFETY: on the VM's queue, which the handler is called on.
             unsafe { vz.vm.stopWithCompletionHandler(&handler) };
             true
-        });
-        if stopping && rx.recv_timeout(STOP_TIMEOUT).is_err() {
-            tracing::warn!("Virtualization.framework did not confirm the VM stopped within {STOP_TIMEOUT:?}");
-        }
-    }
-
-    /// Stops the VM outright without waiting for the framework to confirm it (for `Drop` and
-    /// other places that must not block); [`Self::state`] turns `Stopped` once it has.
-    pub fn kill(&self) {
-        let shared = self.shared.clone();
-        self.on_queue(move |vz| {
-            // SAFETY: on the VM's queue.
-            if !unsafe { vz.vm.canStop() } {
-                return;
-            }
-            let handler = RcBlock::new(move |error: *mut NSError| {
-                // SAFETY: the framework passes nil or a valid NSError.
-                match unsafe { error.as_ref() } {
-                    None => shared.transition(VzState::Stopped),
-                    Some(e) => tracing::warn!("Virtualization.framework could not stop the VM: {}", describe(e)),
-                }
-            });
-            // SAFETY: on the VM's queue, which the handler is called on.
-            unsafe { vz.vm.stopWithCompletionHandler(&handler) };
-        });
+        })
     }
 
     /// Replaces the share set of the running VM's file system device tagged `tag`.
