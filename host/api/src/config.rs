@@ -28,6 +28,13 @@ pub struct DaemonConfig {
     /// Download `bundle_url` into the warm slot in the background when umbrad starts and when
     /// this is switched on; the next session start promotes it.
     pub auto_download: bool,
+    /// VMs kept booted ahead of session starts, with the session defaults (bundle, backend,
+    /// memory, cpus, disk size): a start whose settings match takes one instead of booting, and
+    /// a replacement boots in the background. 0: no pool.
+    pub pool_size: u32,
+    /// The most guest memory the pool's idle VMs may hold together; the pool keeps fewer VMs
+    /// than `pool_size` when `pool_size × memory_mib` would exceed it.
+    pub pool_memory_mib: u64,
 }
 
 impl Default for DaemonConfig {
@@ -40,6 +47,8 @@ impl Default for DaemonConfig {
             boot_timeout_secs: 30,
             bundle_url: None,
             auto_download: false,
+            pool_size: 0,
+            pool_memory_mib: 4096,
         }
     }
 }
@@ -53,7 +62,15 @@ impl DaemonConfig {
         macro_rules! set {
             ($($field:ident),*) => { $( if let Some(v) = &patch.$field { next.$field = v.clone(); } )* };
         }
-        set!(max_restarts, restart_window_secs, max_concurrent_boots, boot_timeout_secs, auto_download);
+        set!(
+            max_restarts,
+            restart_window_secs,
+            max_concurrent_boots,
+            boot_timeout_secs,
+            auto_download,
+            pool_size,
+            pool_memory_mib
+        );
         if let Some(url) = &patch.bundle_url {
             next.bundle_url = (!url.is_empty()).then(|| url.clone());
         }
@@ -67,7 +84,20 @@ impl DaemonConfig {
         if self.boot_timeout_secs == 0 {
             return Err(crate::ApiError::invalid_params("boot_timeout_secs must be at least 1"));
         }
+        if self.pool_size > MAX_POOL_SIZE {
+            return Err(crate::ApiError::invalid_params(format!(
+                "pool_size {} is above {MAX_POOL_SIZE}",
+                self.pool_size
+            )));
+        }
         Ok(())
+    }
+
+    /// How many VMs the warm pool keeps: `pool_size`, fewer when their guest memory would
+    /// exceed `pool_memory_mib`.
+    pub fn pool_target(&self) -> u32 {
+        let fits = self.pool_memory_mib / u64::from(self.session.memory_mib.max(1));
+        self.pool_size.min(u32::try_from(fits).unwrap_or(u32::MAX))
     }
 }
 
@@ -95,7 +125,16 @@ pub struct ConfigPatch {
     /// Whether to download `bundle_url` into the warm slot in the background.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_download: Option<bool>,
+    /// VMs kept booted ahead of session starts (0: none); takes effect at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_size: Option<u32>,
+    /// The guest memory the pool's idle VMs may hold together, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_memory_mib: Option<u64>,
 }
+
+/// The most VMs a warm pool may keep.
+pub const MAX_POOL_SIZE: u32 = 64;
 
 /// Limits on session settings: a request outside them is `invalid_params`.
 pub const MAX_MEMORY_MIB: u32 = 64 * 1024;
@@ -154,6 +193,18 @@ mod tests {
         let c = c.patched(&ConfigPatch { bundle_url: Some(String::new()), ..Default::default() }).unwrap();
         assert!(c.bundle_url.is_none());
         assert!(c.patched(&ConfigPatch { boot_timeout_secs: Some(0), ..Default::default() }).is_err());
+        assert!(c.patched(&ConfigPatch { pool_size: Some(MAX_POOL_SIZE + 1), ..Default::default() }).is_err());
+    }
+
+    #[test]
+    fn the_pool_keeps_what_its_memory_budget_allows() {
+        let mut c = DaemonConfig { pool_size: 4, pool_memory_mib: 1024, ..Default::default() };
+        c.session.memory_mib = 512;
+        assert_eq!(c.pool_target(), 2, "two 512 MiB guests fill 1 GiB");
+        c.session.memory_mib = 256;
+        assert_eq!(c.pool_target(), 4);
+        c.pool_size = 0;
+        assert_eq!(c.pool_target(), 0);
     }
 
     #[test]

@@ -61,6 +61,28 @@ pub struct BundleStatus {
     pub root: PathBuf,
 }
 
+/// The warm pool (`pool.status`): VMs booted ahead of session starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PoolStatus {
+    /// How many VMs the pool keeps (`pool_size`, within `pool_memory_mib`).
+    pub target: u32,
+    /// Booted VMs waiting for a session.
+    pub ready: u32,
+    /// VMs booting for the pool now.
+    pub booting: u32,
+    /// The bundle version the pool's VMs run, once it has resolved one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle_version: Option<String>,
+    /// The backend they run on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Sessions that started from the pool since umbrad started.
+    pub taken: u64,
+    /// Why the last refill failed, until one succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct DownloadParams {
     /// `http(s)://` or `file://` of a bundle's `manifest.json` (or its directory); default: the
@@ -430,6 +452,8 @@ methods! {
     ConfigGet = "config.get" (NoParams) -> DaemonConfig;
     /// Changes some settings; returns the whole new configuration.
     ConfigSet = "config.set" (ConfigPatch) -> DaemonConfig;
+    /// The warm pool: its target, its ready and booting VMs.
+    PoolStatusMethod = "pool.status" (NoParams) -> PoolStatus;
     /// Installed bundles, the current one and any download in progress.
     BundleStatusMethod = "bundle.status" (NoParams) -> BundleStatus;
     /// Downloads, verifies and installs a bundle (progress as `download_progress` events).

@@ -255,4 +255,7 @@ pub struct VmInfo {
     pub pids: Vec<u32>,
     /// The VM's private run directory on the host (sockets, console log).
     pub run_dir: PathBuf,
+    /// The VM came booted from the warm pool (`boot_ms` is then its boot there).
+    #[serde(default)]
+    pub from_pool: bool,
 }

@@ -17,6 +17,7 @@ import {
   type Downloaded,
   type MethodName,
   type Methods,
+  type PoolStatus,
   type Progress,
   type SessionEvent,
   type SessionLogs,
@@ -222,6 +223,11 @@ export class Config {
   set(changes: ConfigOptions): Promise<DaemonConfig> {
     return this.client.call("config.set", toWire(changes) as ConfigPatch);
   }
+
+  /** The warm pool set by `poolSize` and `poolMemoryMiB`: its target, ready and booting VMs. */
+  pool(): Promise<PoolStatus> {
+    return this.client.call("pool.status", {});
+  }
 }
 
 type ConnectionState = "connected" | "reconnecting" | "closed";
@@ -247,7 +253,7 @@ export class Umbra extends EventEmitter<UmbraEvents> {
   readonly sessions: Sessions;
   /** Bundles: `status`, `download`, `deleteAndReinstall`. */
   readonly bundles: Bundles;
-  /** Configuration: `get`, `set`. */
+  /** Configuration: `get`, `set`, and the warm pool it sets (`pool`). */
   readonly config: Config;
 
   private connection: Connection | null = null;

@@ -284,6 +284,24 @@ test("configuration: get and set in camelCase", async () => {
   assert.equal(back.bundle_url ?? null, null);
 });
 
+test("warm pool: a start takes a booted VM; poolSize 0 empties the pool", async () => {
+  await client.config.set({ poolSize: 1, poolMemoryMiB: 1024 });
+  const deadline = Date.now() + 120_000;
+  let status = await client.config.pool();
+  while (status.ready < 1) {
+    assert.ok(Date.now() < deadline, `the pool never filled: ${JSON.stringify(status)}`);
+    await new Promise((r) => setTimeout(r, 50));
+    status = await client.config.pool();
+  }
+  assert.equal(status.target, 1);
+  const warm = await client.sessions.start({ name: "pooled" });
+  assert.equal(warm.info.vm?.from_pool, true);
+  assert.equal((await warm.exec(["echo", "warm"])).stdout.toString(), "warm\n");
+  await client.config.set({ poolSize: 0 });
+  assert.equal((await client.config.pool()).target, 0);
+  await warm.delete();
+});
+
 test("bundles: download with progress, status, delete and reinstall", async () => {
   const url = `file://${minimalBundle()}`;
   const progress = [];

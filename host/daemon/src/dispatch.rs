@@ -133,6 +133,7 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
             })
             .await
         }
+        PoolStatusMethod::NAME => call::<PoolStatusMethod, _, _>(params, |_| async { Ok(manager.pool_status()) }).await,
         BundleStatusMethod::NAME => {
             call::<BundleStatusMethod, _, _>(params, |_| async { Ok(daemon.bundles.status(daemon)) }).await
         }

@@ -44,12 +44,18 @@ pub fn packed_dir(spec: &str) -> Option<PathBuf> {
 
 /// Resolves `spec` against the store at `store`.
 pub fn resolve(spec: &str, store: &Store) -> Result<Resolved, ImageError> {
+    resolve_with(spec, store, true)
+}
+
+/// [`resolve`], promoting a warm download to `current` first only when `promote` (a session
+/// start does; the warm pool, which only looks ahead, does not).
+pub fn resolve_with(spec: &str, store: &Store, promote: bool) -> Result<Resolved, ImageError> {
     if let Some(dir) = packed_dir(spec) {
         let image = BootImage::from_bundle_dir(&dir, &paths::extracted_dir())
             .map_err(|source| ImageError::Invalid { spec: spec.into(), source: Box::new(source) })?;
         return Ok(Resolved { image, promoted_warm: None });
     }
-    let promoted_warm = if spec == "current" {
+    let promoted_warm = if spec == "current" && promote {
         store.promote_warm().map_err(|e| ImageError::Promote(Box::new(e)))?.map(|b| b.manifest.bundle_version.clone())
     } else {
         None

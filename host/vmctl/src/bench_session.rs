@@ -54,6 +54,9 @@ pub struct SessionBenchArgs {
     /// Fresh starts of each kind of session (and of the bare VM); 0 skips this part.
     #[arg(long, default_value_t = 5)]
     runs: usize,
+    /// Starts with a VM from the warm pool, and as many without (in turn); 0 skips this part.
+    #[arg(long, default_value_t = 5)]
+    pool_runs: usize,
     /// Spawn round-trips per way, after the warm-up; 0 skips this part.
     #[arg(long, default_value_t = 50)]
     spawns: usize,
@@ -112,13 +115,17 @@ impl Setup {
     /// A manager like umbrad's (records, event logs and session storage, here in the scratch
     /// directory), or with `storage` false like `vmctl run`'s (nothing kept, no storage).
     fn manager(&self, bundle: &str, storage: bool) -> anyhow::Result<SessionManager> {
-        let config = self.config(bundle)?;
+        self.manager_in(storage, self.config(bundle)?, "")
+    }
+
+    /// [`Setup::manager`] with `config`, its directories' names ending in `tag`.
+    fn manager_in(&self, storage: bool, config: DaemonConfig, tag: &str) -> anyhow::Result<SessionManager> {
         let bundles = umbra_bundle::Store::new(umbra_bundle::Store::default_root());
         let opts = if storage {
             ManagerOptions {
                 config,
-                state_dir: Some(self.root.join("state")),
-                storage_root: Some(self.root.join("sessions")),
+                state_dir: Some(self.root.join(format!("state{tag}"))),
+                storage_root: Some(self.root.join(format!("data{tag}/sessions"))),
                 bundles,
             }
         } else {
@@ -197,6 +204,9 @@ pub async fn session(args: SessionBenchArgs) -> anyhow::Result<()> {
     let work = async {
         if args.runs > 0 {
             starts(&setup, &bundle, args.runs).await?;
+        }
+        if args.pool_runs > 0 {
+            pool_starts(&setup, &bundle, args.pool_runs).await?;
         }
         if args.spawns > 0 {
             spawns(&setup, &bundle, args.spawns, args.warmup).await?;
@@ -405,6 +415,66 @@ fn print_starts(setup: &Setup, kinds: &[Kind], samples: Vec<Vec<StartSample>>) {
          returned;\n launch: of which Vm::launch; other: ready - launch, the work around it (disk, folders, \
          records); stop: stop + delete,\n or the bare VM's shutdown)"
     );
+}
+
+// ---- the warm pool ------------------------------------------------------------------------
+
+/// Session start → first output with a VM from the warm pool (`pool_size` 1, waited for until
+/// ready before each start) beside the same start that boots, in turn; each with storage and
+/// a disk as umbrad's sessions have.
+async fn pool_starts(setup: &Setup, bundle: &str, runs: usize) -> anyhow::Result<()> {
+    let mut config = setup.config(bundle)?;
+    config.pool_size = 1;
+    config.pool_memory_mib = u64::from(setup.memory_mib);
+    let pooled = setup.manager_in(true, config, "-pool")?;
+    let cold = setup.manager_in(true, setup.config(bundle)?, "-cold")?;
+    println!();
+    println!("session start -> first output of `echo hi`, warm pool vs boot: {runs} starts of each, in turn");
+    let result = async {
+        let (mut warm, mut boot) = (Vec::new(), Vec::new());
+        for run in 0..runs {
+            for from_pool in [run % 2 == 0, run % 2 != 0] {
+                // Both kinds start beside a full, idle pool: the same load on the host.
+                pool_ready(setup, &pooled).await?;
+                let (manager, name) = match from_pool {
+                    true => (&pooled, format!("{SESSION}-pool-{run}")),
+                    false => (&cold, format!("{SESSION}-boot-{run}")),
+                };
+                let sample = session_start(setup, manager, &name, setup.disk_mib).await?;
+                if from_pool {
+                    warm.push(sample)
+                } else {
+                    boot.push(sample)
+                };
+            }
+        }
+        let taken = pooled.pool_status().taken;
+        anyhow::ensure!(taken == runs as u64, "only {taken} of {runs} starts took a pooled VM");
+        let first = |s: &[StartSample]| ms(median(s.iter().map(|x| x.first).collect()));
+        let (w, b) = (first(&warm), first(&boot));
+        println!("{:<46} median {b:>7.1} ms", "anchor: the same start, booting its VM");
+        println!("{:<46} median {w:>7.1} ms   ratio {:.3} ({:.0}x faster)", "start with a pooled VM", w / b, b / w);
+        anyhow::Ok(())
+    }
+    .await;
+    pooled.shutdown().await;
+    cold.shutdown().await;
+    result
+}
+
+/// Waits until the pool of `manager` has a ready VM.
+async fn pool_ready(setup: &Setup, manager: &SessionManager) -> anyhow::Result<()> {
+    let deadline = Instant::now() + setup.boot_timeout * 2;
+    loop {
+        let status = manager.pool_status();
+        if status.ready >= 1 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the warm pool did not fill within {:?}: {status:?}", setup.boot_timeout * 2);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 // ---- spawn round-trip ----------------------------------------------------------------------

@@ -4,7 +4,7 @@
 // The wire protocol and what every field means: docs/ipc.md.
 
 /** The IPC contract's version (`major.minor`) these types describe. */
-export const API_VERSION = "1.1";
+export const API_VERSION = "1.2";
 
 /** Bytes of each output stream umbrad sends before it waits for `process.ack`. */
 export const OUTPUT_WINDOW = 1048576;
@@ -131,6 +131,10 @@ export interface ConfigPatch {
   network?: NetworkPolicy | null;
   /** The sandbox policy, as JSON: `{"type": "workspace_readonly", "ignore": [".env"]}`. */
   policy?: SandboxPolicy | null;
+  /** The guest memory the pool's idle VMs may hold together, in MiB. */
+  pool_memory_mib?: number | null;
+  /** VMs kept booted ahead of session starts (0: none); takes effect at once. */
+  pool_size?: number | null;
   /** The restart window, in seconds. */
   restart_window_secs?: number | null;
 }
@@ -239,6 +243,21 @@ export interface DaemonConfig {
    * the most restrictive winning.
    */
   policy?: SandboxPolicy;
+  /**
+   * The most guest memory the pool's idle VMs may hold together; the pool keeps fewer VMs
+   * than `pool_size` when `pool_size × memory_mib` would exceed it.
+   *
+   * @defaultValue `4096`
+   */
+  pool_memory_mib?: number;
+  /**
+   * VMs kept booted ahead of session starts, with the session defaults (bundle, backend,
+   * memory, cpus, disk size): a start whose settings match takes one instead of booting, and
+   * a replacement boots in the background. 0: no pool.
+   *
+   * @defaultValue `0`
+   */
+  pool_size?: number;
   /**
    * The window `max_restarts` counts failures in.
    *
@@ -565,6 +584,24 @@ export type Phase = "done" | "manifest" | "waiting" | "download" | "retry" | "in
  * - `"insecure_none"`: No workspace restriction (the folders keep the modes the session gave them). The VM remains the boundary; the other fields still hold.
  */
 export type PolicyType = "workspace_readonly" | "workspace_readwrite" | "insecure_none";
+
+/** The warm pool (`pool.status`): VMs booted ahead of session starts. */
+export interface PoolStatus {
+  /** How many VMs the pool keeps (`pool_size`, within `pool_memory_mib`). */
+  target: number;
+  /** Booted VMs waiting for a session. */
+  ready: number;
+  /** VMs booting for the pool now. */
+  booting: number;
+  /** Sessions that started from the pool since umbrad started. */
+  taken: number;
+  /** The backend they run on. */
+  backend?: string | null;
+  /** The bundle version the pool's VMs run, once it has resolved one. */
+  bundle_version?: string | null;
+  /** Why the last refill failed, until one succeeds. */
+  last_error?: string | null;
+}
 
 /** How a process ended. */
 export interface ProcessExit {
@@ -1424,6 +1461,12 @@ export interface VmInfo {
   pids: number[];
   /** The VM's private run directory on the host (sockets, console log). */
   run_dir: string;
+  /**
+   * The VM came booted from the warm pool (`boot_ms` is then its boot there).
+   *
+   * @defaultValue `false`
+   */
+  from_pool?: boolean;
 }
 
 /**
@@ -1469,6 +1512,8 @@ export interface Methods {
   "config.get": { params: NoParams; result: DaemonConfig };
   /** Changes some settings; returns the whole new configuration. */
   "config.set": { params: ConfigPatch; result: DaemonConfig };
+  /** The warm pool: its target, its ready and booting VMs. */
+  "pool.status": { params: NoParams; result: PoolStatus };
   /** Installed bundles, the current one and any download in progress. */
   "bundle.status": { params: NoParams; result: BundleStatus };
   /** Downloads, verifies and installs a bundle (progress as `download_progress` events). */
@@ -1549,6 +1594,7 @@ export const METHOD_NAMES = [
   "daemon.info",
   "config.get",
   "config.set",
+  "pool.status",
   "bundle.status",
   "bundle.download",
   "bundle.delete_and_reinstall",

@@ -21,6 +21,7 @@ pub(super) struct Context {
     pub storage_root: Option<PathBuf>,
     pub bundles: umbra_bundle::Store,
     pub approvals: super::approval::Approvals,
+    pub pool: super::pool::WarmPool,
     next_process: AtomicU64,
 }
 
@@ -38,9 +39,11 @@ impl Context {
             admission,
             records,
             config: RwLock::new(config),
-            storage_root,
+            storage_root: storage_root.clone(),
             bundles,
             approvals: Default::default(),
+            // Beside the sessions' storage (`<data_dir>/pool`): a take renames a disk across.
+            pool: super::pool::WarmPool::new(storage_root.as_ref().map(|r| r.with_file_name("pool"))),
             next_process: AtomicU64::new(1),
         }
     }

@@ -73,35 +73,22 @@ impl Incarnation {
         let (backend, why) = select::choose(plan.settings.backend, resolved.image.arch)
             .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
 
-        let slot = ctx.admission.enter(|position| report(EventKind::BootQueued { position })).await;
-        let disk = match (&plan.storage_dir, plan.settings.disk_size_mib) {
-            (Some(dir), size) if size > 0 => {
-                std::fs::create_dir_all(dir).map_err(SessionError::io(format!("create {}", dir.display())))?;
-                let path = dir.join(DISK_FILE);
-                let (p, bytes) = (path.clone(), size << 20);
-                tokio::task::spawn_blocking(move || crate::backend::disk::ensure_session_disk(&p, bytes))
-                    .await
-                    .map_err(|e| SessionError::InvalidArgument(format!("disk preparation panicked: {e}")))?
-                    .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
-                Some(path)
-            }
+        let disk_path = match (&plan.storage_dir, plan.settings.disk_size_mib) {
+            (Some(dir), size) if size > 0 => Some(dir.join(DISK_FILE)),
             _ => None,
         };
-        let mut vm_spec = VmSpec::new(resolved.image.clone());
-        vm_spec.cpus = plan.settings.cpus;
-        vm_spec.memory_mib = plan.settings.memory_mib;
-        vm_spec.boot_timeout = plan.boot_timeout;
+        // Only a session with storage can take a pooled VM: those boot with folder sharing.
+        let key = super::pool::key_of(&resolved.image, backend, &plan.settings);
+        let warm = match plan.storage_dir {
+            Some(_) => ctx.pool.take(&key, disk_path.as_deref()).await,
+            None => None,
+        };
+        let from_pool = warm.is_some();
         let policy = plan.settings.policy.effective();
-        vm_spec.folder_sharing = plan.storage_dir.is_some()
-            || !plan.folders.is_empty()
-            || policy.disable_tmp_write
-            || !policy.additional_readonly_paths.is_empty()
-            || !policy.additional_readwrite_paths.is_empty();
-        vm_spec.disk = disk;
-        let mut vm = Vm::launch(backend, &vm_spec)
-            .await
-            .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
-        drop(slot);
+        let mut vm = match warm {
+            Some(warm) => warm.vm,
+            None => Self::launch(plan, ctx, &report, resolved.image.clone(), backend, disk_path).await?,
+        };
         // Guest connections to host port 1026 arrive on `<vsock socket>_1026`.
         let egress_socket = crate::backend::vsock_port_socket(vm.run_dir(), umbra_proto::egress::EGRESS_VSOCK_PORT);
         let egress_report = report.clone();
@@ -160,6 +147,7 @@ impl Incarnation {
             boot_ms: vm.boot_time.as_millis() as u64,
             pids: vm.pids(),
             run_dir: vm.run_dir().to_path_buf(),
+            from_pool,
         };
         let agent = vm.agent().clone();
         let (ended, _) = watch::channel(None);
@@ -172,6 +160,42 @@ impl Incarnation {
             _outputs: outputs,
             _egress: egress,
         })
+    }
+
+    /// Launches a fresh VM for `plan` in a boot slot, with its session disk at `disk`.
+    async fn launch(
+        plan: &BootPlan,
+        ctx: &Context,
+        report: &Report,
+        image: crate::backend::BootImage,
+        backend: crate::backend::BackendKind,
+        disk: Option<PathBuf>,
+    ) -> Result<Vm, SessionError> {
+        let slot = ctx.admission.enter(|position| report(EventKind::BootQueued { position })).await;
+        if let (Some(path), Some(dir)) = (&disk, &plan.storage_dir) {
+            std::fs::create_dir_all(dir).map_err(SessionError::io(format!("create {}", dir.display())))?;
+            let (p, bytes) = (path.clone(), plan.settings.disk_size_mib << 20);
+            tokio::task::spawn_blocking(move || crate::backend::disk::ensure_session_disk(&p, bytes))
+                .await
+                .map_err(|e| SessionError::InvalidArgument(format!("disk preparation panicked: {e}")))?
+                .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
+        }
+        let mut vm_spec = VmSpec::new(image);
+        vm_spec.cpus = plan.settings.cpus;
+        vm_spec.memory_mib = plan.settings.memory_mib;
+        vm_spec.boot_timeout = plan.boot_timeout;
+        let policy = plan.settings.policy.effective();
+        vm_spec.folder_sharing = plan.storage_dir.is_some()
+            || !plan.folders.is_empty()
+            || policy.disable_tmp_write
+            || !policy.additional_readonly_paths.is_empty()
+            || !policy.additional_readwrite_paths.is_empty();
+        vm_spec.disk = disk;
+        let vm = Vm::launch(backend, &vm_spec)
+            .await
+            .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
+        drop(slot);
+        Ok(vm)
     }
 
     /// Tells processes why their connection is about to drop.

@@ -75,7 +75,14 @@ impl SessionManager {
             }
             sessions.insert(record.name.clone(), Session::new(ctx.clone(), record));
         }
+        super::pool::WarmPool::start(&ctx);
         Self { ctx, sessions: Mutex::new(sessions) }
+    }
+
+    /// The warm pool's target (from the configuration now, though the pool follows it in the
+    /// background) and contents.
+    pub fn pool_status(&self) -> umbra_api::methods::PoolStatus {
+        umbra_api::methods::PoolStatus { target: self.config().pool_target(), ..self.ctx.pool.status() }
     }
 
     /// Lifecycle events of every session (and the host's): see [`EventBus`].
@@ -106,6 +113,7 @@ impl SessionManager {
             self.ctx.admission.resize(next.max_concurrent_boots as usize);
         }
         *config = next.clone();
+        self.ctx.pool.wake();
         Ok(next)
     }
 
@@ -199,6 +207,7 @@ impl SessionManager {
 
     /// Stops every session (the owner is going away).
     pub async fn shutdown(&self) {
+        self.ctx.pool.shutdown();
         let sessions: Vec<Arc<Session>> = self.sessions.lock().unwrap().values().cloned().collect();
         let stops = sessions.iter().map(|s| s.stop(StopReason::Shutdown));
         futures_util::future::join_all(stops).await;

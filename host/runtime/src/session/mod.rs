@@ -14,6 +14,7 @@
 //! - [`exec`]: a process's lifecycle (flow-controlled output, timeout and signal escalation,
 //!   an exit that always comes).
 //! - [`admission`]: at most N boots at once, the rest queued in order.
+//! - [`pool`]: VMs booted ahead of the starts that take them.
 //! - [`approval`]: the gate a spawn passes when the session has approval settings.
 //! - [`events`], [`store`], [`outputs`]: the bus and event logs, the session records, the
 //!   outputs-folder watcher.
@@ -28,6 +29,7 @@ mod incarnation;
 pub mod instance;
 pub mod manager;
 pub mod outputs;
+mod pool;
 pub mod store;
 
 pub use error::SessionError;
