@@ -16,6 +16,10 @@ impl<T> Hashing<T> {
         Self { inner, hasher: Sha256::new(), bytes: 0 }
     }
 
+    pub fn get_ref(&self) -> &T {
+        &self.inner
+    }
+
     /// (byte count, lowercase hex sha256, inner)
     pub fn finish(self) -> (u64, String, T) {
         (self.bytes, hex::encode(self.hasher.finalize()), self.inner)
