@@ -7,6 +7,8 @@
 //!   guest spins.
 //! - Linux (hardware KVM only, e.g. inside the nested lane): launch → agent ready on the `kvm`
 //!   backend beside the `qemu` backend booting the same bundle, as a ratio.
+//! - Both beside Firecracker when a binary is found ([`crate::anchor_firecracker`]): the same
+//!   bare guest, and the same kernel and initramfs to agent ready, runs interleaved.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -117,7 +119,7 @@ fn temp_elf(guest: &BareGuest, tag: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-async fn linux_boots(args: &VmmBenchArgs) -> anyhow::Result<()> {
+async fn linux_boots(args: &VmmBenchArgs, firecracker: Option<&Path>) -> anyhow::Result<()> {
     let dir = crate::run::bundle_dir(&args.bundle)?;
     let image = BootImage::from_bundle_dir(&dir, &paths::extracted_dir())?;
     let runs = args.boot_runs.max(1);
@@ -132,6 +134,34 @@ async fn linux_boots(args: &VmmBenchArgs) -> anyhow::Result<()> {
         image.version,
         medians[1].as_secs_f64() / medians[0].as_secs_f64()
     );
+    let Some(fc) = firecracker else { return Ok(()) };
+    // Interleaved with umbra-vmm again, so both see the same machine.
+    let memory_mib = umbra_runtime::backend::VmSpec::new(image.clone()).memory_mib;
+    let scratch = std::env::temp_dir().join(format!("umbra-bench-fc-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let measured = async {
+        for run in 0..runs {
+            for fc_turn in [run % 2 == 1, run % 2 == 0] {
+                if fc_turn {
+                    theirs.push(crate::anchor_firecracker::linux_once(fc, &image, memory_mib, &scratch).await?);
+                } else {
+                    ours.push(median_boot_time(BackendKind::Kvm, &image, 1).await?);
+                }
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&scratch);
+    measured?;
+    let (ours, theirs) = (median(ours), median(theirs));
+    println!("{:<40} median {:>8.1} ms", "linux: firecracker launch -> agent ready", ms(theirs));
+    println!("{:<40} median {:>8.1} ms", "linux: kvm (interleaved with it)", ms(ours));
+    println!(
+        "ratio umbra-vmm / firecracker (launch -> agent ready, same kernel and initramfs): {:.2}",
+        ours.as_secs_f64() / theirs.as_secs_f64()
+    );
     Ok(())
 }
 
@@ -143,17 +173,34 @@ pub async fn vmm(args: VmmBenchArgs) -> anyhow::Result<()> {
     }
     let runs = args.runs.max(1);
     println!("umbra-vmm {} · /dev/kvm: {kvm_kind:?} · {runs} runs", vmm.display());
+    let firecracker = crate::anchor_firecracker::find();
+    match &firecracker {
+        Some(fc) => println!("anchor: Firecracker {}", fc.display()),
+        None => println!("anchor: no Firecracker binary (set UMBRA_FIRECRACKER_BIN): its rows are left out"),
+    }
 
     let reset = temp_elf(&BareGuest::new().print("x").reset(), "reset")?;
     let spin = temp_elf(&BareGuest::new().print("x").spin(), "spin")?;
     let result = (|| -> anyhow::Result<()> {
         let anchor = spawn_anchor(runs)?;
-        let mut first = Vec::with_capacity(runs);
-        let mut exit = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            let (f, e) = bare_once(&vmm, &reset)?;
-            first.push(f);
-            exit.push(e);
+        let (mut first, mut exit, mut fc_first, mut fc_exit) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for run in 0..runs {
+            // Interleaved, each going first in turn: a machine that slows down slows both.
+            for fc_turn in [run % 2 == 1, run % 2 == 0] {
+                match (&firecracker, fc_turn) {
+                    (Some(fc), true) => {
+                        let (f, e) = crate::anchor_firecracker::bare_once(fc, &reset, &std::env::temp_dir())?;
+                        fc_first.push(f);
+                        fc_exit.push(e);
+                    }
+                    (_, false) => {
+                        let (f, e) = bare_once(&vmm, &reset)?;
+                        first.push(f);
+                        exit.push(e);
+                    }
+                    (None, true) => {}
+                }
+            }
         }
         let (first, exit) = (median(first), median(exit));
         println!("{:<40} median {:>8.2} ms", "anchor: native spawn -> exit (/bin/true)", ms(anchor));
@@ -164,6 +211,21 @@ pub async fn vmm(args: VmmBenchArgs) -> anyhow::Result<()> {
             ms(exit),
             exit.as_secs_f64() / anchor.as_secs_f64()
         );
+        if !fc_first.is_empty() {
+            let (ff, fe) = (median(fc_first), median(fc_exit));
+            println!(
+                "{:<40} median {:>8.2} ms   ratio umbra-vmm / firecracker {:.2}",
+                "firecracker: launch -> first serial byte",
+                ms(ff),
+                first.as_secs_f64() / ff.as_secs_f64()
+            );
+            println!(
+                "{:<40} median {:>8.2} ms   ratio umbra-vmm / firecracker {:.2}",
+                "firecracker: launch -> exit",
+                ms(fe),
+                exit.as_secs_f64() / fe.as_secs_f64()
+            );
+        }
         for mib in [32, 512] {
             let (own, total) = rss_without_guest(&vmm, &spin, mib)?;
             println!(
@@ -180,7 +242,7 @@ pub async fn vmm(args: VmmBenchArgs) -> anyhow::Result<()> {
     result?;
 
     if kvm_kind == KvmKind::Hardware {
-        linux_boots(&args).await
+        linux_boots(&args, firecracker.as_deref()).await
     } else {
         println!("linux boot comparison skipped: /dev/kvm is kvm_pvm, which cannot boot Linux (run it in scripts/nested-lane)");
         Ok(())

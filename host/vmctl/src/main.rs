@@ -1,5 +1,7 @@
 //! vmctl: the operator's command line.
 
+#[cfg(target_os = "linux")]
+mod anchor_firecracker;
 mod bench;
 mod bench_fs;
 mod bench_net;
