@@ -60,10 +60,13 @@ fn bare_once(vmm: &Path, elf: &Path) -> anyhow::Result<(Duration, Duration)> {
     Ok((first_byte, exited))
 }
 
-/// (total RSS, RSS of the guest-memory memfd mapping) in KiB, from /proc/PID/smaps. Guest memory
-/// is told apart by its memfd name, not by "shared memory": where the binary itself lives on a
-/// tmpfs (the nested lane's initramfs), its pages count as shared memory too.
-fn rss_kib(pid: u32) -> Option<(u64, u64)> {
+/// (total RSS, RSS of the guest-memory mapping) in KiB, from /proc/PID/smaps. Guest memory is
+/// told apart by its name (`memfd:umbra-guest-memory`, or `[anon:umbra-guest-memory]` for the
+/// anonymous memory of a VM without shared folders), not by "shared memory": where the binary
+/// itself lives on a tmpfs (the nested lane's initramfs), its pages count as shared memory too.
+/// Where the kernel cannot name anonymous memory (before 5.17, or without CONFIG_ANON_VMA_NAME),
+/// the unnamed anonymous mapping of exactly `guest_bytes` is the guest's.
+fn rss_kib(pid: u32, guest_bytes: u64) -> Option<(u64, u64)> {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
     let (mut total, mut guest, mut in_guest) = (0, 0, false);
     for line in smaps.lines() {
@@ -75,7 +78,13 @@ fn rss_kib(pid: u32) -> Option<(u64, u64)> {
             }
         } else if line.split_whitespace().next().is_some_and(|f| f.contains('-') && !f.ends_with(':')) {
             // A mapping header: "start-end perms offset dev inode [path]".
-            in_guest = line.contains("memfd:umbra-guest-memory");
+            let mut fields = line.split_whitespace();
+            let size = fields.next().and_then(|range| {
+                let (a, b) = range.split_once('-')?;
+                Some(u64::from_str_radix(b, 16).ok()? - u64::from_str_radix(a, 16).ok()?)
+            });
+            let unnamed = fields.nth(4).is_none();
+            in_guest = line.contains(umbra_vmm::vstate::memory::NAME) || (unnamed && size == Some(guest_bytes));
         }
     }
     Some((total, guest))
@@ -94,7 +103,7 @@ fn rss_without_guest(vmm: &Path, elf: &Path, memory_mib: u32) -> anyhow::Result<
     let mut first = [0u8; 1];
     child.stdout.take().expect("piped").read_exact(&mut first).context("read the guest console")?;
     std::thread::sleep(Duration::from_millis(200));
-    let rss = rss_kib(child.id());
+    let rss = rss_kib(child.id(), u64::from(memory_mib) << 20);
     let _ = child.kill();
     let _ = child.wait();
     match rss {

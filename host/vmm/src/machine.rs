@@ -54,7 +54,8 @@ pub struct Machine {
     bus: Arc<IoBus>,
     console: ConsoleLog,
     entry: BootEntry,
-    _memfd: File,
+    /// The memfd behind guest memory, when a vhost-user backend maps it too.
+    _memfd: Option<File>,
     /// The vsock socket file, removed when the VM ends (the devices are not torn down then).
     vsock_socket: Option<PathBuf>,
 }
@@ -181,7 +182,15 @@ impl Machine {
         cfg.validate()?;
         let vsock_socket = files.vsock_path().map(Path::to_path_buf);
         let HostFiles { kvm, kernel, initrd, disks, console, vsock, fs } = files;
-        let (mem, memfd) = memory::memfd_backed((cfg.memory_mib as usize) << 20)?;
+        let size = (cfg.memory_mib as usize) << 20;
+        // Only virtiofsd (vhost-user) maps guest memory besides us: without shared folders the
+        // memory is anonymous, which the host backs with huge pages (see vstate::memory).
+        let (mem, memfd) = if cfg.fs.is_empty() {
+            (memory::anonymous(size)?, None)
+        } else {
+            let (mem, fd) = memory::memfd_backed(size)?;
+            (mem, Some(fd))
+        };
         let vm = Vm::with_kvm(kvm, mem.clone())?;
         vm.setup_irqchip()?;
 

@@ -1,5 +1,12 @@
-//! Guest memory backed by a memfd: one file the VMM maps, and that vhost-user backends
-//! (virtiofsd, vhost-device-vsock) can map too when it is shared with them.
+//! Guest memory: anonymous when only the VMM maps it, backed by a memfd when a vhost-user
+//! backend (virtiofsd) must map it too.
+//!
+//! Anonymous memory is the default because the host can back it with transparent huge pages:
+//! every 2 MiB page the guest touches costs the host one nested page fault instead of 512.
+//! Measured in the nested lane (where every fault is an exit to L1's KVM), the same guest's
+//! kernel time to agent-ready fell from 1.36–2.18 s to 0.95–1.01 s. Both kinds are advised
+//! `MADV_HUGEPAGE` (shmem honours it where `shmem_enabled` is `advise`) and named
+//! `umbra-guest-memory` (in `/proc/PID/maps`: `memfd:` or `[anon:]`).
 //!
 //! RAM is split around the MMIO gap below 4 GiB (see [`crate::boot::layout`]): the first
 //! region covers `[0, min(size, 3 GiB))`, any remainder continues at 4 GiB, backed by the
@@ -25,10 +32,43 @@ pub fn ram_ranges(size: u64) -> Vec<(u64, u64)> {
     ranges
 }
 
+/// The name guest memory goes by in `/proc/PID/maps` and `smaps`.
+pub const NAME: &str = "umbra-guest-memory";
+
+/// Creates `size` bytes of anonymous guest memory (the VMM alone maps it).
+pub fn anonymous(size: usize) -> Result<GuestMemory, VstateError> {
+    let ranges: Vec<(GuestAddress, usize)> =
+        ram_ranges(size as u64).into_iter().map(|(start, len)| (GuestAddress(start), len as usize)).collect();
+    let memory = GuestMemoryMmap::from_ranges(&ranges).map_err(|e| VstateError::Memory(e.to_string()))?;
+    advise(&memory, true);
+    Ok(memory)
+}
+
+/// Asks for transparent huge pages over every region, and names anonymous ones. Both are hints:
+/// a host without THP or VMA names boots the same guest, only slower to fault in.
+fn advise(memory: &GuestMemory, anonymous: bool) {
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    let name = std::ffi::CString::new(NAME).expect("no NUL in the name");
+    for region in memory.iter() {
+        let Ok(host) = memory.get_host_address(region.start_addr()) else { continue };
+        let len = region.len() as usize;
+        // SAFETY: `host..host+len` is exactly this region's mapping, owned by `memory`; madvise
+        // only changes how the kernel backs it.
+        unsafe { libc::madvise(host.cast(), len, libc::MADV_HUGEPAGE) };
+        if anonymous {
+            // SAFETY: PR_SET_VMA_ANON_NAME reads the NUL-terminated name during the call, over
+            // the same mapping; it fails harmlessly on kernels without CONFIG_ANON_VMA_NAME.
+            unsafe {
+                libc::prctl(libc::PR_SET_VMA, libc::PR_SET_VMA_ANON_NAME, host as libc::c_ulong, len, name.as_ptr())
+            };
+        }
+    }
+}
+
 /// Creates `size` bytes of guest memory, and returns the memfd behind it.
 pub fn memfd_backed(size: usize) -> Result<(GuestMemory, File), VstateError> {
-    let name = c"umbra-guest-memory";
-    // SAFETY: memfd_create reads a NUL-terminated name and returns a new fd or -1.
+    let name = c"umbra-guest-memory"; // NAME, as the kernel prefixes it with "memfd:"
+                                      // SAFETY: memfd_create reads a NUL-terminated name and returns a new fd or -1.
     let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return Err(VstateError::Memory(format!("memfd_create: {}", std::io::Error::last_os_error())));
@@ -49,6 +89,7 @@ pub fn memfd_backed(size: usize) -> Result<(GuestMemory, File), VstateError> {
         offset += len;
     }
     let memory = GuestMemoryMmap::from_regions(regions).map_err(|e| VstateError::Memory(e.to_string()))?;
+    advise(&memory, false);
     Ok((memory, file))
 }
 
@@ -66,6 +107,24 @@ mod tests {
         assert!(mem.write_obj(1u64, GuestAddress((2 << 20) - 4)).is_err(), "straddles the end");
         assert!(mem.read_obj::<u8>(GuestAddress(u64::MAX)).is_err());
         assert_eq!(mem.last_addr(), GuestAddress((2 << 20) - 1));
+    }
+
+    #[test]
+    fn anonymous_memory_is_named_and_bounded_like_the_memfd() {
+        let mem = anonymous(4 << 20).unwrap();
+        mem.write_obj(7u64, GuestAddress(0x2000)).unwrap();
+        assert_eq!(mem.read_obj::<u64>(GuestAddress(0x2000)).unwrap(), 7);
+        assert!(mem.write_obj(1u64, GuestAddress((4 << 20) - 4)).is_err(), "straddles the end");
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        // Named where the kernel can (CONFIG_ANON_VMA_NAME, Linux 5.17+).
+        let host = mem.get_host_address(GuestAddress(0)).unwrap() as usize;
+        let line = maps
+            .lines()
+            .find(|l| l.split('-').next().and_then(|a| usize::from_str_radix(a, 16).ok()) == Some(host))
+            .expect("the guest memory mapping");
+        if line.contains("[anon:") {
+            assert!(line.contains(NAME), "{line}");
+        }
     }
 
     #[test]
