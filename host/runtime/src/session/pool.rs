@@ -161,12 +161,13 @@ impl WarmPool {
     }
 }
 
-/// Kills a pooled VM and removes its disk (no session ever wrote to it).
+/// Removes a pooled VM's disk (no session ever wrote to it) and kills the VM. The disk goes
+/// first: the VMM keeps its open descriptor, and whoever sees the VM gone finds no disk left.
 fn discard(mut warm: WarmVm) {
-    warm.vm.kill();
     if let Some(disk) = warm.disk.take() {
         let _ = std::fs::remove_file(disk);
     }
+    warm.vm.kill();
 }
 
 /// The key a start with `settings` would boot, why `auto` chose its backend, and the image (resolved
