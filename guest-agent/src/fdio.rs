@@ -4,8 +4,9 @@
 //! and `tokio::net::unix::pipe` refuses PTYs, so both go through one `AsyncFd` wrapper.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
+use bytes::BytesMut;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use tokio::io::unix::AsyncFd;
 
@@ -25,13 +26,34 @@ impl FdIo {
         Ok(Self { fd, pty })
     }
 
-    /// Reads into `buf`; `Ok(0)` is end of stream.
-    pub async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+    /// Reads at most `max` bytes into the spare capacity of `dst` (reserving it first), without
+    /// zeroing it beforehand: the output pump's read straight into the frame it will send.
+    /// `Ok(0)` is end of stream.
+    pub async fn read_buf(&self, dst: &mut BytesMut, max: usize) -> io::Result<usize> {
+        dst.reserve(max);
         loop {
             let mut guard = self.fd.readable().await?;
-            match guard.try_io(|fd| nix::unistd::read(fd.get_ref().as_fd(), buf).map_err(io::Error::from)) {
+            let spare = dst.spare_capacity_mut();
+            let len = spare.len().min(max);
+            let ptr = spare.as_mut_ptr().cast::<libc::c_void>();
+            let read = guard.try_io(|fd| {
+                // SAFETY: `ptr` points to `len` bytes of `dst`'s spare capacity, which `dst` owns
+                // and nothing else references during the call; read(2) writes at most `len`.
+                let n = unsafe { libc::read(fd.get_ref().as_raw_fd(), ptr, len) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match read {
+                Ok(Ok(n)) => {
+                    // SAFETY: read(2) initialised the first `n` (≤ len) spare bytes.
+                    unsafe { dst.set_len(dst.len() + n) };
+                    return Ok(n);
+                }
                 Ok(Err(e)) if self.pty && e.raw_os_error() == Some(libc::EIO) => return Ok(0),
-                Ok(result) => return result,
+                Ok(Err(e)) => return Err(e),
                 Err(_would_block) => continue,
             }
         }

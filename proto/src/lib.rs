@@ -34,7 +34,7 @@ pub const SESSION_DISK_LABEL: &str = "umbra-session";
 
 /// Protocol version spoken by this build. Peers with a different major refuse each other;
 /// a newer minor only adds optional fields and methods.
-pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 1, minor: 3 };
+pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 1, minor: 4 };
 
 /// Bytes of stdout or stderr the agent may send per stream before the host grants more credit.
 pub const INITIAL_OUTPUT_CREDIT: u32 = 1024 * 1024;
@@ -45,6 +45,15 @@ pub const INITIAL_STDIN_CREDIT: u32 = 256 * 1024;
 /// Largest data payload in one stdio frame. Smaller than [`MAX_BODY_LEN`] so that a data frame
 /// never monopolises the connection for long.
 pub const MAX_DATA_CHUNK: usize = 64 * 1024;
+
+/// Largest output payload in one Data frame from the agent to a host whose Hello lists
+/// [`CAP_LARGE_OUTPUT`] (since 1.4): a quarter of the output credit, so a stream still has
+/// frames in flight while the host consumes one. Fewer frames per byte is most of what the
+/// output path costs beyond the copies.
+pub const LARGE_OUTPUT_CHUNK: usize = INITIAL_OUTPUT_CREDIT as usize / 4;
+
+/// The host capability "I accept output Data frames up to [`LARGE_OUTPUT_CHUNK`]".
+pub const CAP_LARGE_OUTPUT: &str = "large-output";
 
 /// Largest file payload moved by one read_file/write_file request.
 pub const MAX_FILE_CHUNK: usize = 1024 * 1024;

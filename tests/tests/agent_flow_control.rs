@@ -154,3 +154,47 @@ async fn dropping_a_process_with_unread_output_lets_it_finish() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The largest output Data frame a raw host sees from a 2 MB producer that writes 200 KB at a
+/// time, granting back what it reads. With `capabilities` listing large output the agent may
+/// use frames up to `LARGE_OUTPUT_CHUNK`; without (a 1.3 host), never above `MAX_DATA_CHUNK`.
+async fn largest_output_frame(agent: &HostAgent, capabilities: Vec<String>) -> usize {
+    use futures_util::{SinkExt, StreamExt};
+    use umbra_proto::{json_frame, Channel, Frame, FrameCodec, FrameKind, Hello, Request, PROTOCOL_VERSION};
+
+    let stream = tokio::net::UnixStream::connect(&agent.socket).await.unwrap();
+    let mut f = tokio_util::codec::Framed::new(stream, FrameCodec::new());
+    let hello =
+        Hello { protocol: PROTOCOL_VERSION, software: "test".into(), hostname: None, pid1: false, capabilities };
+    f.send(json_frame(FrameKind::Hello, 0, &hello)).await.unwrap();
+    assert_eq!(f.next().await.unwrap().unwrap().kind, FrameKind::Hello);
+    let script = "for i in 1 2 3 4 5 6 7 8 9 10; do head -c 200000 /dev/zero; sleep 0.02; done";
+    f.send(json_frame(FrameKind::Request, 1, &Request::Spawn(sh(script)))).await.unwrap();
+    let (mut largest, mut total) = (0, 0);
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(10), f.next()).await.expect("output").unwrap().unwrap();
+        match frame.kind {
+            FrameKind::Data => {
+                largest = largest.max(frame.body.len());
+                total += frame.body.len();
+                f.send(Frame::credit(1, Channel::Stdout, frame.body.len() as u32)).await.unwrap();
+            }
+            FrameKind::Event => break,
+            _ => {}
+        }
+    }
+    assert_eq!(total, 2_000_000);
+    largest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_frames_are_as_large_as_the_host_accepts() {
+    let agent = HostAgent::start().await;
+    let old_host = largest_output_frame(&agent, vec![]).await;
+    assert!(old_host <= umbra_proto::MAX_DATA_CHUNK, "{old_host}-byte frame to a host without large-output");
+    let new_host = largest_output_frame(&agent, vec![umbra_proto::CAP_LARGE_OUTPUT.into()]).await;
+    assert!(
+        new_host > umbra_proto::MAX_DATA_CHUNK && new_host <= umbra_proto::LARGE_OUTPUT_CHUNK,
+        "largest frame {new_host} bytes to a host with large-output"
+    );
+}

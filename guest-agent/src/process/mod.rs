@@ -14,11 +14,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::sync::{mpsc, watch};
-use umbra_proto::{json_frame, Channel, Event, ExitStatus, Frame, FrameKind, MAX_DATA_CHUNK};
+use umbra_proto::{json_frame, Channel, Event, ExitStatus, Frame, FrameHeader, FrameKind, HEADER_LEN};
 
 pub use credit::Credit;
 use spawn::{ChildStdio, SpawnedChild};
@@ -35,8 +35,28 @@ pub enum StdinMsg {
     Close,
 }
 
+/// What the connection's writer sends.
+pub enum Outgoing {
+    /// A frame to encode.
+    Frame(Frame),
+    /// A Data frame already encoded in place: its header, then the bytes read from the child
+    /// straight behind it, so it goes to the socket without a copy.
+    Encoded(Bytes),
+}
+
+impl From<Frame> for Outgoing {
+    fn from(frame: Frame) -> Self {
+        Self::Frame(frame)
+    }
+}
+
 /// Where frames for the host go; bounded, so a host that stops reading stalls producers.
-pub type FrameSink = mpsc::Sender<Frame>;
+pub type FrameSink = mpsc::Sender<Outgoing>;
+
+/// Output reads shorter than this are copied into a buffer of their own size, so a trickle of
+/// small writes does not pin a whole chunk-sized allocation per frame while it waits in the
+/// outbox.
+const SMALL_READ: usize = 4096;
 
 pub struct ProcessHandle {
     pub pid: u32,
@@ -78,10 +98,12 @@ impl ProcessHandle {
     }
 }
 
-/// Starts supervising `child` as process `id`. `on_exit` runs after the exit event is queued.
+/// Starts supervising `child` as process `id`, its output in Data frames of at most `chunk`
+/// bytes. `on_exit` runs after the exit event is queued.
 pub fn supervise(
     id: u32,
     child: SpawnedChild,
+    chunk: usize,
     sink: FrameSink,
     on_exit: impl FnOnce() + Send + 'static,
 ) -> std::io::Result<ProcessHandle> {
@@ -99,12 +121,21 @@ pub fn supervise(
                 tokio::spawn(pump_output(
                     id,
                     Channel::Stdout,
+                    chunk,
                     out,
                     stdout_credit.clone(),
                     sink.clone(),
                     exited_rx.clone(),
                 )),
-                tokio::spawn(pump_output(id, Channel::Stderr, err, stderr_credit.clone(), sink.clone(), exited_rx)),
+                tokio::spawn(pump_output(
+                    id,
+                    Channel::Stderr,
+                    chunk,
+                    err,
+                    stderr_credit.clone(),
+                    sink.clone(),
+                    exited_rx,
+                )),
             ];
             (StdinTarget::Pipe(FdIo::new(stdin, false)?), pumps, None)
         }
@@ -113,6 +144,7 @@ pub fn supervise(
             let pumps = vec![tokio::spawn(pump_output(
                 id,
                 Channel::Stdout,
+                chunk,
                 master.clone(),
                 stdout_credit.clone(),
                 sink.clone(),
@@ -138,7 +170,8 @@ pub fn supervise(
             let _ = pump.await;
         }
         stdin_pump.abort();
-        let _ = sink.send(json_frame(FrameKind::Event, id, &Event::Exit(ExitStatus { duration_ms, ..status }))).await;
+        let exit = json_frame(FrameKind::Event, id, &Event::Exit(ExitStatus { duration_ms, ..status }));
+        let _ = sink.send(exit.into()).await;
         on_exit();
     });
 
@@ -181,7 +214,7 @@ async fn pump_stdin(
                     }
                 }
                 window.fetch_add(bytes.len() as u64, Ordering::AcqRel);
-                if sink.send(Frame::credit(id, Channel::Stdin, bytes.len() as u32)).await.is_err() {
+                if sink.send(Frame::credit(id, Channel::Stdin, bytes.len() as u32).into()).await.is_err() {
                     return;
                 }
             }
@@ -201,20 +234,23 @@ async fn pump_stdin(
 async fn pump_output(
     id: u32,
     channel: Channel,
+    chunk: usize,
     io: Arc<FdIo>,
     credit: Arc<Credit>,
     sink: FrameSink,
     mut exited: watch::Receiver<bool>,
 ) {
-    let mut buf = vec![0u8; MAX_DATA_CHUNK];
     loop {
-        let Some(allowed) = credit.available(MAX_DATA_CHUNK).await else { return };
+        let Some(allowed) = credit.available(chunk).await else { return };
+        // The frame is built where the bytes land: header room, then the read.
+        let mut frame = BytesMut::with_capacity(HEADER_LEN + allowed);
+        frame.put_bytes(0, HEADER_LEN);
         let read = loop {
             if *exited.borrow() {
-                break tokio::time::timeout(DRAIN_IDLE, io.read(&mut buf[..allowed])).await.unwrap_or(Ok(0));
+                break tokio::time::timeout(DRAIN_IDLE, io.read_buf(&mut frame, allowed)).await.unwrap_or(Ok(0));
             }
             tokio::select! {
-                r = io.read(&mut buf[..allowed]) => break r,
+                r = io.read_buf(&mut frame, allowed) => break r,
                 changed = exited.changed() => if changed.is_err() { break Ok(0) },
             }
         };
@@ -222,7 +258,10 @@ async fn pump_output(
             Ok(0) | Err(_) => return,
             Ok(n) => {
                 credit.spend(n);
-                if sink.send(Frame::data(id, channel, Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
+                let header = FrameHeader { kind: FrameKind::Data, channel, id, len: n as u32 };
+                frame[..HEADER_LEN].copy_from_slice(&header.to_bytes());
+                let frame = if n < SMALL_READ { Bytes::copy_from_slice(&frame) } else { frame.freeze() };
+                if sink.send(Outgoing::Encoded(frame)).await.is_err() {
                     return;
                 }
             }

@@ -11,18 +11,19 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use bytes::BytesMut;
+use futures_util::StreamExt;
 use nix::sys::signal::Signal;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, Semaphore};
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::codec::FramedRead;
 use umbra_proto::{
     json_frame, parse_body, Channel, ErrorBody, ErrorCode, Frame, FrameCodec, FrameKind, Hello, Request, Response,
-    MAX_BODY_LEN, MAX_DATA_CHUNK, PROTOCOL_VERSION,
+    CAP_LARGE_OUTPUT, LARGE_OUTPUT_CHUNK, MAX_BODY_LEN, MAX_DATA_CHUNK, PROTOCOL_VERSION,
 };
 
 use super::Agent;
-use crate::process::{FrameSink, ProcessHandle, StdinMsg};
+use crate::process::{FrameSink, Outgoing, ProcessHandle, StdinMsg};
 use crate::text::clip;
 
 /// Frames queued for the writer. Output is credit-limited, so this bounds memory, not throughput.
@@ -30,6 +31,8 @@ const OUTBOX: usize = 64;
 /// Blocking requests (files, mounts, stats) served at once per connection. Each may hold a
 /// 1 MiB file chunk; past this the reader waits, which pushes back on a host that pipelines.
 const MAX_BLOCKING: usize = 8;
+/// Encoded frames buffered before a write.
+const WRITE_BATCH: usize = 64 * 1024;
 /// How long the parting Error frame of a failed connection may wait for room in the outbox.
 const PARTING_ERROR_WAIT: Duration = Duration::from_millis(500);
 
@@ -43,6 +46,8 @@ pub struct Connection {
     pub in_flight: Arc<Mutex<HashSet<u32>>>,
     /// Permits for blocking requests, see [`MAX_BLOCKING`].
     pub blocking: Arc<Semaphore>,
+    /// The largest output Data frame the host accepts (set by its Hello).
+    pub output_chunk: usize,
 }
 
 /// Why the connection must end.
@@ -63,7 +68,7 @@ pub async fn serve_connection<S: AsyncRead + AsyncWrite + Send + 'static>(
     let (r, w) = tokio::io::split(stream);
     let mut frames = FramedRead::new(r, FrameCodec::new());
     let (sink, outbox) = mpsc::channel(OUTBOX);
-    let writer = tokio::spawn(write_frames(FramedWrite::new(w, FrameCodec::new()), outbox));
+    let writer = tokio::spawn(write_frames(w, outbox));
 
     let conn = Connection {
         agent,
@@ -71,8 +76,10 @@ pub async fn serve_connection<S: AsyncRead + AsyncWrite + Send + 'static>(
         processes: Arc::new(Mutex::new(HashMap::new())),
         in_flight: Arc::new(Mutex::new(HashSet::new())),
         blocking: Arc::new(Semaphore::new(MAX_BLOCKING)),
+        output_chunk: MAX_DATA_CHUNK,
     };
-    let result = match handshake(&conn, &mut frames).await {
+    let mut conn = conn;
+    let result = match handshake(&mut conn, &mut frames).await {
         Ok(true) => conn.read_loop(&mut frames).await,
         Ok(false) => Ok(()),
         Err(e) => Err(e),
@@ -80,7 +87,7 @@ pub async fn serve_connection<S: AsyncRead + AsyncWrite + Send + 'static>(
     if let Err(e) = &result {
         // Best effort: tell the host why before closing. The outbox may be full (output the host
         // has not read yet), so wait for room a little rather than drop the explanation.
-        let _ = tokio::time::timeout(PARTING_ERROR_WAIT, conn.sink.send(protocol_error(0, e.to_string()))).await;
+        let _ = tokio::time::timeout(PARTING_ERROR_WAIT, conn.sink.send(protocol_error(0, e.to_string()).into())).await;
     }
     conn.teardown();
     drop(conn);
@@ -94,7 +101,7 @@ fn protocol_error(id: u32, message: impl Into<String>) -> Frame {
 
 /// Returns Ok(false) if the peer closed before saying hello.
 async fn handshake<R: AsyncRead + Unpin>(
-    conn: &Connection,
+    conn: &mut Connection,
     frames: &mut FramedRead<R, FrameCodec>,
 ) -> Result<bool, ConnectionError> {
     let Some(frame) = frames.next().await.transpose()? else { return Ok(false) };
@@ -115,6 +122,9 @@ async fn handshake<R: AsyncRead + Unpin>(
         return Ok(false);
     }
     tracing::debug!(peer = %hello.software, protocol = %hello.protocol, "handshake");
+    if hello.capabilities.iter().any(|c| c == CAP_LARGE_OUTPUT) {
+        conn.output_chunk = LARGE_OUTPUT_CHUNK;
+    }
     let ours = Hello {
         protocol: PROTOCOL_VERSION,
         software: format!("umbra-agent {}", env!("CARGO_PKG_VERSION")),
@@ -128,7 +138,7 @@ async fn handshake<R: AsyncRead + Unpin>(
 
 impl Connection {
     pub async fn send(&self, frame: Frame) -> Result<(), ConnectionError> {
-        self.sink.send(frame).await.map_err(|_| ConnectionError::WriterGone)
+        self.sink.send(frame.into()).await.map_err(|_| ConnectionError::WriterGone)
     }
 
     async fn read_loop<R: AsyncRead + Unpin>(
@@ -218,24 +228,38 @@ impl Connection {
     }
 }
 
-async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(
-    mut out: FramedWrite<W, FrameCodec>,
-    mut rx: mpsc::Receiver<Frame>,
-) {
-    while let Some(frame) = rx.recv().await {
-        if out.feed(fit(frame)).await.is_err() {
-            return;
-        }
-        // Batch whatever is already queued into one flush.
-        while let Ok(frame) = rx.try_recv() {
-            if out.feed(fit(frame)).await.is_err() {
+/// Encodes queued frames into one buffer and writes it, batching whatever is already queued
+/// into one write; a pre-encoded Data frame is written as it is, after what was buffered.
+async fn write_frames<W: AsyncWrite + Unpin>(mut out: W, mut rx: mpsc::Receiver<Outgoing>) {
+    let mut buf = BytesMut::with_capacity(WRITE_BATCH);
+    while let Some(first) = rx.recv().await {
+        let mut item = Some(first);
+        while let Some(next) = item.take().or_else(|| rx.try_recv().ok()) {
+            match next {
+                Outgoing::Frame(frame) => fit(frame).encode_into(&mut buf),
+                Outgoing::Encoded(frame) => {
+                    if write_out(&mut out, &mut buf).await.is_err() || out.write_all(&frame).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            if buf.len() >= WRITE_BATCH && write_out(&mut out, &mut buf).await.is_err() {
                 return;
             }
         }
-        if out.flush().await.is_err() {
+        if write_out(&mut out, &mut buf).await.is_err() || out.flush().await.is_err() {
             return;
         }
     }
+}
+
+/// Writes and empties `buf` (keeping its allocation).
+async fn write_out<W: AsyncWrite + Unpin>(out: &mut W, buf: &mut BytesMut) -> std::io::Result<()> {
+    if !buf.is_empty() {
+        out.write_all(buf).await?;
+        buf.clear();
+    }
+    Ok(())
 }
 
 /// A frame too large to encode (a response that outgrew the limit despite the caps on listings

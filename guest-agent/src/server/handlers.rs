@@ -170,7 +170,7 @@ impl Connection {
             // Holding the table lock across supervise+insert means the exit hook (which removes
             // the entry) cannot run before the entry exists, however fast the child is.
             let mut processes = self.processes.lock().unwrap();
-            process::supervise(id, child, self.sink.clone(), on_exit).map(|handle| {
+            process::supervise(id, child, self.output_chunk, self.sink.clone(), on_exit).map(|handle| {
                 self.agent.live_processes.fetch_add(1, Ordering::AcqRel);
                 processes.insert(id, handle);
             })
@@ -252,7 +252,7 @@ impl Connection {
                 let err = ErrorBody::new(ErrorCode::Io, format!("request {id} failed: {e}"));
                 json_frame(FrameKind::Response, id, &Response::Error(err))
             });
-            let _ = sink.send(frame).await;
+            let _ = sink.send(frame.into()).await;
             in_flight.lock().unwrap().remove(&id);
             drop(permit);
         });

@@ -28,7 +28,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use umbra_proto::{
     json_frame, json_frame_with_attachment, parse_body, Channel, DirEntry, ErrorBody, Event, FileStat, Frame,
     FrameCodec, FrameKind, Hello, MountRequest, Request, Response, ResponseBody, ShadowChange, ShareRequest,
-    SpawnRequest, Stats, WriteFileRequest, INITIAL_OUTPUT_CREDIT, MAX_BODY_LEN, MAX_DATA_CHUNK, MAX_FILE_CHUNK,
+    SpawnRequest, Stats, WriteFileRequest, INITIAL_OUTPUT_CREDIT, LARGE_OUTPUT_CHUNK, MAX_BODY_LEN, MAX_FILE_CHUNK,
     PROTOCOL_VERSION,
 };
 
@@ -112,7 +112,7 @@ impl AgentClient {
             software: format!("umbra-runtime {}", env!("CARGO_PKG_VERSION")),
             hostname: None,
             pid1: false,
-            capabilities: vec![],
+            capabilities: vec![umbra_proto::CAP_LARGE_OUTPUT.into()],
         };
         let lost = |e: &dyn std::fmt::Display| ClientError::Handshake(e.to_string());
         sink.send(json_frame(FrameKind::Hello, 0, &hello)).await.map_err(|e| lost(&e))?;
@@ -525,8 +525,9 @@ fn route(inner: &Inner, frame: Frame, last_error: &mut Option<String>) -> Result
         }
         FrameKind::Data => {
             let (id, channel, len) = (frame.id, frame.channel, frame.body.len());
-            if len > MAX_DATA_CHUNK {
-                return Err(format!("agent sent a {len}-byte Data frame, above the {MAX_DATA_CHUNK}-byte limit"));
+            // This client lists CAP_LARGE_OUTPUT in its Hello.
+            if len > LARGE_OUTPUT_CHUNK {
+                return Err(format!("agent sent a {len}-byte Data frame, above the {LARGE_OUTPUT_CHUNK}-byte limit"));
             }
             if let Some(slot) = state.processes.get_mut(&id) {
                 let Some(window) = slot.output_window(channel) else {

@@ -13,6 +13,12 @@ use super::{AgentClient, ClientError};
 /// Stdin writes queued ahead of the credit; small so `write` applies backpressure.
 const STDIN_QUEUE: usize = 16;
 
+/// Consumed output is handed back to the agent as credit once this much has gathered on a
+/// stream, not per chunk: a quarter of the window keeps the agent's pump supplied with a
+/// quarter of the Credit frames (and agent wake-ups). Never stalls: a pump out of credit means
+/// the whole window is in flight or consumed, and consuming it crosses this threshold.
+const GRANT_BATCH: usize = umbra_proto::INITIAL_OUTPUT_CREDIT as usize / 4;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProcessEvent {
     /// The agent started the process. Always the first event unless the spawn failed.
@@ -44,6 +50,8 @@ pub struct Process {
     events: mpsc::UnboundedReceiver<ProcessEvent>,
     stdin: ProcessStdin,
     finished: bool,
+    /// Output consumed but not yet granted back: stdout, stderr.
+    ungranted: [usize; 2],
 }
 
 /// Writes to a process's stdin. Clones share the stream.
@@ -67,7 +75,7 @@ impl Process {
     ) -> Self {
         let (tx, rx) = mpsc::channel(STDIN_QUEUE);
         tokio::spawn(stdin_task(client.clone(), id, confirmed, credit, rx));
-        Self { client, id, events, stdin: ProcessStdin { tx }, finished: false }
+        Self { client, id, events, stdin: ProcessStdin { tx }, finished: false, ungranted: [0; 2] }
     }
 
     /// The protocol id of this process (not its guest pid).
@@ -93,8 +101,22 @@ impl Process {
         event
     }
 
-    fn grant(&self, channel: Channel, bytes: usize) {
-        self.client.grant_output(self.id, channel, bytes);
+    /// Counts `bytes` of `channel` as consumed; grants them (and what gathered before) once
+    /// [`GRANT_BATCH`] is reached.
+    fn grant(&mut self, channel: Channel, bytes: usize) {
+        let i = usize::from(channel == Channel::Stderr);
+        self.ungranted[i] += bytes;
+        if self.ungranted[i] >= GRANT_BATCH {
+            self.flush_grant(channel);
+        }
+    }
+
+    fn flush_grant(&mut self, channel: Channel) {
+        let i = usize::from(channel == Channel::Stderr);
+        let bytes = std::mem::take(&mut self.ungranted[i]);
+        if bytes > 0 {
+            self.client.grant_output(self.id, channel, bytes);
+        }
     }
 
     /// Sends `signal` to the process's group in the guest.
@@ -138,6 +160,8 @@ impl Drop for Process {
                 ProcessEvent::Spawned { .. } => {}
             }
         }
+        self.flush_grant(Channel::Stdout);
+        self.flush_grant(Channel::Stderr);
         if !self.finished {
             let id = self.client.next_id();
             let kill = Request::Kill { process: self.id, signal: SIGKILL };

@@ -29,6 +29,8 @@ where
     let play = async {
         let hello = agent.next().await.unwrap().unwrap();
         assert_eq!(hello.kind, FrameKind::Hello);
+        let (theirs, _): (Hello, _) = umbra_proto::parse_body(&hello.body).unwrap();
+        assert!(theirs.capabilities.iter().any(|c| c == umbra_proto::CAP_LARGE_OUTPUT), "{theirs:?}");
         let ours = Hello {
             protocol: PROTOCOL_VERSION,
             software: "fake-agent".into(),
@@ -140,7 +142,10 @@ async fn consumed_output_is_granted_back_and_extends_the_window() {
         }
         while let Ok(Some(Ok(f))) = tokio::time::timeout(Duration::from_millis(1), agent.next()).await {
             assert_eq!((f.kind, f.channel), (FrameKind::Credit, Channel::Stderr));
-            credit += f.credit_bytes().unwrap() as usize;
+            // Grants come in batches of a quarter window, not per chunk.
+            let grant = f.credit_bytes().unwrap() as usize;
+            assert!(grant >= umbra_proto::INITIAL_OUTPUT_CREDIT as usize / 4, "a {grant}-byte grant");
+            credit += grant;
         }
     }
     agent.send(json_frame(FrameKind::Event, p.id(), &Event::Exit(exit_status()))).await.unwrap();
@@ -155,7 +160,8 @@ fn exit_status() -> umbra_proto::ExitStatus {
 async fn an_oversized_data_frame_ends_the_connection() {
     let (client, mut agent) = fake_agent().await;
     let mut p = spawned(&client, &mut agent).await;
-    agent.send(Frame::data(p.id(), Channel::Stdout, vec![b'x'; MAX_DATA_CHUNK + 1])).await.unwrap();
+    let over = umbra_proto::LARGE_OUTPUT_CHUNK + 1;
+    agent.send(Frame::data(p.id(), Channel::Stdout, vec![b'x'; over])).await.unwrap();
     let (msg, output) = until_lost(&mut p).await;
     assert!(msg.contains("limit"), "{msg}");
     assert_eq!(output, 0);
