@@ -5,7 +5,8 @@
 //! holds the emulated devices (legacy PC devices and virtio-mmio), `bus` routes vCPU exits to
 //! them, `machine` assembles a microVM from a [`config::VmConfig`] and runs it, and [`exit`]
 //! names the distinct ways a VM can end; [`jail`] confines the process before the machine is
-//! assembled and [`seccomp`] each of its threads.
+//! assembled and [`seccomp`] each of its threads; [`snapshot`] saves a paused VM's state to a
+//! checked, versioned file and restores it.
 
 pub mod bare;
 pub mod boot;
@@ -16,6 +17,7 @@ pub mod exit;
 pub mod jail;
 pub mod machine;
 pub mod seccomp;
+pub mod snapshot;
 pub mod vstate;
 
 pub use exit::VmExit;

@@ -67,6 +67,20 @@ impl Vcpu {
             .map_err(|source| VstateError::Ioctl { step: "set regs", source })
     }
 
+    /// Completes what the last exit left pending in KVM (an I/O or MMIO instruction finishes
+    /// only on the next KVM_RUN) without running guest code, so the state read next is that
+    /// of an instruction boundary. Call on a vCPU out of KVM_RUN before saving its state.
+    pub fn settle(&mut self) -> Result<(), VstateError> {
+        self.fd.set_kvm_immediate_exit(1);
+        let r = self.fd.run().map(drop);
+        self.fd.set_kvm_immediate_exit(0);
+        match r {
+            Err(e) if e.errno() == libc::EINTR => Ok(()),
+            Ok(()) => Err(VstateError::Setup("KVM_RUN with immediate_exit entered the guest".into())),
+            Err(source) => Err(VstateError::Ioctl { step: "complete the pending exit", source }),
+        }
+    }
+
     /// Runs until the guest ends; every exit is handled or turned into a [`VmExit`].
     pub fn run(&mut self, bus: &IoBus) -> VmExit {
         loop {

@@ -1,0 +1,113 @@
+//! Guest memory to and from the memory file.
+//!
+//! The file is guest RAM in the order of [`crate::vstate::memory::ram_ranges`], written
+//! sparsely: a zero page is a hole, so a file's disk use is what the guest touched. A restore
+//! maps it `MAP_PRIVATE`: a page is read from the file (the page cache, shared by every VM
+//! restored from it) until the guest writes it, and a write copies that one page into the
+//! VM's own memory, never into the file.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+
+use super::SnapshotError;
+use crate::vstate::memory::{ram_ranges, GuestMemory};
+
+const PAGE: usize = 4096;
+/// Guest memory is copied out this much at a time.
+const CHUNK: usize = 2 << 20;
+
+/// Writes `size` bytes of `memory` to a new file at `path`; returns the bytes written (the
+/// rest are holes). The vCPUs and devices must not be writing guest memory meanwhile.
+pub fn dump(memory: &GuestMemory, size: u64, path: &Path) -> Result<u64, SnapshotError> {
+    let what = || format!("write the memory file {}", path.display());
+    let file = File::create(path).map_err(SnapshotError::io(what()))?;
+    file.set_len(size).map_err(SnapshotError::io(what()))?;
+    let mut buf = vec![0u8; CHUNK];
+    let (mut offset, mut written) = (0u64, 0u64);
+    for (start, len) in ram_ranges(size) {
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(CHUNK as u64) as usize;
+            memory
+                .read_slice(&mut buf[..n], GuestAddress(start + done))
+                .map_err(|e| SnapshotError::Mismatch(format!("guest memory at {:#x}: {e}", start + done)))?;
+            for (i, page) in buf[..n].chunks(PAGE).enumerate() {
+                if page.iter().any(|&b| b != 0) {
+                    file.write_all_at(page, offset + done + (i * PAGE) as u64).map_err(SnapshotError::io(what()))?;
+                    written += page.len() as u64;
+                }
+            }
+            done += n as u64;
+        }
+        offset += len;
+    }
+    file.sync_all().map_err(SnapshotError::io(what()))?;
+    Ok(written)
+}
+
+/// Maps the memory file at `path` as `size` bytes of private guest memory.
+pub fn map_private(path: &Path, size: u64) -> Result<GuestMemory, SnapshotError> {
+    let file = File::open(path).map_err(SnapshotError::io(format!("open the memory file {}", path.display())))?;
+    let len = file.metadata().map_err(SnapshotError::io(format!("stat {}", path.display())))?.len();
+    if len != size {
+        return Err(SnapshotError::Mismatch(format!(
+            "the memory file {} has {len} bytes; the state says the guest has {size}",
+            path.display()
+        )));
+    }
+    let mut regions = Vec::new();
+    let mut offset = 0u64;
+    for (start, len) in ram_ranges(size) {
+        let handle = file.try_clone().map_err(SnapshotError::io("dup the memory file"))?;
+        let region = MmapRegion::<()>::build(
+            Some(FileOffset::new(handle, offset)),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+        )
+        .map_err(|e| SnapshotError::Mismatch(format!("map {len} bytes of {}: {e}", path.display())))?;
+        let region = GuestRegionMmap::new(region, GuestAddress(start))
+            .ok_or_else(|| SnapshotError::Mismatch("guest region overflows the address space".into()))?;
+        regions.push(region);
+        offset += len;
+    }
+    GuestMemoryMmap::from_regions(regions).map_err(|e| SnapshotError::Mismatch(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vstate::memory::anonymous;
+
+    #[test]
+    fn the_file_is_sparse_and_a_restored_vm_never_writes_it() {
+        let dir = std::env::temp_dir().join(format!("umbra-snapmem-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("memory");
+        let size = 8u64 << 20;
+        let mem = anonymous(size as usize).unwrap();
+        mem.write_obj(0xfeed_u64, GuestAddress(0x1000)).unwrap();
+        mem.write_obj(0xbeef_u64, GuestAddress(size - 8)).unwrap();
+        assert_eq!(dump(&mem, size, &path).unwrap(), 2 * PAGE as u64, "two pages touched");
+        use std::os::unix::fs::MetadataExt;
+        let blocks = std::fs::metadata(&path).unwrap().blocks() * 512;
+        assert!(blocks < 1 << 20, "the file is sparse: {blocks} bytes allocated");
+
+        let a = map_private(&path, size).unwrap();
+        let b = map_private(&path, size).unwrap();
+        assert_eq!(a.read_obj::<u64>(GuestAddress(0x1000)).unwrap(), 0xfeed);
+        assert_eq!(a.read_obj::<u64>(GuestAddress(size - 8)).unwrap(), 0xbeef);
+        a.write_obj(1u64, GuestAddress(0x1000)).unwrap();
+        assert_eq!(b.read_obj::<u64>(GuestAddress(0x1000)).unwrap(), 0xfeed, "b does not see a's write");
+        drop((a, b));
+        let file = std::fs::read(&path).unwrap();
+        assert_eq!(u64::from_le_bytes(file[0x1000..0x1008].try_into().unwrap()), 0xfeed, "the file is unchanged");
+
+        let e = map_private(&path, size * 2).unwrap_err().to_string();
+        assert!(e.contains("has 8388608 bytes; the state says the guest has 16777216"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,117 @@
+//! Snapshot and restore of vCPU and VM state on the host's real /dev/kvm (kvm_pvm on the
+//! development machines): a bare guest is paused mid-program, saved to a state file and a
+//! memory file, and a new VM restored from them runs the rest of the program with the
+//! registers it had.
+
+use std::path::PathBuf;
+
+use kvm_ioctls::VcpuExit;
+use umbra_vmm::bare::{BareGuest, LOAD_ADDR};
+use umbra_vmm::bus::IoBus;
+use umbra_vmm::devices::legacy::{ConsoleLog, LegacyBus};
+use umbra_vmm::snapshot::{self, SnapshotState};
+use umbra_vmm::vstate::{memory, vcpu::Vcpu, vm::Vm};
+use umbra_vmm::VmExit;
+use vm_memory::{Bytes, GuestAddress};
+
+const SIZE: u64 = 16 << 20;
+const COM1: u16 = 0x3f8;
+
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `mov cl, 'z'`, print "a" (the pause point), then print CL and a newline, and reset: the
+/// restored VM prints "z" only if its RIP, RCX, RDX and paging came back.
+fn program() -> Vec<u8> {
+    let mut code = vec![0xb1, b'z']; // mov cl, 'z'
+    code.extend(BareGuest::new().print("a").code());
+    code.extend([0x88, 0xc8, 0xee]); // mov al, cl ; out dx, al
+    code.extend(BareGuest::new().print("\n").reset().halt().code());
+    code
+}
+
+#[test]
+fn a_paused_bare_guest_resumes_in_a_restored_vm() {
+    let dir = Dir(std::env::temp_dir().join(format!("umbra-snapshot-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let (state_path, memory_path) = (dir.0.join("state"), dir.0.join("memory"));
+
+    // Run to the pause point: the guest's "a" on COM1.
+    let mem = memory::anonymous(SIZE as usize).unwrap();
+    mem.write_slice(&program(), GuestAddress(LOAD_ADDR)).unwrap();
+    let vm = Vm::new(mem.clone()).expect("VM (is /dev/kvm usable?)");
+    vm.setup_irqchip().unwrap();
+    let mut vcpu = Vcpu::new(&vm, 0, 1).unwrap();
+    vcpu.configure_long_mode(&vm, GuestAddress(LOAD_ADDR), 0x8_0000).unwrap();
+    match vcpu.fd.run().unwrap() {
+        VcpuExit::IoOut(COM1, [b'a']) => {}
+        other => panic!("unexpected exit before the pause point: {other:?}"),
+    }
+    // KVM finishes an I/O instruction on the next KVM_RUN on some hosts (kvm_pvm has already
+    // moved RIP past it): settle so the saved RIP is after the `out` everywhere.
+    vcpu.settle().unwrap();
+    let state = SnapshotState::capture(&vm.kvm, &vm.fd, &[(0, &vcpu.fd)], SIZE).unwrap();
+    assert!(!state.vcpus[0].msrs.is_empty(), "MSRs were read");
+    snapshot::file::save(&state, &state_path).unwrap();
+    let touched = snapshot::memory::dump(&mem, SIZE, &memory_path).unwrap();
+    eprintln!(
+        "state file {} bytes, memory file {} bytes touched of {SIZE}",
+        std::fs::metadata(&state_path).unwrap().len(),
+        touched
+    );
+    drop(vcpu);
+    drop(vm);
+
+    // Restore into a new VM and run the rest.
+    let state = snapshot::file::load(&state_path).unwrap();
+    let mem = snapshot::memory::map_private(&memory_path, state.memory_size).unwrap();
+    let vm = Vm::new(mem).unwrap();
+    vm.setup_irqchip().unwrap();
+    let mut vcpu = Vcpu::new(&vm, 0, 1).unwrap();
+    state.check_vcpus(&[&vcpu.fd]).expect("the host that took the snapshot can run it");
+    state.vm.restore(&vm.fd).unwrap();
+    state.vcpus[0].restore(&vm.kvm, &vcpu.fd).unwrap();
+    let console = ConsoleLog::default();
+    let bus = IoBus::new(LegacyBus::new(console.clone()), vec![]);
+    assert_eq!(vcpu.run(&bus), VmExit::Reset);
+    assert_eq!(console.last_lines(), vec!["z".to_string()], "the rest of the program, with CL = 'z'");
+
+    // The memory file is what was saved: the restored VM wrote none of it.
+    let again = snapshot::memory::map_private(&memory_path, SIZE).unwrap();
+    assert_eq!(again.read_obj::<[u8; 2]>(GuestAddress(LOAD_ADDR)).unwrap(), [0xb1, b'z']);
+}
+
+#[test]
+fn a_snapshot_is_refused_on_a_host_without_its_cpu_features() {
+    let vm = Vm::new(memory::anonymous(SIZE as usize).unwrap()).unwrap();
+    vm.setup_irqchip().unwrap();
+    let vcpu = Vcpu::new(&vm, 0, 1).unwrap();
+    let mut state = SnapshotState::capture(&vm.kvm, &vm.fd, &[(0, &vcpu.fd)], SIZE).unwrap();
+    let fresh = Vcpu::new(&vm, 1, 2).unwrap();
+    state.check_vcpus(&[&fresh.fd]).unwrap();
+    // Claim a leaf-7 feature bit that a fresh vCPU on this host is not offered.
+    let offered = fresh.fd.get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES).unwrap();
+    let offered = offered.as_slice().iter().find(|e| e.function == 7 && e.index == 0).map_or(0, |e| e.ebx);
+    let bit = (0..32).find(|b| offered & (1 << b) == 0).expect("some leaf-7 EBX bit is not offered");
+    let leaf7 = state.vcpus[0].cpuid.iter_mut().find(|e| e.function == 7 && e.index == 0);
+    match leaf7 {
+        Some(e) => e.ebx |= 1 << bit,
+        None => state.vcpus[0].cpuid.push(kvm_bindings::kvm_cpuid_entry2 {
+            function: 7,
+            ebx: 1 << bit,
+            ..Default::default()
+        }),
+    }
+    let e = state.check_vcpus(&[&fresh.fd]).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("vCPU 0 uses CPU features this host lacks: CPUID.(EAX=0x7,ECX=0):EBX bits {bit}")),
+        "{e}"
+    );
+    let e = state.check_vcpus(&[&fresh.fd, &vcpu.fd]).unwrap_err().to_string();
+    assert!(e.contains("the snapshot has 1 vCPUs, the machine 2"), "{e}");
+}
