@@ -84,6 +84,38 @@ pub enum TransportError {
     EventFd(std::io::Error),
     #[error("invalid queue size {0}: virtio queues are a power of two up to 32768")]
     QueueSize(u16),
+    #[error("cannot restore virtio device {device_type}: {reason}")]
+    Restore { device_type: u32, reason: String },
+}
+
+/// A transport's state in a snapshot: its registers and each queue's configuration.
+///
+/// Queue positions are not kept. A device is quiesced with every buffer it took from a queue
+/// used (its worker stops between batches, and each batch uses what it pops), so a queue's
+/// next available and next used index both equal the used ring's index in the saved memory;
+/// [`MmioTransport::restore`] reads them from there.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TransportState {
+    pub device_type: u32,
+    pub status: u32,
+    pub acked_features: u64,
+    pub device_features_sel: u32,
+    pub driver_features_sel: u32,
+    pub queue_sel: u32,
+    pub config_generation: u32,
+    pub interrupt_status: u32,
+    pub activated: bool,
+    pub queues: Vec<QueueConfig>,
+}
+
+/// What the driver set up for one queue.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QueueConfig {
+    pub size: u16,
+    pub ready: bool,
+    pub desc_table: u64,
+    pub avail_ring: u64,
+    pub used_ring: u64,
 }
 
 impl MmioTransport {
@@ -109,6 +141,87 @@ impl MmioTransport {
             config_generation: 0,
             activated: false,
         })
+    }
+
+    /// The transport's registers and queue configuration, for a snapshot. The device must be
+    /// quiesced (see [`TransportState`]).
+    pub fn save(&self) -> TransportState {
+        TransportState {
+            device_type: self.device.device_type(),
+            status: self.status,
+            acked_features: self.acked_features,
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            queue_sel: self.queue_sel,
+            config_generation: self.config_generation,
+            interrupt_status: self.interrupt_status.load(Ordering::SeqCst),
+            activated: self.activated,
+            queues: self
+                .queues
+                .iter()
+                .map(|q| QueueConfig {
+                    size: q.size(),
+                    ready: q.ready(),
+                    desc_table: q.desc_table(),
+                    avail_ring: q.avail_ring(),
+                    used_ring: q.used_ring(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The transport of `device` (new, of the type and queue count that was saved) as `state`
+    /// left it, over the restored guest memory. An activated device is activated again with
+    /// its queues resuming at the used ring's index, so the driver sees nothing change; one
+    /// that cannot be (a queue outside memory, a device that refuses) is an error here, not a
+    /// failed device in the restored guest.
+    pub fn restore(
+        device: Box<dyn VirtioDevice>,
+        mem: GuestMemory,
+        state: &TransportState,
+    ) -> Result<Self, TransportError> {
+        let device_type = state.device_type;
+        let refuse = |reason: String| TransportError::Restore { device_type, reason };
+        if device.device_type() != device_type {
+            return Err(refuse(format!("the machine has device {} in its place", device.device_type())));
+        }
+        let mut t = Self::new(device, mem)?;
+        if t.queues.len() != state.queues.len() {
+            return Err(refuse(format!("{} queues saved, the device has {}", state.queues.len(), t.queues.len())));
+        }
+        for (i, (q, c)) in t.queues.iter_mut().zip(&state.queues).enumerate() {
+            q.try_set_size(c.size).map_err(|e| refuse(format!("queue {i}: size {}: {e:?}", c.size)))?;
+            q.set_desc_table_address(Some(c.desc_table as u32), Some((c.desc_table >> 32) as u32));
+            q.set_avail_ring_address(Some(c.avail_ring as u32), Some((c.avail_ring >> 32) as u32));
+            q.set_used_ring_address(Some(c.used_ring as u32), Some((c.used_ring >> 32) as u32));
+            q.set_ready(c.ready);
+            if c.ready && state.activated {
+                // struct virtq_used { le16 flags; le16 idx; ... }
+                let idx: u16 = vm_memory::Bytes::read_obj(&t.mem, vm_memory::GuestAddress(c.used_ring.wrapping_add(2)))
+                    .map_err(|e| refuse(format!("queue {i}: used ring at {:#x}: {e}", c.used_ring)))?;
+                q.set_next_avail(idx);
+                q.set_next_used(idx);
+            }
+        }
+        t.acked_features = state.acked_features & t.avail_features();
+        t.device_features_sel = state.device_features_sel;
+        t.driver_features_sel = state.driver_features_sel;
+        t.queue_sel = state.queue_sel;
+        t.config_generation = state.config_generation;
+        t.status = state.status;
+        if state.activated {
+            t.activate();
+            if !t.activated {
+                return Err(refuse("it did not activate again (see the log above)".into()));
+            }
+        }
+        t.interrupt_status.store(state.interrupt_status, Ordering::SeqCst);
+        if state.interrupt_status != 0 {
+            // An interrupt the driver had not acknowledged yet: raise it again (a spurious one
+            // costs the driver one status read).
+            let _ = t.irq.write(1);
+        }
+        Ok(t)
     }
 
     /// The eventfds the driver's notifications of each queue land on (register them as
@@ -339,6 +452,8 @@ mod tests {
     struct Probe {
         activated: Seen,
         resettable: bool,
+        /// Each ready queue's (next available, next used) at activation.
+        positions: Arc<Mutex<Vec<(u16, u16)>>>,
     }
 
     impl VirtioDevice for Probe {
@@ -364,6 +479,11 @@ mod tests {
             queues: Vec<ActiveQueue>,
         ) -> Result<(), super::super::ActivateError> {
             *self.activated.lock().unwrap() = Some((acked, queues.iter().filter(|q| q.queue.ready()).count()));
+            *self.positions.lock().unwrap() = queues
+                .iter()
+                .filter(|q| q.queue.ready())
+                .map(|q| (q.queue.next_avail(), q.queue.next_used()))
+                .collect();
             Ok(())
         }
         fn reset(&mut self) -> bool {
@@ -541,5 +661,60 @@ mod tests {
         t.interrupt_status.store(INTERRUPT_USED_RING | INTERRUPT_CONFIG, Ordering::SeqCst);
         w32(&mut t, 0x64, INTERRUPT_USED_RING);
         assert_eq!(r32(&mut t, 0x60), INTERRUPT_CONFIG);
+    }
+
+    #[test]
+    fn a_saved_transport_restores_activated_at_the_used_rings_index() {
+        let (mut t, _, m) = transport(true);
+        negotiate(&mut t);
+        setup_queue(&mut t, 0, &m, 0x1000);
+        setup_queue(&mut t, 1, &m, 0x8000);
+        w32(&mut t, 0x70, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK);
+        t.interrupt_status.store(INTERRUPT_USED_RING, Ordering::SeqCst);
+        let state = t.save();
+        // The driver and device had gone 5 and 9 buffers round each ring.
+        vm_memory::Bytes::write_obj(&m, 5u16, GuestAddress(state.queues[0].used_ring + 2)).unwrap();
+        vm_memory::Bytes::write_obj(&m, 9u16, GuestAddress(state.queues[1].used_ring + 2)).unwrap();
+        let state: TransportState = serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+
+        let probe = Probe { resettable: true, ..Default::default() };
+        let (seen, positions) = (probe.activated.clone(), probe.positions.clone());
+        let mut r = MmioTransport::restore(Box::new(probe), m.clone(), &state).unwrap();
+        assert!(r.is_activated());
+        assert_eq!(*seen.lock().unwrap(), Some(((1 << 32) | (1 << 3), 2)));
+        assert_eq!(*positions.lock().unwrap(), vec![(5, 5), (9, 9)]);
+        assert_eq!(r.save(), state, "the registers the driver reads are as they were");
+        assert_eq!(r32(&mut r, 0x60), INTERRUPT_USED_RING);
+        assert_eq!(r.irq_evt().read().unwrap(), 1, "the pending interrupt is raised again");
+        // Still resettable and usable as before.
+        w32(&mut r, 0x70, 0);
+        assert!(!r.is_activated());
+    }
+
+    #[test]
+    fn a_state_that_does_not_fit_the_device_is_refused() {
+        let (mut t, _, m) = transport(true);
+        negotiate(&mut t);
+        setup_queue(&mut t, 0, &m, 0x1000);
+        w32(&mut t, 0x70, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK);
+        let state = t.save();
+        let restore = |s: &TransportState| {
+            MmioTransport::restore(Box::new(Probe::default()), m.clone(), s).err().map(|e| e.to_string())
+        };
+        assert!(restore(&TransportState { device_type: 19, ..state.clone() })
+            .unwrap()
+            .contains("device 4 in its place"));
+        let mut fewer = state.clone();
+        fewer.queues.pop();
+        assert!(restore(&fewer).unwrap().contains("1 queues saved, the device has 2"));
+        let mut odd = state.clone();
+        odd.queues[0].size = 3;
+        assert!(restore(&odd).unwrap().contains("queue 0: size 3"));
+        let mut outside = state.clone();
+        outside.queues[0].used_ring = 1 << 40;
+        assert!(restore(&outside).unwrap().contains("used ring"), "{:?}", restore(&outside));
+        let mut broken = state;
+        broken.queues[0].desc_table = 1 << 40;
+        assert!(restore(&broken).unwrap().contains("did not activate"), "{:?}", restore(&broken));
     }
 }

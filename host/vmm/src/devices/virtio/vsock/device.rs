@@ -34,6 +34,8 @@ pub struct Vsock {
     worker: Option<Worker>,
     /// The thread the worker runs on, started with the device.
     lane: Lane,
+    /// The next activation tells the driver its connections were reset (set on a restore).
+    reset_event: bool,
 }
 
 impl Vsock {
@@ -58,7 +60,7 @@ impl Vsock {
         let uds_path = listener.path().to_path_buf();
         let muxer = VsockMuxer::with_listener(guest_cid, listener)?;
         let lane = Lane::start(ThreadKind::Vsock, "umbra-vsock")?;
-        Ok(Vsock { guest_cid, uds_path, muxer: Some(muxer), worker: None, lane })
+        Ok(Vsock { guest_cid, uds_path, muxer: Some(muxer), worker: None, lane, reset_event: false })
     }
 
     pub fn guest_cid(&self) -> u64 {
@@ -67,6 +69,12 @@ impl Vsock {
 
     pub fn uds_path(&self) -> &Path {
         &self.uds_path
+    }
+
+    /// Makes the next activation (a restored transport's) start with a transport-reset event:
+    /// the guest's connections existed in the VM the snapshot was taken of, not in this one.
+    pub fn queue_transport_reset(&mut self) {
+        self.reset_event = true;
     }
 
     fn stop_worker(&mut self) -> bool {
@@ -112,9 +120,10 @@ impl VirtioDevice for Vsock {
         let Some(muxer) = self.muxer.take() else {
             return Err(ActivateError::Other("the vsock device is already active".into()));
         };
-        match Worker::spawn(&self.lane, muxer, mem, interrupt, queues) {
+        match Worker::spawn(&self.lane, muxer, mem, interrupt, queues, self.reset_event) {
             Ok(worker) => {
                 self.worker = Some(worker);
+                self.reset_event = false;
                 Ok(())
             }
             Err((muxer, e)) => {

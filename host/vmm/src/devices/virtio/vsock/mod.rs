@@ -23,7 +23,7 @@ pub mod device;
 pub mod muxer;
 pub mod packet;
 pub mod unix_backend;
-mod worker;
+pub(crate) mod worker;
 
 #[cfg(test)]
 mod test_utils;

@@ -831,4 +831,59 @@ mod device {
         drop(dev);
         assert!(!dir.socket().exists());
     }
+
+    /// An event queue at SCRATCH with its buffers after it, each filled with 0xff.
+    fn event_ring(mem: &vm_memory::GuestMemoryMmap) -> Ring<'_> {
+        let ring = Ring::new(mem, SCRATCH, SCRATCH + 0x1_0000);
+        mem.write_slice(&[0xff; 0x100], GuestAddress(SCRATCH + 0x1_0000)).unwrap();
+        ring
+    }
+
+    #[test]
+    fn a_transport_reset_takes_the_first_buffer_with_room() {
+        use crate::devices::virtio::vsock::worker::post_transport_reset;
+        let mem = guest_memory();
+        let mut ev = event_ring(&mem);
+        let mut queue = ev.device_queue();
+        assert!(!post_transport_reset(&mem, &mut queue), "no buffer posted: nothing used");
+        let read_only = ev.publish_raw(&[(SCRATCH + 0x1_0000, 8, 0, 0)], true);
+        let too_small = ev.publish_raw(&[(SCRATCH + 0x1_0010, 2, WRITE, 0)], true);
+        let good = ev.publish_raw(&[(SCRATCH + 0x1_0020, 8, WRITE, 0)], true);
+        assert!(post_transport_reset(&mem, &mut queue));
+        assert_eq!(ev.take_used(), vec![(read_only, 0), (too_small, 0), (good, 4)]);
+        let event: [u8; 8] = mem.read_obj(GuestAddress(SCRATCH + 0x1_0020)).unwrap();
+        assert_eq!(event, [0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff], "le32 id 0 (TRANSPORT_RESET), nothing more");
+        let untouched: [u8; 8] = mem.read_obj(GuestAddress(SCRATCH + 0x1_0000)).unwrap();
+        assert_eq!(untouched, [0xff; 8]);
+    }
+
+    #[test]
+    fn a_restored_device_announces_the_reset_once() {
+        let dir = TempDir::new();
+        let mem = guest_memory();
+        let mut dev = Vsock::new(GUEST_CID, dir.socket()).unwrap();
+        let interrupt = Arc::new(CountingInterrupt::default());
+        dev.queue_transport_reset();
+        for round in 0..2 {
+            let d = Driver::new(&mem);
+            let mut ev = event_ring(&mem);
+            let head = ev.publish_raw(&[(SCRATCH + 0x1_0000, 4, WRITE, 0)], true);
+            let (mut queues, _, _) = active_queues(&d);
+            queues[2] = ActiveQueue { queue: ev.device_queue(), notify: EventFd::new(EFD_NONBLOCK).unwrap() };
+            dev.activate(mem.clone(), interrupt.clone(), 0, queues).unwrap();
+            let end = Instant::now() + Duration::from_millis(if round == 0 { 5000 } else { 200 });
+            let mut used = Vec::new();
+            while used.is_empty() && Instant::now() < end {
+                used = ev.take_used();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if round == 0 {
+                assert_eq!(used, vec![(head, 4)], "the restore's activation tells the driver");
+                assert!(interrupt.0.load(Ordering::SeqCst) > 0);
+            } else {
+                assert!(used.is_empty(), "a later activation (a driver reload) does not: {used:?}");
+            }
+            assert!(dev.reset());
+        }
+    }
 }

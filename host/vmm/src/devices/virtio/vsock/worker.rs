@@ -39,17 +39,45 @@ struct Context {
     interrupt: Arc<dyn Interrupt>,
     queues: Vec<ActiveQueue>,
     epoll: Epoll,
+    /// A transport-reset event still to be put on the event queue (after a restore).
+    reset_event: bool,
+}
+
+/// VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (virtio 1.2 §5.10.6.8): every connection is gone; the
+/// driver resets its connected sockets and re-reads the guest CID from the config space.
+const EVENT_TRANSPORT_RESET: u32 = 0;
+
+/// Puts a transport-reset event (`struct virtio_vsock_event { le32 id; }`) in the next buffer
+/// of the event queue. Returns whether a buffer was used; false when the driver has none posted
+/// (the caller tries again when it posts one). A chain without 4 writable bytes is returned
+/// unused (length 0) and the next one is tried.
+pub fn post_transport_reset(mem: &GuestMemory, queue: &mut virtio_queue::Queue) -> bool {
+    use vm_memory::Bytes;
+    while let Some(chain) = queue.pop_descriptor_chain(mem) {
+        let head = chain.head_index();
+        let target = chain.into_iter().find(|d| d.is_write_only() && d.len() >= 4).map(|d| d.addr());
+        let written = target.is_some_and(|addr| mem.write_obj(EVENT_TRANSPORT_RESET.to_le(), addr).is_ok());
+        // add_used refuses an out-of-range head index; there is nothing more to do then.
+        let _ = queue.add_used(mem, head, if written { 4 } else { 0 });
+        if written {
+            return true;
+        }
+    }
+    false
 }
 
 impl Worker {
     /// Starts the thread. On failure the muxer is handed back with the error (always, in
     /// practice: only a poisoned slot could lose it).
+    /// With `reset_event`, the driver is first told that every connection was reset (a restored
+    /// VM's connections did not survive).
     pub fn spawn(
         lane: &Lane,
         muxer: VsockMuxer,
         mem: GuestMemory,
         interrupt: Arc<dyn Interrupt>,
         queues: Vec<ActiveQueue>,
+        reset_event: bool,
     ) -> Result<Worker, (Option<Box<VsockMuxer>>, io::Error)> {
         let setup = || -> io::Result<(EventFd, Epoll)> {
             let exit = EventFd::new(EFD_NONBLOCK)?;
@@ -68,7 +96,7 @@ impl Worker {
         };
         // `spawn` consumes its closure even when it fails; the context goes through a slot so
         // that the muxer (and its bound socket) can be handed back in that case.
-        let slot = Arc::new(Mutex::new(Some(Context { muxer, mem, interrupt, queues, epoll })));
+        let slot = Arc::new(Mutex::new(Some(Context { muxer, mem, interrupt, queues, epoll, reset_event })));
         let thread_slot = Arc::clone(&slot);
         let spawned = lane.run(move || thread_slot.lock().ok().and_then(|mut ctx| ctx.take()).map(run));
         match spawned {
@@ -112,8 +140,8 @@ fn run(mut ctx: Context) -> VsockMuxer {
                 EXIT => return ctx.muxer,
                 RX => drain(&ctx.queues[RX_QUEUE].notify),
                 TX => drain(&ctx.queues[TX_QUEUE].notify),
-                // The device never sends events (they are for live migration), so buffers on
-                // the event queue simply wait there.
+                // The only event the device sends is the transport reset after a restore;
+                // otherwise buffers on the event queue simply wait there.
                 EVENT => drain(&ctx.queues[EVENT_QUEUE].notify),
                 HOST => {
                     ctx.muxer.handle_host_events();
@@ -128,6 +156,10 @@ fn run(mut ctx: Context) -> VsockMuxer {
 
 fn process_queues(ctx: &mut Context) {
     let mut notify = false;
+    if ctx.reset_event && post_transport_reset(&ctx.mem, &mut ctx.queues[EVENT_QUEUE].queue) {
+        ctx.reset_event = false;
+        notify = true;
+    }
     for _ in 0..ROUNDS_PER_WAKE {
         let (rx_part, rest) = ctx.queues.split_at_mut(TX_QUEUE);
         let rx = &mut rx_part[RX_QUEUE].queue;
