@@ -6,6 +6,7 @@
 
 mod fdio;
 mod files;
+mod identity;
 mod net;
 mod pid1;
 mod process;
@@ -126,7 +127,6 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
             reaper: reaper::Reaper::start()?,
             started: Instant::now(),
             pid1,
-            hostname: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
             live_processes: AtomicU32::new(0),
             shutdown: tokio::sync::Notify::new(),
             shares: shares::Shares::new(layout),

@@ -117,6 +117,20 @@ pub enum Request {
     },
     /// Powers the guest off (as PID 1) or stops the agent (as an ordinary process).
     Shutdown,
+    /// Since 1.5. Gives a guest restored from a snapshot its own identity: the attachment
+    /// (32–512 bytes of host entropy) is credited to the kernel's pool and the CRNG reseeded,
+    /// the clock is set, the hostname (and `/etc/machine-id`, where the image has one) changed.
+    /// Only a PID-1 agent does this; any other answers `unsupported`.
+    Reidentify(ReidentifyRequest),
+}
+
+/// See [`Request::Reidentify`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReidentifyRequest {
+    /// 1–64 characters of letters, digits, '-' and '.'.
+    pub hostname: String,
+    /// The host's wall clock, in milliseconds since the Unix epoch.
+    pub unix_time_ms: u64,
 }
 
 impl Request {
@@ -140,6 +154,7 @@ impl Request {
             Request::ShadowDiff { .. } => "shadow_diff",
             Request::ShadowReset { .. } => "shadow_reset",
             Request::Shutdown => "shutdown",
+            Request::Reidentify(_) => "reidentify",
         }
     }
 }

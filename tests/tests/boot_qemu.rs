@@ -85,3 +85,37 @@ async fn standard_bundle_runs_debian_tools_and_writes_only_to_the_overlay() {
     vm.shutdown().await;
     assert_eq!(sha256_of(&rootfs), before, "the image is unchanged after the session");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reidentify_gives_the_guest_a_new_name_clock_and_machine_id() {
+    let vm = boot("minimal").await;
+    let agent = vm.agent().clone();
+    let run = |script: &'static str| {
+        let agent = agent.clone();
+        async move {
+            let out = agent.spawn(sh(script)).unwrap().output().await.unwrap();
+            assert_eq!(out.status.code, Some(0), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+    };
+    // What a restored guest looks like: the snapshot's clock (here: 2001) and name.
+    run("date -s '2001-09-09 01:46:40' >/dev/null; echo 0123456789abcdef0123456789abcdef > /etc/machine-id").await;
+    let before = run("hostname; date +%s; cat /etc/machine-id").await;
+    assert!(before.starts_with("umbra\n1000000"), "{before}");
+
+    let bad = vm.agent().reidentify("not a name").await.unwrap_err();
+    let bad = bad.agent_error().expect("the agent refuses it");
+    assert!(bad.code == umbra_proto::ErrorCode::BadRequest && bad.message.contains("hostname"), "{bad:?}");
+    vm.agent().reidentify("fork-7").await.expect("the guest's PID 1 takes a new identity");
+
+    let after = run("hostname; date +%s; cat /etc/machine-id; cat /proc/sys/kernel/random/uuid").await;
+    let lines: Vec<&str> = after.lines().collect();
+    assert_eq!(lines[0], "fork-7");
+    let host_now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let guest_now: i64 = lines[1].parse().unwrap();
+    assert!((guest_now - host_now).abs() < 60, "the clock was stepped to the host's: {guest_now} vs {host_now}");
+    assert_ne!(lines[2], "0123456789abcdef0123456789abcdef", "a new machine id");
+    assert_eq!(lines[2].len(), 32);
+    assert_eq!(lines[3].len(), 36, "the kernel RNG still serves uuids");
+    vm.shutdown().await;
+}

@@ -128,7 +128,8 @@ async fn handshake<R: AsyncRead + Unpin>(
     let ours = Hello {
         protocol: PROTOCOL_VERSION,
         software: format!("umbra-agent {}", env!("CARGO_PKG_VERSION")),
-        hostname: Some(conn.agent.hostname.clone()),
+        // Read now, not at start: a reidentify request may have changed it.
+        hostname: nix::unistd::gethostname().ok().map(|h| h.to_string_lossy().into_owned()),
         pid1: conn.agent.pid1,
         capabilities: ["pty", "files", "mount", "stats", "shares"].map(String::from).to_vec(),
     };

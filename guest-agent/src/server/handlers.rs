@@ -235,6 +235,10 @@ impl Connection {
                     Request::ShadowReset { session, name } => {
                         agent.shares.shadow_reset(&session, &name).map(|_| ResponseBody::Done).map_err(share_error)
                     }
+                    Request::Reidentify(req) => {
+                        crate::identity::reidentify(&req, attachment.as_deref().unwrap_or_default(), agent.pid1)
+                            .map(|_| ResponseBody::Done)
+                    }
                     other => Err(ErrorBody::new(
                         ErrorCode::Unsupported,
                         format!("{} is not a blocking request", other.method()),

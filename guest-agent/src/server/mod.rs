@@ -45,7 +45,6 @@ pub struct Agent {
     pub reaper: Arc<Reaper>,
     pub started: Instant,
     pub pid1: bool,
-    pub hostname: String,
     /// Processes alive across all connections.
     pub live_processes: AtomicU32,
     /// Signalled by a shutdown request; `main` performs it.

@@ -21,6 +21,8 @@ pub enum ClientError {
     Timeout(std::time::Duration),
     #[error("request too large: {0}")]
     TooLarge(String),
+    #[error("on this host: {0}")]
+    Host(String),
 }
 
 impl ClientError {

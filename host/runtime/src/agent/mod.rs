@@ -371,6 +371,23 @@ impl AgentClient {
         self.call(&Request::ShadowReset { session: session.into(), name: name.into() }).await.map(drop)
     }
 
+    /// Gives a guest restored from a snapshot its own identity (protocol 1.5): 64 bytes of this
+    /// host's entropy for the guest kernel's pool and an immediate CRNG reseed, this host's
+    /// wall clock, and `hostname`. See `Request::Reidentify`.
+    pub async fn reidentify(&self, hostname: &str) -> Result<(), ClientError> {
+        let mut entropy = [0u8; 64];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut entropy))
+            .map_err(|e| ClientError::Host(format!("cannot read /dev/urandom: {e}")))?;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let request =
+            umbra_proto::ReidentifyRequest { hostname: hostname.into(), unix_time_ms: now.as_millis() as u64 };
+        match self.call_with(&Request::Reidentify(request), Some(&entropy)).await? {
+            (ResponseBody::Done, _) => Ok(()),
+            (other, _) => Err(unexpected("reidentify", &other)),
+        }
+    }
+
     /// Asks the guest to power off (or a host-side agent to exit).
     pub async fn shutdown(&self) -> Result<(), ClientError> {
         self.call(&Request::Shutdown).await.map(drop)

@@ -107,6 +107,7 @@ pub fn client_code(e: &ClientError) -> ErrorCode {
         }
         ClientError::Timeout(_) => ErrorCode::Timeout,
         ClientError::TooLarge(_) => ErrorCode::TooLarge,
+        ClientError::Host(_) => ErrorCode::Io,
         ClientError::Handshake(_) | ClientError::IncompatibleVersion(_) | ClientError::Protocol(_) => {
             ErrorCode::GuestError
         }
