@@ -115,3 +115,94 @@ fn a_snapshot_is_refused_on_a_host_without_its_cpu_features() {
     let e = state.check_vcpus(&[&fresh.fd, &vcpu.fd]).unwrap_err().to_string();
     assert!(e.contains("the snapshot has 1 vCPUs, the machine 2"), "{e}");
 }
+
+/// Where the spinning guest looks for its go-ahead.
+const FLAG: u64 = 0x20_0000;
+
+/// `mov cl, 'z'`, print "a\n", spin until the byte at FLAG is non-zero, then print CL and a
+/// newline and reset: a guest that only a kick can stop, and that shows after a resume (or a
+/// restore) that its registers survived.
+fn spinner() -> Vec<u8> {
+    let mut code = vec![0xb1, b'z']; // mov cl, 'z'
+    code.extend(BareGuest::new().print("a\n").code());
+    code.extend([0x48, 0xbb]); // mov rbx, FLAG
+    code.extend(FLAG.to_le_bytes());
+    code.extend([0x80, 0x3b, 0x00, 0x74, 0xfb]); // spin: cmp byte [rbx], 0 ; je spin
+    code.extend([0x88, 0xc8, 0xee]); // mov al, cl ; out dx, al
+    code.extend(BareGuest::new().print("\n").reset().halt().code());
+    code
+}
+
+#[test]
+fn a_spinning_guest_is_paused_by_a_kick_then_resumed_and_restored() {
+    use std::os::unix::thread::JoinHandleExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{mpsc, Arc};
+    use std::time::{Duration, Instant};
+    use umbra_vmm::vstate::vcpu::{install_kick_handler, kick, Run};
+
+    install_kick_handler().unwrap();
+    let dir = Dir(std::env::temp_dir().join(format!("umbra-snapshot-kick-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let mem = memory::anonymous(SIZE as usize).unwrap();
+    mem.write_slice(&spinner(), GuestAddress(LOAD_ADDR)).unwrap();
+    let vm = Arc::new(Vm::new(mem.clone()).unwrap());
+    vm.setup_irqchip().unwrap();
+    let mut vcpu = Vcpu::new(&vm, 0, 1).unwrap();
+    vcpu.configure_long_mode(&vm, GuestAddress(LOAD_ADDR), 0x8_0000).unwrap();
+    let console = ConsoleLog::default();
+    let bus = Arc::new(IoBus::new(LegacyBus::new(console.clone()), vec![]));
+    let pause = Arc::new(AtomicBool::new(false));
+
+    // The vCPU thread: runs until paused, hands its state over, waits for the word to resume.
+    let (state_tx, state_rx) = mpsc::channel();
+    let (resume_tx, resume_rx) = mpsc::channel::<()>();
+    let thread = std::thread::spawn({
+        let (vm, bus, pause) = (vm.clone(), bus.clone(), pause.clone());
+        move || {
+            assert_eq!(vcpu.run_until(&bus, &pause), Run::Paused);
+            let state = SnapshotState::capture(&vm.kvm, &vm.fd, &[(0, &vcpu.fd)], SIZE).unwrap();
+            state_tx.send(state).unwrap();
+            resume_rx.recv().unwrap();
+            vcpu.run_until(&bus, &pause)
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while console.last_lines() != ["a"] {
+        assert!(Instant::now() < deadline, "the guest never printed: {:?}", console.last_lines());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20)); // well into the spin loop
+    pause.store(true, Ordering::Release);
+    kick(thread.as_pthread_t()).unwrap();
+    let state = state_rx.recv_timeout(Duration::from_secs(10)).expect("the kicked vCPU pauses");
+    let rip = state.vcpus[0].regs.rip;
+    let spin = LOAD_ADDR + 2 + BareGuest::new().print("a\n").code().len() as u64 + 10;
+    assert!((spin..spin + 5).contains(&rip), "paused inside the spin loop: rip {rip:#x}, loop at {spin:#x}");
+
+    // Saved while paused, the flag still 0.
+    let (state_path, memory_path) = (dir.0.join("state"), dir.0.join("memory"));
+    snapshot::file::save(&state, &state_path).unwrap();
+    snapshot::memory::dump(&mem, SIZE, &memory_path).unwrap();
+
+    // Resumed in place: the guest goes on where it was.
+    vm_memory::Bytes::write_obj(&mem, 1u8, GuestAddress(FLAG)).unwrap();
+    pause.store(false, Ordering::Release);
+    resume_tx.send(()).unwrap();
+    assert_eq!(thread.join().unwrap(), Run::Exit(VmExit::Reset));
+    assert_eq!(console.last_lines(), vec!["a".to_string(), "z".to_string()]);
+
+    // Restored elsewhere from the files, with the go-ahead written into the memory file.
+    use std::os::unix::fs::FileExt;
+    std::fs::File::options().write(true).open(&memory_path).unwrap().write_all_at(&[1], FLAG).unwrap();
+    let state = snapshot::file::load(&state_path).unwrap();
+    let vm = Vm::new(snapshot::memory::map_private(&memory_path, SIZE).unwrap()).unwrap();
+    vm.setup_irqchip().unwrap();
+    let mut vcpu = Vcpu::new(&vm, 0, 1).unwrap();
+    state.check_vcpus(&[&vcpu.fd]).unwrap();
+    state.vm.restore(&vm.fd).unwrap();
+    state.vcpus[0].restore(&vm.kvm, &vcpu.fd).unwrap();
+    let console = ConsoleLog::default();
+    assert_eq!(vcpu.run(&IoBus::new(LegacyBus::new(console.clone()), vec![])), VmExit::Reset);
+    assert_eq!(console.last_lines(), vec!["z".to_string()], "the restored guest left the loop with CL intact");
+}
