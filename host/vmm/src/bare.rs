@@ -23,6 +23,12 @@ impl BareGuest {
         &self.code
     }
 
+    /// Appends hand-assembled machine code.
+    pub fn raw(mut self, code: &[u8]) -> Self {
+        self.code.extend_from_slice(code);
+        self
+    }
+
     /// Writes `text` to the serial port, a byte at a time.
     pub fn print(mut self, text: &str) -> Self {
         self.code.extend([0x66, 0xba, COM1[0], COM1[1]]); // mov dx, 0x3f8

@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use crate::devices::legacy::LegacyBus;
-use crate::devices::virtio::mmio::{MmioTransport, MMIO_WINDOW};
+use crate::devices::virtio::mmio::{MmioTransport, TransportState, MMIO_WINDOW};
 
 pub struct IoBus {
     legacy: Mutex<LegacyBus>,
@@ -24,6 +24,22 @@ impl IoBus {
     /// `mmio` lists each device with the base of its window.
     pub fn new(legacy: LegacyBus, mmio: Vec<(u64, MmioTransport)>) -> Self {
         Self { legacy: Mutex::new(legacy), mmio: mmio.into_iter().map(|(base, t)| (base, Mutex::new(t))).collect() }
+    }
+
+    /// The virtio device types, in the order of their windows.
+    pub fn device_types(&self) -> Vec<u32> {
+        self.mmio.iter().map(|(_, t)| t.lock().unwrap_or_else(|p| p.into_inner()).device_type()).collect()
+    }
+
+    /// Stops every virtio device (its worker joined, between batches) and returns each
+    /// transport's state, for a snapshot; the devices do not run again.
+    pub fn quiesce(&self) -> Result<Vec<TransportState>, String> {
+        self.mmio
+            .iter()
+            .map(|(base, t)| {
+                t.lock().unwrap_or_else(|p| p.into_inner()).quiesce().map_err(|e| format!("device at {base:#x}: {e}"))
+            })
+            .collect()
     }
 
     pub fn pio_write(&self, port: u16, data: &[u8]) -> PioOutcome {

@@ -46,6 +46,10 @@ pub struct VmConfig {
     /// Run confined in a jail (see [`crate::jail`]); absent: unconfined but for seccomp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jail: Option<JailConfig>,
+    /// A Unix socket where the VMM takes requests while the guest runs (see
+    /// [`crate::control`]); in a jail, it must be directly in the jail dir.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -19,6 +19,8 @@ pub enum VmExit {
     Halted,
     /// KVM could not run the guest, or the guest did something the VMM cannot emulate.
     Internal(String),
+    /// A snapshot was taken through the control socket; the VM stopped there.
+    Snapshotted,
 }
 
 impl VmExit {
@@ -30,6 +32,7 @@ impl VmExit {
             VmExit::TripleFault => 3,
             VmExit::Halted => 4,
             VmExit::Internal(_) => 5,
+            VmExit::Snapshotted => 6,
         }
     }
 
@@ -41,6 +44,7 @@ impl VmExit {
             VmExit::TripleFault => "the guest triple-faulted (crashed)".into(),
             VmExit::Halted => "the vCPU halted with interrupts off".into(),
             VmExit::Internal(why) => format!("VMM internal error: {why}"),
+            VmExit::Snapshotted => "a snapshot was taken; the VM stopped".into(),
         }
     }
 }

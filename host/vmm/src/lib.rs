@@ -12,6 +12,7 @@ pub mod bare;
 pub mod boot;
 pub mod bus;
 pub mod config;
+pub mod control;
 pub mod devices;
 pub mod exit;
 pub mod jail;

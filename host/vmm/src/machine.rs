@@ -23,7 +23,7 @@ use crate::devices::virtio::vsock::unix_backend::HostListener;
 use crate::devices::virtio::VirtioDevice;
 use crate::exit::VmExit;
 use crate::vstate::memory::{self, GuestMemory};
-use crate::vstate::vcpu::Vcpu;
+use crate::vstate::vcpu::{Run, Vcpu};
 use crate::vstate::vm::Vm;
 use crate::vstate::VstateError;
 
@@ -43,6 +43,8 @@ pub enum MachineError {
     Thread(std::io::Error),
     #[error("{0}")]
     Seccomp(String),
+    #[error("snapshot: {0}")]
+    Snapshot(String),
 }
 
 /// Each virtio device's transport with the base of its MMIO window.
@@ -53,11 +55,12 @@ pub struct Machine {
     vcpus: Vec<Vcpu>,
     bus: Arc<IoBus>,
     console: ConsoleLog,
-    entry: BootEntry,
     /// The memfd behind guest memory, when a vhost-user backend maps it too.
     _memfd: Option<File>,
     /// The vsock socket file, removed when the VM ends (the devices are not torn down then).
     vsock_socket: Option<PathBuf>,
+    control: Option<UnixListener>,
+    memory_size: u64,
 }
 
 fn device_error(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MachineError {
@@ -77,6 +80,10 @@ pub struct HostFiles {
     /// The bound listener and the path the VMM knows it by (see [`HostFiles::rebase`]).
     vsock: Option<(UnixListener, PathBuf)>,
     fs: Vec<UnixStream>,
+    /// The control socket, bound before the jail (see [`crate::control`]).
+    control: Option<UnixListener>,
+    /// A snapshot to restore: its state, read and checked, and its memory file.
+    snapshot: Option<(crate::snapshot::SnapshotState, File, PathBuf)>,
 }
 
 impl HostFiles {
@@ -113,7 +120,25 @@ impl HostFiles {
                     .map_err(device_error(format!("shared folder {:?}", f.tag)))?,
             );
         }
-        Ok(Self { kvm, kernel, initrd, disks, console, vsock, fs })
+        let control = match &cfg.control {
+            Some(path) => Some(
+                UnixListener::bind(path)
+                    .map_err(device_error(format!("cannot bind the control socket {}", path.display())))?,
+            ),
+            None => None,
+        };
+        Ok(Self { kvm, kernel, initrd, disks, console, vsock, fs, control, snapshot: None })
+    }
+
+    /// Also opens the snapshot in `dir` (its `state`, read and checked now, and its `memory`),
+    /// for [`Machine::restore`].
+    pub fn with_snapshot(mut self, dir: &Path) -> Result<Self, MachineError> {
+        let snapshot_error = |e: crate::snapshot::SnapshotError| MachineError::Snapshot(e.to_string());
+        let state = crate::snapshot::file::load(&dir.join("state")).map_err(snapshot_error)?;
+        let path = dir.join("memory");
+        let memory = File::open(&path).map_err(device_error(format!("the memory file {}", path.display())))?;
+        self.snapshot = Some((state, memory, path));
+        Ok(self)
     }
 
     /// From now on the vsock socket is known by its path inside the jail rooted at `dir`,
@@ -181,7 +206,7 @@ impl Machine {
     pub fn assemble(cfg: &VmConfig, files: HostFiles) -> Result<Self, MachineError> {
         cfg.validate()?;
         let vsock_socket = files.vsock_path().map(Path::to_path_buf);
-        let HostFiles { kvm, kernel, initrd, disks, console, vsock, fs } = files;
+        let HostFiles { kvm, kernel, initrd, disks, console, vsock, fs, control, .. } = files;
         let size = (cfg.memory_mib as usize) << 20;
         // Only virtiofsd (vhost-user) maps guest memory besides us: without shared folders the
         // memory is anonymous, which the host backs with huge pages (see vstate::memory).
@@ -207,7 +232,7 @@ impl Machine {
             cpus: cfg.cpus,
             devices: &slots,
         };
-        let entry = boot::load_files(&mem, &spec, kernel, initrd)?;
+        let entry: BootEntry = boot::load_files(&mem, &spec, kernel, initrd)?;
 
         let mut vcpus = Vec::with_capacity(cfg.cpus as usize);
         for id in 0..cfg.cpus {
@@ -215,7 +240,93 @@ impl Machine {
             vcpu.configure_linux(&vm, entry)?;
             vcpus.push(vcpu);
         }
-        Ok(Self { vm, vcpus, bus: Arc::new(IoBus::new(legacy, mmio)), console, entry, _memfd: memfd, vsock_socket })
+        Ok(Self {
+            vm,
+            vcpus,
+            bus: Arc::new(IoBus::new(legacy, mmio)),
+            console,
+            _memfd: memfd,
+            vsock_socket,
+            control,
+            memory_size: size as u64,
+        })
+    }
+
+    /// The machine `cfg` describes, as the snapshot opened with [`HostFiles::with_snapshot`] left
+    /// it: guest memory mapped `MAP_PRIVATE` from the memory file, the devices `cfg` names
+    /// (which must be those of the snapshot, in order) restored onto new host resources, the
+    /// vCPUs where they were. Nothing is loaded or booted; the guest resumes.
+    pub fn restore(cfg: &VmConfig, mut files: HostFiles) -> Result<Self, MachineError> {
+        cfg.validate()?;
+        let snapshot_error = |e: crate::snapshot::SnapshotError| MachineError::Snapshot(e.to_string());
+        let (state, memory_file, memory_path) =
+            files.snapshot.take().ok_or_else(|| MachineError::Snapshot("no snapshot was opened".into()))?;
+        let size = (cfg.memory_mib as u64) << 20;
+        if state.memory_size != size || state.vcpus.len() != cfg.cpus as usize {
+            return Err(MachineError::Snapshot(format!(
+                "the snapshot has {} MiB and {} vCPUs, the configuration {} MiB and {}",
+                state.memory_size >> 20,
+                state.vcpus.len(),
+                cfg.memory_mib,
+                cfg.cpus
+            )));
+        }
+        if !cfg.fs.is_empty() {
+            return Err(MachineError::Snapshot("shared folders cannot be restored yet".into()));
+        }
+        let vsock_socket = files.vsock_path().map(Path::to_path_buf);
+        let HostFiles { kvm, disks, console, vsock, fs, control, .. } = files;
+        let mem =
+            crate::snapshot::memory::map_private_file(&memory_file, &memory_path, size).map_err(snapshot_error)?;
+        let vm = Vm::with_kvm(kvm, mem.clone())?;
+        vm.setup_irqchip()?;
+
+        let console = ConsoleLog::to_file(console);
+        let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(device_error("eventfd"))?;
+        vm.register_irqfd(&serial_irq, SERIAL_IRQ)?;
+        let legacy = LegacyBus::with_serial(SerialConsole::with_interrupt(console.clone(), serial_irq));
+
+        let devices = virtio_devices(cfg, disks, vsock, fs)?;
+        if devices.len() != state.devices.len() {
+            return Err(MachineError::Snapshot(format!(
+                "the snapshot has {} virtio devices, the configuration {}",
+                state.devices.len(),
+                devices.len()
+            )));
+        }
+        let mut mmio = Vec::new();
+        for (i, (device, saved)) in devices.into_iter().zip(&state.devices).enumerate() {
+            let base = VIRTIO_MMIO_START + i as u64 * MMIO_WINDOW;
+            let irq = VIRTIO_IRQ_START + i as u32;
+            // The ioeventfds and the irqfd first: a restored device may interrupt at once.
+            let transport = MmioTransport::restore(device, mem.clone(), saved)?;
+            vm.register_irqfd(transport.irq_evt(), irq)?;
+            for (q, evt) in transport.queue_evts().iter().enumerate() {
+                vm.register_mmio_ioeventfd(evt, base + QUEUE_NOTIFY_OFFSET, q as u32)?;
+            }
+            mmio.push((base, transport));
+        }
+
+        let mut vcpus = Vec::with_capacity(cfg.cpus as usize);
+        for id in 0..cfg.cpus {
+            vcpus.push(Vcpu::new(&vm, id, cfg.cpus)?);
+        }
+        let fds: Vec<&kvm_ioctls::VcpuFd> = vcpus.iter().map(|v| &v.fd).collect();
+        state.check_vcpus(&fds).map_err(snapshot_error)?;
+        state.vm.restore(&vm.fd).map_err(snapshot_error)?;
+        for (vcpu, saved) in vcpus.iter().zip(&state.vcpus) {
+            saved.restore(&vm.kvm, &vcpu.fd).map_err(snapshot_error)?;
+        }
+        Ok(Self {
+            vm,
+            vcpus,
+            bus: Arc::new(IoBus::new(legacy, mmio)),
+            console,
+            _memfd: None,
+            vsock_socket,
+            control,
+            memory_size: size,
+        })
     }
 
     /// Gives each device its MMIO window and IRQ, with the notify ioeventfds and the irqfd.
@@ -240,25 +351,25 @@ impl Machine {
         Ok((mmio, slots))
     }
 
-    pub fn entry(&self) -> BootEntry {
-        self.entry
-    }
-
     pub fn console(&self) -> &ConsoleLog {
         &self.console
     }
 
     /// Runs every vCPU on its own thread until the first one stops, and says why. A reset
-    /// after a kernel panic message is reported as a panic.
+    /// after a kernel panic message is reported as a panic. With a control socket, a snapshot
+    /// taken through it ends the run too ([`VmExit::Snapshotted`]).
     pub fn run(self) -> Result<VmExit, MachineError> {
         let (tx, rx) = mpsc::channel();
         let mut handles = Vec::new();
+        let vm = Arc::new(self.vm);
+        let pause = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (states_tx, states) = mpsc::channel();
+        crate::vstate::vcpu::install_kick_handler()?;
         // No vCPU enters the guest before every thread, this one included, is filtered.
         let filtered = Arc::new(std::sync::Barrier::new(self.vcpus.len() + 1));
         for mut vcpu in self.vcpus {
-            let bus = self.bus.clone();
-            let tx = tx.clone();
-            let filtered = filtered.clone();
+            let (bus, tx, filtered) = (self.bus.clone(), tx.clone(), filtered.clone());
+            let (vm, pause, states_tx) = (vm.clone(), pause.clone(), states_tx.clone());
             let handle = crate::seccomp::spawn_filtered(
                 crate::seccomp::ThreadKind::Vcpu,
                 &format!("vcpu{}", vcpu.id()),
@@ -267,13 +378,46 @@ impl Machine {
                     // A panic in a vCPU thread must end the VM with a status, not leave the
                     // other threads (or none) running: report it as an internal error.
                     let id = vcpu.id();
-                    let exit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vcpu.run(&bus)))
-                        .unwrap_or_else(|_| VmExit::Internal(format!("vCPU {id} thread panicked")));
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vcpu.run_until(&bus, &pause)));
+                    let exit = match run {
+                        Ok(Run::Exit(exit)) => exit,
+                        Ok(Run::Paused) => {
+                            // A snapshot: hand the state over and stay paused for good.
+                            match crate::snapshot::VcpuState::capture(&vm.kvm, &vcpu.fd, id) {
+                                Ok(state) => {
+                                    let _ = states_tx.send(state);
+                                    loop {
+                                        std::thread::park();
+                                    }
+                                }
+                                Err(e) => VmExit::Internal(format!("vCPU {id}: {e}")),
+                            }
+                        }
+                        Err(_) => VmExit::Internal(format!("vCPU {id} thread panicked")),
+                    };
                     let _ = tx.send(exit);
                 },
             )
             .map_err(MachineError::Thread)?;
             handles.push(handle);
+        }
+        if let Some(listener) = self.control {
+            use std::os::unix::thread::JoinHandleExt;
+            let snapshotter = crate::control::Snapshotter {
+                vm: vm.clone(),
+                bus: self.bus.clone(),
+                pause,
+                vcpus: handles.iter().map(|h| h.as_pthread_t()).collect(),
+                states,
+                memory_size: self.memory_size,
+            };
+            let tx = tx.clone();
+            let control =
+                crate::seccomp::spawn_filtered(crate::seccomp::ThreadKind::Control, "umbra-control", move || {
+                    crate::control::serve(listener, snapshotter, tx)
+                })
+                .map_err(MachineError::Thread)?;
+            std::mem::forget(control);
         }
         drop(tx);
         crate::seccomp::install(crate::seccomp::ThreadKind::Main).map_err(MachineError::Seccomp)?;
@@ -281,7 +425,7 @@ impl Machine {
         let exit = rx.recv().unwrap_or_else(|_| VmExit::Internal("every vCPU thread ended without an exit".into()));
         // The other vCPUs are still in KVM_RUN: the VM and its memory must stay mapped until the
         // caller ends the process, which stops them.
-        std::mem::forget(self.vm);
+        std::mem::forget(vm);
         std::mem::forget(handles);
         // Nor are the devices torn down (their lanes joined, vhost-user told): the process is
         // about to end, and the main thread's filter allows none of that. The vsock socket file

@@ -1,8 +1,8 @@
 //! `umbra-vmm`: runs one microVM and exits with a status that says how it ended (see
 //! [`umbra_vmm::exit`]): 0 guest shutdown, 1 VMM error (message on stderr), 2 guest panic,
-//! 3 triple fault, 4 halted, 5 KVM internal error.
+//! 3 triple fault, 4 halted, 5 KVM internal error, 6 a snapshot was taken (the VM stopped).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -58,6 +58,13 @@ struct Args {
     /// namespaces, no other files, an unprivileged uid (see umbra_vmm::jail).
     #[arg(long, value_name = "DIR")]
     jail: Option<PathBuf>,
+    /// A Unix socket for requests while the guest runs (a snapshot; see umbra_vmm::control).
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+    /// Resume the snapshot in DIR (its `state` and `memory` files) instead of booting; the
+    /// other settings must describe the same machine (memory, vCPUs, devices in order).
+    #[arg(long, value_name = "DIR")]
+    restore: Option<PathBuf>,
     /// The uid and gid a jailed VMM started as root runs as (default 65534, nobody).
     #[arg(long, requires = "jail")]
     jail_uid: Option<u32>,
@@ -115,6 +122,9 @@ fn config(args: Args) -> Result<VmConfig, String> {
     if args.no_rng {
         cfg.rng = false;
     }
+    if args.control.is_some() {
+        cfg.control = args.control;
+    }
     if let Some(dir) = args.jail {
         cfg.jail = Some(JailConfig { dir, uid: NOBODY, gid: NOBODY });
     }
@@ -139,8 +149,11 @@ fn confine(seccomp: SeccompArg) -> Result<(), String> {
 /// Opens every host file the VM uses, enters the jail if asked (only the jailed child returns
 /// from here; the parent relays its exit), drops privileges, enables the filters, and
 /// assembles the machine. Everything up to the jail runs on the only thread.
-fn open_jail_and_build(cfg: &VmConfig, seccomp: SeccompArg) -> Result<Machine, String> {
+fn open_jail_and_build(cfg: &VmConfig, seccomp: SeccompArg, restore: Option<&Path>) -> Result<Machine, String> {
     let mut files = HostFiles::open(cfg).map_err(|e| e.to_string())?;
+    if let Some(dir) = restore {
+        files = files.with_snapshot(dir).map_err(|e| e.to_string())?;
+    }
     let mut confinement = None;
     if let Some(jail) = &cfg.jail {
         files.rebase(&jail.dir).map_err(|e| e.to_string())?;
@@ -157,7 +170,11 @@ fn open_jail_and_build(cfg: &VmConfig, seccomp: SeccompArg) -> Result<Machine, S
     if let Some(c) = confinement {
         eprintln!("umbra-vmm: {c}");
     }
-    Machine::assemble(cfg, files).map_err(|e| e.to_string())
+    match restore {
+        Some(_) => Machine::restore(cfg, files),
+        None => Machine::assemble(cfg, files),
+    }
+    .map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -177,6 +194,7 @@ fn main() -> ExitCode {
         }
     };
     let seccomp = args.seccomp;
+    let restore = args.restore.clone();
     let cfg = match config(args) {
         Ok(c) => c,
         Err(e) => {
@@ -184,7 +202,7 @@ fn main() -> ExitCode {
             return ExitCode::from(VMM_ERROR_STATUS as u8);
         }
     };
-    let machine = match open_jail_and_build(&cfg, seccomp) {
+    let machine = match open_jail_and_build(&cfg, seccomp, restore.as_deref()) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("umbra-vmm: {e}");
@@ -201,7 +219,7 @@ fn main() -> ExitCode {
     };
     if exit != VmExit::Reset {
         eprintln!("umbra-vmm: {}", exit.describe());
-        if !matches!(exit, VmExit::Halted) {
+        if !matches!(exit, VmExit::Halted | VmExit::Snapshotted) {
             eprintln!("umbra-vmm: last console lines:");
             for line in console.last_lines().iter().rev().take(20).rev() {
                 eprintln!("  {line}");

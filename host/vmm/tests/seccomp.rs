@@ -39,6 +39,8 @@ fn machine_at(dir: &Path, vsock: &Path, fs: &Virtiofsd, guest: &BareGuest) -> Co
     std::fs::write(&disk, vec![0u8; 4096]).unwrap();
     // A killed VMM leaves its socket behind (the runtime gives each VM a fresh run directory).
     let _ = std::fs::remove_file(vsock);
+    let control = vsock.with_file_name("control.sock");
+    let _ = std::fs::remove_file(&control);
     let mut cmd = Command::new(vmm_bin());
     cmd.arg("--kernel")
         .arg(&elf)
@@ -48,6 +50,8 @@ fn machine_at(dir: &Path, vsock: &Path, fs: &Virtiofsd, guest: &BareGuest) -> Co
         .arg(vsock)
         .arg("--fs")
         .arg(format!("work={}", fs.socket.display()))
+        .arg("--control")
+        .arg(&control)
         .env_remove("UMBRA_VMM_SECCOMP");
     cmd
 }
@@ -62,7 +66,7 @@ fn each_thread_kinds_filter_kills_the_vmm_at_a_forbidden_syscall() {
     assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
 
-    let kinds = ["main", "vcpu", "block", "rng", "vsock", "fs_calls", "fs_watchdog"];
+    let kinds = ["main", "vcpu", "block", "rng", "vsock", "fs_calls", "fs_watchdog", "control"];
     for kind in kinds {
         let fs = start_virtiofsd(&dir);
         let out = machine(&dir, &fs, &guest).env("UMBRA_VMM_SECCOMP_TRIGGER", kind).output().unwrap();
@@ -214,15 +218,16 @@ fn a_jailed_vmm_runs_unprivileged_in_its_own_namespaces_and_sees_only_its_socket
     for kind in ["mnt", "pid", "net", "ipc", "uts"] {
         assert_ne!(ns(&pid.to_string(), kind), ns(&me, kind), "{kind} namespace");
     }
-    // Its root is the jail, and the jail holds its socket and nothing else.
+    // Its root is the jail, and the jail holds its sockets and nothing else.
     let seen = std::fs::metadata(format!("/proc/{pid}/root")).unwrap();
     let want = std::fs::metadata(&jail).unwrap();
     assert_eq!((seen.dev(), seen.ino()), (want.dev(), want.ino()), "/proc/{pid}/root is not the jail");
-    let names: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/root"))
+    let mut names: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/root"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(names, ["vsock.sock"]);
+    names.sort();
+    assert_eq!(names, ["control.sock", "vsock.sock"]);
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
     let limit = |name: &str| {
         let line = limits.lines().find_map(|l| l.strip_prefix(name)).unwrap();

@@ -74,6 +74,7 @@ pub fn describe_exit(code: Option<i32>) -> Option<&'static str> {
         3 => Some("the guest triple-faulted (crashed)"),
         4 => Some("the guest vCPU halted for good"),
         5 => Some("KVM could not run the guest (internal error)"),
+        6 => Some("a snapshot was taken and the VM stopped"),
         _ => None,
     }
 }

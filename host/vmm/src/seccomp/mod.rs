@@ -35,10 +35,11 @@ pub enum ThreadKind {
     Vsock,
     FsCalls,
     FsWatchdog,
+    Control,
 }
 
 impl ThreadKind {
-    pub const ALL: [ThreadKind; 7] = [
+    pub const ALL: [ThreadKind; 8] = [
         ThreadKind::Main,
         ThreadKind::Vcpu,
         ThreadKind::Block,
@@ -46,6 +47,7 @@ impl ThreadKind {
         ThreadKind::Vsock,
         ThreadKind::FsCalls,
         ThreadKind::FsWatchdog,
+        ThreadKind::Control,
     ];
 
     /// Its filter's key in `filters.json`.
@@ -58,6 +60,7 @@ impl ThreadKind {
             ThreadKind::Vsock => "vsock",
             ThreadKind::FsCalls => "fs_calls",
             ThreadKind::FsWatchdog => "fs_watchdog",
+            ThreadKind::Control => "control",
         }
     }
 }

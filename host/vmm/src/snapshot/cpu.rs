@@ -19,6 +19,9 @@ pub struct SnapshotState {
     pub memory_size: u64,
     pub vm: VmState,
     pub vcpus: Vec<VcpuState>,
+    /// Each virtio device's transport, in the order of their MMIO windows.
+    #[serde(default)]
+    pub devices: Vec<crate::devices::virtio::mmio::TransportState>,
 }
 
 /// The VM-wide in-kernel devices and clock.
@@ -242,7 +245,13 @@ impl SnapshotState {
     /// Captures a paused VM: `vcpus` with their ids, all out of KVM_RUN.
     pub fn capture(kvm: &Kvm, vm: &VmFd, vcpus: &[(u8, &VcpuFd)], memory_size: u64) -> Result<Self, SnapshotError> {
         let vcpus = vcpus.iter().map(|(id, fd)| VcpuState::capture(kvm, fd, *id)).collect::<Result<_, _>>()?;
-        Ok(Self { vmm: env!("CARGO_PKG_VERSION").into(), memory_size, vm: VmState::capture(vm)?, vcpus })
+        Ok(Self {
+            vmm: env!("CARGO_PKG_VERSION").into(),
+            memory_size,
+            vm: VmState::capture(vm)?,
+            vcpus,
+            devices: vec![],
+        })
     }
 
     /// Refuses a snapshot these new vCPUs cannot run: a count or ids that differ, or CPU
@@ -307,6 +316,7 @@ pub(crate) mod tests {
                 clock: kvm_clock_data { clock: 99, ..Default::default() },
             },
             vcpus: vec![vcpu],
+            devices: vec![],
         }
     }
 

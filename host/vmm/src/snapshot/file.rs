@@ -81,6 +81,13 @@ pub fn save(state: &SnapshotState, path: &Path) -> Result<(), SnapshotError> {
     std::fs::rename(&tmp, path).map_err(SnapshotError::io(format!("rename into {}", path.display())))
 }
 
+/// Writes `state` into `file` (empty, opened by the caller) and makes it durable.
+pub fn write_to(state: &SnapshotState, mut file: &std::fs::File) -> Result<(), SnapshotError> {
+    use std::io::Write;
+    file.write_all(&encode(state)).map_err(SnapshotError::io("write the state file"))?;
+    file.sync_all().map_err(SnapshotError::io("write the state file"))
+}
+
 /// Reads and checks the state file at `path`.
 pub fn load(path: &Path) -> Result<SnapshotState, SnapshotError> {
     let len = std::fs::metadata(path).map_err(SnapshotError::io(format!("read {}", path.display())))?.len();

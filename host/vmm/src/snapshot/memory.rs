@@ -22,8 +22,14 @@ const CHUNK: usize = 2 << 20;
 /// Writes `size` bytes of `memory` to a new file at `path`; returns the bytes written (the
 /// rest are holes). The vCPUs and devices must not be writing guest memory meanwhile.
 pub fn dump(memory: &GuestMemory, size: u64, path: &Path) -> Result<u64, SnapshotError> {
-    let what = || format!("write the memory file {}", path.display());
-    let file = File::create(path).map_err(SnapshotError::io(what()))?;
+    let file = File::create(path).map_err(SnapshotError::io(format!("create the memory file {}", path.display())))?;
+    dump_to(memory, size, &file)
+}
+
+/// [`dump`] into a file opened by someone else (umbra-vmm's threads open no paths), which must
+/// be empty.
+pub fn dump_to(memory: &GuestMemory, size: u64, file: &File) -> Result<u64, SnapshotError> {
+    let what = || "write the memory file".to_string();
     file.set_len(size).map_err(SnapshotError::io(what()))?;
     let mut buf = vec![0u8; CHUNK];
     let (mut offset, mut written) = (0u64, 0u64);
@@ -51,6 +57,12 @@ pub fn dump(memory: &GuestMemory, size: u64, path: &Path) -> Result<u64, Snapsho
 /// Maps the memory file at `path` as `size` bytes of private guest memory.
 pub fn map_private(path: &Path, size: u64) -> Result<GuestMemory, SnapshotError> {
     let file = File::open(path).map_err(SnapshotError::io(format!("open the memory file {}", path.display())))?;
+    map_private_file(&file, path, size)
+}
+
+/// [`map_private`] over a memory file opened earlier (before the VMM entered its jail); `path`
+/// names it in errors.
+pub fn map_private_file(file: &File, path: &Path, size: u64) -> Result<GuestMemory, SnapshotError> {
     let len = file.metadata().map_err(SnapshotError::io(format!("stat {}", path.display())))?.len();
     if len != size {
         return Err(SnapshotError::Mismatch(format!(

@@ -185,6 +185,8 @@ impl MmioTransport {
         if device.device_type() != device_type {
             return Err(refuse(format!("the machine has device {} in its place", device.device_type())));
         }
+        let mut device = device;
+        device.prepare_restore();
         let mut t = Self::new(device, mem)?;
         if t.queues.len() != state.queues.len() {
             return Err(refuse(format!("{} queues saved, the device has {}", state.queues.len(), t.queues.len())));
@@ -222,6 +224,20 @@ impl MmioTransport {
             let _ = t.irq.write(1);
         }
         Ok(t)
+    }
+
+    /// Saves the transport's state and stops the device (its worker joined between batches, so
+    /// every buffer it took is used): what a snapshot records. The device does not run again.
+    pub fn quiesce(&mut self) -> Result<TransportState, TransportError> {
+        let state = self.save();
+        if self.activated && !self.device.reset() {
+            return Err(TransportError::Restore {
+                device_type: state.device_type,
+                reason: "the device cannot be stopped for a snapshot".into(),
+            });
+        }
+        self.activated = false;
+        Ok(state)
     }
 
     /// The eventfds the driver's notifications of each queue land on (register them as

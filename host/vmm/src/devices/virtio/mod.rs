@@ -108,6 +108,9 @@ pub trait VirtioDevice: Send {
         acked_features: u64,
         queues: Vec<ActiveQueue>,
     ) -> Result<(), ActivateError>;
+    /// Called on a device about to be activated by a restored transport (the driver set it up
+    /// in the VM the snapshot was taken of): e.g. vsock tells the driver its connections are gone.
+    fn prepare_restore(&mut self) {}
     /// Stops the worker and drops the queues, so the driver can set the device up again.
     /// Returns false if the device cannot be reset (the transport then marks it failed).
     fn reset(&mut self) -> bool {

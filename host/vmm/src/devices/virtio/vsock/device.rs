@@ -133,6 +133,10 @@ impl VirtioDevice for Vsock {
         }
     }
 
+    fn prepare_restore(&mut self) {
+        self.queue_transport_reset();
+    }
+
     fn reset(&mut self) -> bool {
         self.stop_worker()
     }

@@ -1,0 +1,145 @@
+//! The control socket: requests to a running VMM, one per connection, one JSON line each way.
+//!
+//! ```text
+//! → {"snapshot": {}}        with two descriptors attached (SCM_RIGHTS): the state file, then
+//!                           the memory file, both open for writing and empty
+//! ← {"ok": {"memory_bytes": 1234}}
+//! ← {"error": "why"}
+//! ```
+//!
+//! The caller creates the files and hands them over: no VMM thread opens a path (the filters
+//! forbid `openat`), and in a jail there would be no path to open. A snapshot pauses every vCPU
+//! at an instruction boundary (kicked out of KVM_RUN), stops every device between batches,
+//! writes both files and ends the VM with exit status 6: the VM it was taken of does not run on,
+//! so nothing can change between the files and a restore. A request refused before the pause
+//! (malformed, without its two files, a device that cannot be snapshotted) leaves the VM
+//! running; a failure after it ends the VM with an internal error saying what failed.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::FromRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::bus::IoBus;
+use crate::devices::virtio::device_type;
+use crate::exit::VmExit;
+use crate::snapshot::{self, SnapshotState, VcpuState, VmState};
+use crate::vstate::vcpu::kick;
+use crate::vstate::vm::Vm;
+
+/// Bounds a request line; far above any real one.
+const MAX_REQUEST: usize = 4096;
+/// How long a client may take to send its request, and the vCPUs to pause.
+const PATIENCE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum Request {
+    Snapshot {},
+}
+
+/// What taking a snapshot needs of the running machine.
+pub struct Snapshotter {
+    pub vm: Arc<Vm>,
+    pub bus: Arc<IoBus>,
+    /// Set, with a kick, to make every vCPU pause.
+    pub pause: Arc<AtomicBool>,
+    /// The vCPU threads, in vCPU order.
+    pub vcpus: Vec<libc::pthread_t>,
+    /// Where each paused vCPU sends its state.
+    pub states: Receiver<VcpuState>,
+    pub memory_size: u64,
+}
+
+/// Why a snapshot failed, and whether the VM can go on.
+enum Failure {
+    /// Refused before anything was paused: the VM runs on.
+    Refused(String),
+    /// Failed after the pause: the VM cannot go on.
+    Broken(String),
+}
+
+/// Serves the control socket until a snapshot ends the VM; `exits` is where the machine learns
+/// how its VM ended.
+pub fn serve(listener: UnixListener, snapshotter: Snapshotter, exits: Sender<VmExit>) {
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let reply = match read_request(&stream) {
+            Err(e) => Err(Failure::Refused(e)),
+            Ok((Request::Snapshot {}, files)) => match <[File; 2]>::try_from(files) {
+                Ok([state, memory]) => snapshotter.take(&state, &memory),
+                Err(files) => Err(Failure::Refused(format!(
+                    "a snapshot request carries two files (state, memory), this one {}",
+                    files.len()
+                ))),
+            },
+        };
+        let (line, exit) = match reply {
+            Ok(ok) => (serde_json::json!({ "ok": ok }), Some(VmExit::Snapshotted)),
+            Err(Failure::Refused(e)) => (serde_json::json!({ "error": e }), None),
+            Err(Failure::Broken(e)) => {
+                let why = format!("snapshot failed after the VM was paused: {e}");
+                (serde_json::json!({ "error": why }), Some(VmExit::Internal(why)))
+            }
+        };
+        let _ = writeln!(stream, "{line}");
+        if let Some(exit) = exit {
+            let _ = exits.send(exit);
+            return;
+        }
+    }
+}
+
+/// One request line and the descriptors that came with it (at most two are kept; more close).
+fn read_request(stream: &UnixStream) -> Result<(Request, Vec<File>), String> {
+    use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+    stream.set_read_timeout(Some(PATIENCE)).map_err(|e| format!("control socket: {e}"))?;
+    let mut buf = vec![0u8; MAX_REQUEST];
+    let mut fds = [-1; 2];
+    let mut iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() }];
+    // SAFETY: the iovec covers exactly `buf`, which recvmsg may overwrite.
+    let (len, count) =
+        unsafe { stream.recv_with_fds(&mut iov, &mut fds) }.map_err(|e| format!("reading the request: {e}"))?;
+    // SAFETY: recvmsg gave us the first `count` descriptors; each is owned here from now on.
+    let files: Vec<File> = fds[..count.min(2)].iter().map(|&fd| unsafe { File::from_raw_fd(fd) }).collect();
+    let line = std::str::from_utf8(&buf[..len]).map_err(|_| "a request that is not UTF-8".to_string())?;
+    let Some(line) = line.strip_suffix('\n') else {
+        return Err(format!("a request is one line of at most {MAX_REQUEST} bytes, in one message"));
+    };
+    let shown: String = line.chars().take(200).collect();
+    let request = serde_json::from_str(line).map_err(|e| format!("bad request {shown:?}: {e}"))?;
+    Ok((request, files))
+}
+
+impl Snapshotter {
+    fn take(&self, state_file: &File, memory_file: &File) -> Result<serde_json::Value, Failure> {
+        if self.bus.device_types().contains(&device_type::FS) {
+            return Err(Failure::Refused(
+                "a VM with shared folders cannot be snapshotted yet (virtio-fs state lives in virtiofsd)".into(),
+            ));
+        }
+        self.pause.store(true, Ordering::Release);
+        let broken = |e: String| Failure::Broken(e);
+        let mut vcpus = Vec::with_capacity(self.vcpus.len());
+        for thread in &self.vcpus {
+            kick(*thread).map_err(|e| broken(e.to_string()))?;
+        }
+        for _ in &self.vcpus {
+            let state = self.states.recv_timeout(PATIENCE).map_err(|_| broken("a vCPU did not pause".into()))?;
+            vcpus.push(state);
+        }
+        vcpus.sort_by_key(|v| v.id);
+        let vm = VmState::capture(&self.vm.fd).map_err(|e| broken(e.to_string()))?;
+        let devices = self.bus.quiesce().map_err(broken)?;
+        let memory_bytes = snapshot::memory::dump_to(&self.vm.memory, self.memory_size, memory_file)
+            .map_err(|e| broken(e.to_string()))?;
+        let state =
+            SnapshotState { vmm: env!("CARGO_PKG_VERSION").into(), memory_size: self.memory_size, vm, vcpus, devices };
+        snapshot::file::write_to(&state, state_file).map_err(|e| broken(e.to_string()))?;
+        Ok(serde_json::json!({ "memory_bytes": memory_bytes }))
+    }
+}
