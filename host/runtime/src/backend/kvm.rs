@@ -79,6 +79,52 @@ pub fn describe_exit(code: Option<i32>) -> Option<&'static str> {
     }
 }
 
+/// Asks the umbra-vmm whose control socket is `control` for a snapshot (umbra_vmm::control):
+/// hands over `state` and `memory`, empty files open for writing, and returns the memory bytes
+/// written. The VM then ends with status 6.
+pub fn request_snapshot(control: &Path, state: &std::fs::File, memory: &std::fs::File) -> Result<u64, String> {
+    use std::io::BufRead;
+    use std::os::fd::AsRawFd;
+    let stream = std::os::unix::net::UnixStream::connect(control)
+        .map_err(|e| format!("cannot connect to the VMM's control socket {}: {e}", control.display()))?;
+    let line = b"{\"snapshot\": {}}\n";
+    let fds = [state.as_raw_fd(), memory.as_raw_fd()];
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(&fds) as u32) } as usize;
+    let mut control_buf = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec { iov_base: line.as_ptr() as *mut libc::c_void, iov_len: line.len() };
+    // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the sendmsg call, the
+    // control buffer is 8-byte aligned and CMSG_SPACE bytes long, and the one cmsghdr written
+    // into it (by CMSG_FIRSTHDR/CMSG_DATA) carries exactly the two descriptors.
+    let sent = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control_buf.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(&fds) as u32) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast::<i32>(), fds.len());
+        libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+    };
+    if sent != line.len() as isize {
+        return Err(format!("cannot send the snapshot request: {}", std::io::Error::last_os_error()));
+    }
+    let mut reply = String::new();
+    std::io::BufReader::new(&stream)
+        .read_line(&mut reply)
+        .map_err(|e| format!("no answer from the VMM's control socket: {e}"))?;
+    let reply: serde_json::Value =
+        serde_json::from_str(&reply).map_err(|e| format!("the VMM answered {reply:?}: {e}"))?;
+    match (reply["ok"]["memory_bytes"].as_u64(), reply["error"].as_str()) {
+        (Some(bytes), _) => Ok(bytes),
+        (None, Some(e)) => Err(format!("the VMM refused the snapshot: {e}")),
+        _ => Err(format!("the VMM answered {reply}")),
+    }
+}
+
 pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let started = Instant::now();
     let vmm = super::host::UMBRA_VMM.require()?;

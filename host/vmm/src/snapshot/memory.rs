@@ -81,12 +81,39 @@ pub fn map_private_file(file: &File, path: &Path, size: u64) -> Result<GuestMemo
             libc::MAP_PRIVATE | libc::MAP_NORESERVE,
         )
         .map_err(|e| SnapshotError::Mismatch(format!("map {len} bytes of {}: {e}", path.display())))?;
+        prefault_data(file, offset, len, region.as_ptr());
         let region = GuestRegionMmap::new(region, GuestAddress(start))
             .ok_or_else(|| SnapshotError::Mismatch("guest region overflows the address space".into()))?;
         regions.push(region);
         offset += len;
     }
     GuestMemoryMmap::from_regions(regions).map_err(|e| SnapshotError::Mismatch(e.to_string()))
+}
+
+/// Maps, read-only and shared with the page cache, every page of `file[offset..offset+len]`
+/// (mapped at `host`) that holds data — what the guest had touched — so its first reads after a
+/// restore take no host page fault; the holes stay unmapped, and a write still copies just that
+/// page. `MADV_POPULATE_READ` (Linux 5.14); a hint: without it the pages fault in as used.
+fn prefault_data(file: &File, offset: u64, len: u64, host: *mut u8) {
+    use std::os::fd::AsRawFd;
+    const MADV_POPULATE_READ: libc::c_int = 22;
+    let (fd, end) = (file.as_raw_fd(), offset + len);
+    let mut at = offset;
+    while at < end {
+        // SAFETY: lseek only reads the fd's extent map.
+        let data = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
+        if data < 0 || data as u64 >= end {
+            return;
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        let hole = if hole < 0 { end } else { (hole as u64).min(end) };
+        let (from, to) = (data as u64, hole);
+        // SAFETY: [host + from - offset, host + to - offset) lies inside the region just mapped
+        // over [offset, end); MADV_POPULATE_READ only faults those pages in.
+        unsafe { libc::madvise(host.add((from - offset) as usize).cast(), (to - from) as usize, MADV_POPULATE_READ) };
+        at = to;
+    }
 }
 
 #[cfg(test)]

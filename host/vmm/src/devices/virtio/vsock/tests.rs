@@ -886,4 +886,38 @@ mod device {
             assert!(dev.reset());
         }
     }
+
+    #[test]
+    fn host_connections_wait_until_the_driver_has_handled_the_reset() {
+        let dir = TempDir::new();
+        let mem = guest_memory();
+        let mut dev = Vsock::new(GUEST_CID, dir.socket()).unwrap();
+        let interrupt = Arc::new(CountingInterrupt::default());
+        dev.queue_transport_reset();
+        let mut d = Driver::new(&mem);
+        d.post_rx(8);
+        let mut ev = event_ring(&mem);
+        ev.publish_raw(&[(SCRATCH + 0x1_0000, 4, WRITE, 0)], true);
+        let (mut queues, _, _) = active_queues(&d);
+        let event_kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        queues[2] = ActiveQueue { queue: ev.device_queue(), notify: event_kick.try_clone().unwrap() };
+        dev.activate(mem.clone(), interrupt, 0, queues).unwrap();
+
+        // Posted at once; a host connection made now is not passed to the guest yet.
+        let end = Instant::now() + Duration::from_secs(5);
+        while ev.take_used().is_empty() {
+            assert!(Instant::now() < end, "the reset event was never posted");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut host = UnixStream::connect(dir.socket()).unwrap();
+        host.write_all(b"CONNECT 1024\n").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(d.collect_rx().is_empty(), "no request reaches a driver still handling the reset");
+
+        // The driver re-posts its event buffer and kicks: now the connection goes through.
+        event_kick.write(1).unwrap();
+        let req = wait_rx(&mut d)[0].hdr;
+        assert_eq!(req.op(), op::REQUEST);
+        assert!(dev.reset());
+    }
 }

@@ -41,7 +41,16 @@ struct Context {
     epoll: Epoll,
     /// A transport-reset event still to be put on the event queue (after a restore).
     reset_event: bool,
+    /// Host connections wait (their sockets out of the epoll set) until the driver has handled
+    /// the reset: it would reset a connection made before that too. Set at activation and
+    /// again when the event is posted; cleared (the host sockets watched again) when the driver
+    /// kicks the event queue after the event went out — Linux re-posts its buffer and kicks —
+    /// or after [`RESET_GRACE`] without that.
+    host_waits_since: Option<Instant>,
 }
+
+/// How long host connections wait for the driver to handle a transport reset, at most.
+const RESET_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (virtio 1.2 §5.10.6.8): every connection is gone; the
 /// driver resets its connected sockets and re-reads the guest CID from the config space.
@@ -87,7 +96,9 @@ impl Worker {
             add(queues[RX_QUEUE].notify.as_raw_fd(), RX)?;
             add(queues[TX_QUEUE].notify.as_raw_fd(), TX)?;
             add(queues[EVENT_QUEUE].notify.as_raw_fd(), EVENT)?;
-            add(muxer.as_raw_fd(), HOST)?;
+            if !reset_event {
+                add(muxer.as_raw_fd(), HOST)?;
+            }
             Ok((exit, epoll))
         };
         let (exit, epoll) = match setup() {
@@ -96,7 +107,9 @@ impl Worker {
         };
         // `spawn` consumes its closure even when it fails; the context goes through a slot so
         // that the muxer (and its bound socket) can be handed back in that case.
-        let slot = Arc::new(Mutex::new(Some(Context { muxer, mem, interrupt, queues, epoll, reset_event })));
+        let host_waits_since = reset_event.then(Instant::now);
+        let context = Context { muxer, mem, interrupt, queues, epoll, reset_event, host_waits_since };
+        let slot = Arc::new(Mutex::new(Some(context)));
         let thread_slot = Arc::clone(&slot);
         let spawned = lane.run(move || thread_slot.lock().ok().and_then(|mut ctx| ctx.take()).map(run));
         match spawned {
@@ -120,10 +133,11 @@ fn run(mut ctx: Context) -> VsockMuxer {
     // Buffers the driver made available before activation announced nothing.
     process_queues(&mut ctx);
     loop {
+        let grace_end = ctx.host_waits_since.map(|t| t + RESET_GRACE);
         let timeout_ms = if ctx.muxer.has_deferred_work() {
             0
         } else {
-            ctx.muxer.next_deadline().map_or(-1, |deadline| {
+            ctx.muxer.next_deadline().into_iter().chain(grace_end).min().map_or(-1, |deadline| {
                 let wait = deadline.saturating_duration_since(Instant::now());
                 // Round up so we do not wake just before the deadline and spin.
                 i32::try_from(wait.as_millis() + 1).unwrap_or(i32::MAX)
@@ -142,15 +156,37 @@ fn run(mut ctx: Context) -> VsockMuxer {
                 TX => drain(&ctx.queues[TX_QUEUE].notify),
                 // The only event the device sends is the transport reset after a restore;
                 // otherwise buffers on the event queue simply wait there.
-                EVENT => drain(&ctx.queues[EVENT_QUEUE].notify),
+                EVENT => {
+                    drain(&ctx.queues[EVENT_QUEUE].notify);
+                    // A kick after the reset went out: the driver handled it (a kick before
+                    // is the driver posting buffers, which the reset is still waiting for).
+                    if !ctx.reset_event {
+                        watch_host(&mut ctx);
+                    }
+                }
                 HOST => {
                     ctx.muxer.handle_host_events();
                 }
                 _ => {}
             }
         }
+        if grace_end.is_some_and(|end| Instant::now() >= end) {
+            watch_host(&mut ctx);
+        }
         ctx.muxer.process_timeouts(Instant::now());
         process_queues(&mut ctx);
+    }
+}
+
+/// The driver has handled the transport reset (or had its time): watch the host sockets again
+/// and take the connections that waited.
+fn watch_host(ctx: &mut Context) {
+    if ctx.host_waits_since.take().is_none() {
+        return;
+    }
+    let fd = ctx.muxer.as_raw_fd();
+    if ctx.epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, HOST)).is_ok() {
+        ctx.muxer.handle_host_events();
     }
 }
 
@@ -158,6 +194,7 @@ fn process_queues(ctx: &mut Context) {
     let mut notify = false;
     if ctx.reset_event && post_transport_reset(&ctx.mem, &mut ctx.queues[EVENT_QUEUE].queue) {
         ctx.reset_event = false;
+        ctx.host_waits_since = Some(Instant::now());
         notify = true;
     }
     for _ in 0..ROUNDS_PER_WAKE {

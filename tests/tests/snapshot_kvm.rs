@@ -1,0 +1,186 @@
+//! Snapshot, restore and fork of a Linux guest on umbra-vmm, wherever this host runs the `kvm`
+//! backend (`umbra_tests::backends()`: hardware KVM, or the nested lane's `snapshot` step; on
+//! kvm_pvm there is nothing to run). A booted guest writes a file and starts a background
+//! process; the VM is snapshotted through umbra-vmm's control socket; four VMs restored at once
+//! from the files each answer, take their own identity (`reidentify`), still have the file and
+//! the process, and draw different random numbers. Prints restore → agent ready beside boot →
+//! agent ready, and the forks' combined PSS beside four booted VMs' (measured, not asserted).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use umbra_proto::SpawnRequest;
+use umbra_runtime::agent::AgentClient;
+use umbra_runtime::backend::{kvm, BackendKind, BootImage, VmSpec};
+use umbra_tests::{backends, cache_dir, test_bundle, workspace_bin};
+
+const FORKS: usize = 4;
+
+fn sh(script: &str) -> SpawnRequest {
+    SpawnRequest { argv: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() }
+}
+
+async fn run(agent: &AgentClient, script: &str) -> String {
+    let out = agent.spawn(sh(script)).unwrap().output().await.unwrap();
+    assert_eq!(out.status.code, Some(0), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+struct Vmm {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Vmm {
+    /// Starts umbra-vmm for `spec` in its own directory under `root` (unjailed, with a control
+    /// socket), booting or, with `restore`, resuming a snapshot.
+    fn start(spec: &VmSpec, root: &Path, name: &str, restore: Option<&Path>) -> Vmm {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cfg = kvm::vm_config(spec, &dir.join("vsock.sock"), None, false);
+        cfg["control"] = serde_json::json!(dir.join("control.sock"));
+        cfg["console_log"] = serde_json::json!(dir.join("console.log"));
+        std::fs::write(dir.join("vm.json"), cfg.to_string()).unwrap();
+        let mut cmd = Command::new(workspace_bin("umbra-vmm"));
+        cmd.arg("--config").arg(dir.join("vm.json"));
+        if let Some(snapshot) = restore {
+            cmd.arg("--restore").arg(snapshot);
+        }
+        let child = cmd.stderr(std::fs::File::create(dir.join("umbra-vmm.log")).unwrap()).spawn().unwrap();
+        Vmm { child, dir }
+    }
+
+    /// Connects to the agent as soon as it answers.
+    async fn agent(&mut self) -> AgentClient {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let sock = self.dir.join("vsock.sock");
+            if let Ok(Ok(a)) = tokio::time::timeout(
+                Duration::from_secs(5),
+                AgentClient::connect_hybrid_vsock(&sock, umbra_proto::AGENT_VSOCK_PORT),
+            )
+            .await
+            {
+                return a;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "umbra-vmm ended ({status}): {}",
+                    std::fs::read_to_string(self.dir.join("umbra-vmm.log")).unwrap()
+                );
+            }
+            assert!(Instant::now() < deadline, "no agent in {}", self.dir.display());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn pss_kib(&self) -> u64 {
+        let rollup = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", self.child.id())).unwrap_or_default();
+        rollup
+            .lines()
+            .find_map(|l| l.strip_prefix("Pss:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_linux_guest_snapshots_and_forks_into_four_vms_with_their_own_identity() {
+    if !backends().contains(&BackendKind::Kvm) {
+        eprintln!("skipped: this host does not run the kvm backend (the nested lane's snapshot step does)");
+        return;
+    }
+    let image = BootImage::from_bundle_dir(&test_bundle("minimal"), &cache_dir().join("extracted")).unwrap();
+    let mut spec = VmSpec::new(image);
+    spec.memory_mib = 256;
+    let root = std::env::temp_dir().join(format!("umbra-snapshot-kvm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+
+    // Boot, leave a file and a background process.
+    let started = Instant::now();
+    let mut original = Vmm::start(&spec, &root, "boot", None);
+    let agent = original.agent().await;
+    let boot_ready = started.elapsed();
+    let sleeper = run(&agent, "echo before > /tmp/marker; sleep 1000 >/dev/null 2>&1 & echo $!").await;
+    let sleeper = sleeper.trim().to_string();
+
+    // Snapshot through the control socket: the VM ends with status 6.
+    let snap = root.join("snapshot");
+    std::fs::create_dir_all(&snap).unwrap();
+    let (state, memory) =
+        (std::fs::File::create(snap.join("state")).unwrap(), std::fs::File::create(snap.join("memory")).unwrap());
+    let taken = Instant::now();
+    let bytes = kvm::request_snapshot(&original.dir.join("control.sock"), &state, &memory).unwrap();
+    assert_eq!(original.child.wait().unwrap().code(), Some(6));
+    eprintln!("snapshot: {} ms, {} MiB of memory written", taken.elapsed().as_millis(), bytes >> 20);
+    drop(agent);
+
+    // Four forks at once.
+    let mut forks = Vec::new();
+    let mut ready = Vec::new();
+    for i in 0..FORKS {
+        let started = Instant::now();
+        let mut vm = Vmm::start(&spec, &root, &format!("fork-{i}"), Some(&snap));
+        let agent = vm.agent().await;
+        ready.push(started.elapsed());
+        forks.push((vm, agent));
+    }
+    let mut seen = Vec::new();
+    for (i, (_, agent)) in forks.iter().enumerate() {
+        agent.reidentify(&format!("fork-{i}")).await.unwrap();
+        let out = run(
+            agent,
+            &format!(
+                "hostname; cat /proc/sys/kernel/random/uuid; cat /tmp/marker; kill -0 {sleeper} && echo sleeper-alive"
+            ),
+        )
+        .await;
+        let lines: Vec<String> = out.lines().map(String::from).collect();
+        assert_eq!(lines[0], format!("fork-{i}"));
+        assert_eq!(lines[2], "before", "the file written before the snapshot");
+        assert_eq!(lines[3], "sleeper-alive", "a process running at snapshot time runs on");
+        seen.push(lines[1].clone());
+    }
+    let mut distinct = seen.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), FORKS, "each fork draws its own random numbers: {seen:?}");
+    let fork_pss: u64 = forks.iter().map(|(vm, _)| vm.pss_kib()).sum();
+
+    // The same four booted, for the comparison.
+    let mut booted = Vec::new();
+    for i in 0..FORKS {
+        let mut vm = Vmm::start(&spec, &root, &format!("booted-{i}"), None);
+        let agent = vm.agent().await;
+        run(&agent, "true").await;
+        booted.push((vm, agent));
+    }
+    let booted_pss: u64 = booted.iter().map(|(vm, _)| vm.pss_kib()).sum();
+    eprintln!(
+        "snapshot-bench: restore -> agent ready per fork: {:?}",
+        ready.iter().map(|d| d.as_millis()).collect::<Vec<_>>()
+    );
+    ready.sort();
+    eprintln!(
+        "snapshot-bench: restore -> agent ready median {} ms, boot -> agent ready {} ms, ratio {:.3}",
+        ready[FORKS / 2].as_millis(),
+        boot_ready.as_millis(),
+        ready[FORKS / 2].as_secs_f64() / boot_ready.as_secs_f64()
+    );
+    eprintln!(
+        "snapshot-bench: PSS of {FORKS} forks {} MiB, of {FORKS} booted VMs {} MiB, ratio {:.2}",
+        fork_pss >> 10,
+        booted_pss >> 10,
+        fork_pss as f64 / booted_pss.max(1) as f64
+    );
+    drop((forks, booted));
+    let _ = std::fs::remove_dir_all(&root);
+}
