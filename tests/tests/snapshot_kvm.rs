@@ -139,7 +139,8 @@ async fn a_linux_guest_snapshots_and_forks_into_four_vms_with_their_own_identity
         let out = run(
             agent,
             &format!(
-                "hostname; cat /proc/sys/kernel/random/uuid; cat /tmp/marker; kill -0 {sleeper} && echo sleeper-alive"
+                "hostname; cat /proc/sys/kernel/random/uuid; cat /tmp/marker; kill -0 {sleeper} && echo sleeper-alive; \
+             head -c 8192 /dev/zero | tr '\\0' x > /dev/console; echo console-writable"
             ),
         )
         .await;
@@ -147,6 +148,9 @@ async fn a_linux_guest_snapshots_and_forks_into_four_vms_with_their_own_identity
         assert_eq!(lines[0], format!("fork-{i}"));
         assert_eq!(lines[2], "before", "the file written before the snapshot");
         assert_eq!(lines[3], "sleeper-alive", "a process running at snapshot time runs on");
+        // 8 KiB through the tty layer, which waits for the UART's transmit interrupt: the serial
+        // port came back with the interrupt-enable register the driver had set.
+        assert_eq!(lines[4], "console-writable");
         seen.push(lines[1].clone());
     }
     let mut distinct = seen.clone();

@@ -26,6 +26,11 @@ impl IoBus {
         Self { legacy: Mutex::new(legacy), mmio: mmio.into_iter().map(|(base, t)| (base, Mutex::new(t))).collect() }
     }
 
+    /// The serial port's state, for a snapshot.
+    pub fn serial_state(&self) -> crate::devices::legacy::SerialSnapshot {
+        self.legacy.lock().unwrap_or_else(|p| p.into_inner()).serial.save()
+    }
+
     /// The virtio device types, in the order of their windows.
     pub fn device_types(&self) -> Vec<u32> {
         self.mmio.iter().map(|(_, t)| t.lock().unwrap_or_else(|p| p.into_inner()).device_type()).collect()

@@ -135,10 +135,11 @@ impl Snapshotter {
         vcpus.sort_by_key(|v| v.id);
         let vm = VmState::capture(&self.vm.fd).map_err(|e| broken(e.to_string()))?;
         let devices = self.bus.quiesce().map_err(broken)?;
+        let serial = Some(self.bus.serial_state());
         let memory_bytes = snapshot::memory::dump_to(&self.vm.memory, self.memory_size, memory_file)
             .map_err(|e| broken(e.to_string()))?;
-        let state =
-            SnapshotState { vmm: env!("CARGO_PKG_VERSION").into(), memory_size: self.memory_size, vm, vcpus, devices };
+        let vmm = env!("CARGO_PKG_VERSION").into();
+        let state = SnapshotState { vmm, memory_size: self.memory_size, vm, vcpus, devices, serial };
         snapshot::file::write_to(&state, state_file).map_err(|e| broken(e.to_string()))?;
         Ok(serde_json::json!({ "memory_bytes": memory_bytes }))
     }

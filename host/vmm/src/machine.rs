@@ -284,7 +284,13 @@ impl Machine {
         let console = ConsoleLog::to_file(console);
         let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(device_error("eventfd"))?;
         vm.register_irqfd(&serial_irq, SERIAL_IRQ)?;
-        let legacy = LegacyBus::with_serial(SerialConsole::with_interrupt(console.clone(), serial_irq));
+        let serial = match &state.serial {
+            Some(saved) => {
+                SerialConsole::restore(console.clone(), serial_irq, saved).map_err(MachineError::Snapshot)?
+            }
+            None => SerialConsole::with_interrupt(console.clone(), serial_irq),
+        };
+        let legacy = LegacyBus::with_serial(serial);
 
         let devices = virtio_devices(cfg, disks, vsock, fs)?;
         if devices.len() != state.devices.len() {

@@ -22,6 +22,9 @@ pub struct SnapshotState {
     /// Each virtio device's transport, in the order of their MMIO windows.
     #[serde(default)]
     pub devices: Vec<crate::devices::virtio::mmio::TransportState>,
+    /// The serial port (absent in snapshots of a bare vCPU taken without a machine).
+    #[serde(default)]
+    pub serial: Option<crate::devices::legacy::SerialSnapshot>,
 }
 
 /// The VM-wide in-kernel devices and clock.
@@ -251,6 +254,7 @@ impl SnapshotState {
             vm: VmState::capture(vm)?,
             vcpus,
             devices: vec![],
+            serial: None,
         })
     }
 
@@ -317,6 +321,7 @@ pub(crate) mod tests {
             },
             vcpus: vec![vcpu],
             devices: vec![],
+            serial: None,
         }
     }
 

@@ -116,6 +116,15 @@ impl Trigger for IrqLine {
     }
 }
 
+/// The 16550's state in a snapshot: DLL, DLM, IER, IIR, LCR, LSR, MCR, MSR, SCR, and the bytes
+/// waiting in the receive FIFO. Linux's driver caches IER: a restored UART without it would
+/// never raise the transmit interrupt the tty layer waits for.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SerialSnapshot {
+    pub registers: [u8; 9],
+    pub in_buffer: Vec<u8>,
+}
+
 pub struct SerialConsole {
     serial: Serial<IrqLine, NoEvents, ConsoleLog>,
 }
@@ -128,6 +137,47 @@ impl SerialConsole {
     /// A console whose interrupts are signalled on `irq`.
     pub fn with_interrupt(log: ConsoleLog, irq: EventFd) -> Self {
         Self { serial: Serial::new(IrqLine(Some(irq)), log) }
+    }
+
+    /// The UART's registers and receive FIFO, for a snapshot.
+    pub fn save(&self) -> SerialSnapshot {
+        let s = self.serial.state();
+        SerialSnapshot {
+            registers: [
+                s.baud_divisor_low,
+                s.baud_divisor_high,
+                s.interrupt_enable,
+                s.interrupt_identification,
+                s.line_control,
+                s.line_status,
+                s.modem_control,
+                s.modem_status,
+                s.scratch,
+            ],
+            in_buffer: s.in_buffer,
+        }
+    }
+
+    /// A console as `saved` left the UART, its interrupts signalled on `irq` (one is raised at
+    /// once if the saved state had one pending). Refuses a receive FIFO over its 64 bytes.
+    pub fn restore(log: ConsoleLog, irq: EventFd, saved: &SerialSnapshot) -> Result<Self, String> {
+        let [baud_divisor_low, baud_divisor_high, interrupt_enable, interrupt_identification, line_control, line_status, modem_control, modem_status, scratch] =
+            saved.registers;
+        let state = vm_superio::serial::SerialState {
+            baud_divisor_low,
+            baud_divisor_high,
+            interrupt_enable,
+            interrupt_identification,
+            line_control,
+            line_status,
+            modem_control,
+            modem_status,
+            scratch,
+            in_buffer: saved.in_buffer.clone(),
+        };
+        Serial::from_state(&state, IrqLine(Some(irq)), NoEvents, log)
+            .map(|serial| Self { serial })
+            .map_err(|e| format!("the serial port's saved state: {e:?}"))
     }
 
     /// A byte written to `port` (COM1_BASE + offset). Out-of-range offsets are ignored.
@@ -188,5 +238,33 @@ mod tests {
         serial.write(0xffff, b"!");
         serial.write(COM1_BASE, &[]);
         assert_eq!(log.last_lines(), vec!["hi".to_string()]);
+    }
+
+    #[test]
+    fn a_saved_uart_comes_back_with_its_registers_and_pending_interrupt() {
+        let log = ConsoleLog::default();
+        let irq = EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK).unwrap();
+        let mut serial = SerialConsole::with_interrupt(log.clone(), irq.try_clone().unwrap());
+        serial.write(COM1_BASE + 3, &[0x03]); // LCR: 8N1
+        serial.write(COM1_BASE + 7, &[0x5a]); // scratch
+        serial.write(COM1_BASE + 1, &[0x02]); // IER: transmit-empty interrupt on
+        let _ = irq.read();
+        let saved = serial.save();
+        let saved: SerialSnapshot = serde_json::from_str(&serde_json::to_string(&saved).unwrap()).unwrap();
+
+        let irq2 = EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK).unwrap();
+        let mut back = SerialConsole::restore(log.clone(), irq2.try_clone().unwrap(), &saved).unwrap();
+        let mut reg = [0u8];
+        for (offset, want) in [(1, 0x02), (3, 0x03), (7, 0x5a)] {
+            back.read(COM1_BASE + offset, &mut reg);
+            assert_eq!(reg[0], want, "register {offset}");
+        }
+        assert_eq!(irq2.read().unwrap(), 1, "the transmit-empty interrupt the driver waits for");
+        back.write(COM1_BASE, b"k");
+        back.write(COM1_BASE, b"\n");
+        assert_eq!(log.last_lines(), vec!["k".to_string()]);
+        let mut full = saved;
+        full.in_buffer = vec![0; 65];
+        assert!(SerialConsole::restore(log, irq2, &full).is_err(), "a FIFO over 64 bytes");
     }
 }
