@@ -16,9 +16,9 @@ use crate::boot::layout::{SERIAL_IRQ, VIRTIO_IRQ_START, VIRTIO_MMIO_START};
 use crate::boot::{self, BootEntry, BootError, BootSpec, MmioSlot};
 use crate::bus::IoBus;
 use crate::config::{ConfigError, VmConfig};
-use crate::devices::legacy::{ConsoleLog, LegacyBus, SerialConsole};
+use crate::devices::legacy::{ConsoleLog, LegacyBus, SerialConsole, SerialSnapshot};
 use crate::devices::virtio::block::disk::Disk;
-use crate::devices::virtio::mmio::{MmioTransport, MMIO_WINDOW, QUEUE_NOTIFY_OFFSET};
+use crate::devices::virtio::mmio::{MmioTransport, TransportState, MMIO_WINDOW, QUEUE_NOTIFY_OFFSET};
 use crate::devices::virtio::vsock::unix_backend::HostListener;
 use crate::devices::virtio::VirtioDevice;
 use crate::exit::VmExit;
@@ -220,11 +220,9 @@ impl Machine {
         vm.setup_irqchip()?;
 
         let console = ConsoleLog::to_file(console);
-        let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(device_error("eventfd"))?;
-        vm.register_irqfd(&serial_irq, SERIAL_IRQ)?;
-        let legacy = LegacyBus::with_serial(SerialConsole::with_interrupt(console.clone(), serial_irq));
+        let legacy = Self::legacy_bus(&vm, &console, None)?;
 
-        let (mmio, slots) = Self::attach_virtio(&vm, &mem, virtio_devices(cfg, disks, vsock, fs)?)?;
+        let (mmio, slots) = Self::attach_virtio(&vm, &mem, virtio_devices(cfg, disks, vsock, fs)?, None)?;
         let spec = BootSpec {
             kernel: &cfg.kernel,
             initrd: cfg.initrd.as_deref(),
@@ -282,15 +280,7 @@ impl Machine {
         vm.setup_irqchip()?;
 
         let console = ConsoleLog::to_file(console);
-        let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(device_error("eventfd"))?;
-        vm.register_irqfd(&serial_irq, SERIAL_IRQ)?;
-        let serial = match &state.serial {
-            Some(saved) => {
-                SerialConsole::restore(console.clone(), serial_irq, saved).map_err(MachineError::Snapshot)?
-            }
-            None => SerialConsole::with_interrupt(console.clone(), serial_irq),
-        };
-        let legacy = LegacyBus::with_serial(serial);
+        let legacy = Self::legacy_bus(&vm, &console, state.serial.as_ref())?;
 
         let devices = virtio_devices(cfg, disks, vsock, fs)?;
         if devices.len() != state.devices.len() {
@@ -300,18 +290,7 @@ impl Machine {
                 devices.len()
             )));
         }
-        let mut mmio = Vec::new();
-        for (i, (device, saved)) in devices.into_iter().zip(&state.devices).enumerate() {
-            let base = VIRTIO_MMIO_START + i as u64 * MMIO_WINDOW;
-            let irq = VIRTIO_IRQ_START + i as u32;
-            // The ioeventfds and the irqfd first: a restored device may interrupt at once.
-            let transport = MmioTransport::restore(device, mem.clone(), saved)?;
-            vm.register_irqfd(transport.irq_evt(), irq)?;
-            for (q, evt) in transport.queue_evts().iter().enumerate() {
-                vm.register_mmio_ioeventfd(evt, base + QUEUE_NOTIFY_OFFSET, q as u32)?;
-            }
-            mmio.push((base, transport));
-        }
+        let (mmio, _) = Self::attach_virtio(&vm, &mem, devices, Some(&state.devices))?;
 
         let mut vcpus = Vec::with_capacity(cfg.cpus as usize);
         for id in 0..cfg.cpus {
@@ -336,17 +315,24 @@ impl Machine {
     }
 
     /// Gives each device its MMIO window and IRQ, with the notify ioeventfds and the irqfd.
+    /// With `saved` (one state per device), each transport is restored as a snapshot left it;
+    /// an interrupt it raises before its irqfd is registered stays pending in the eventfd, and
+    /// KVM injects it on registration.
     fn attach_virtio(
         vm: &Vm,
         mem: &GuestMemory,
         devices: Vec<Box<dyn VirtioDevice>>,
+        saved: Option<&[TransportState]>,
     ) -> Result<(MmioDevices, Vec<MmioSlot>), MachineError> {
         let mut mmio = Vec::new();
         let mut slots = Vec::new();
         for (i, device) in devices.into_iter().enumerate() {
             let base = VIRTIO_MMIO_START + i as u64 * MMIO_WINDOW;
             let irq = VIRTIO_IRQ_START + i as u32;
-            let transport = MmioTransport::new(device, mem.clone())?;
+            let transport = match saved.and_then(|s| s.get(i)) {
+                Some(state) => MmioTransport::restore(device, mem.clone(), state)?,
+                None => MmioTransport::new(device, mem.clone())?,
+            };
             vm.register_irqfd(transport.irq_evt(), irq)?;
             for (q, evt) in transport.queue_evts().iter().enumerate() {
                 vm.register_mmio_ioeventfd(evt, base + QUEUE_NOTIFY_OFFSET, q as u32)?;
@@ -355,6 +341,20 @@ impl Machine {
             mmio.push((base, transport));
         }
         Ok((mmio, slots))
+    }
+
+    /// The i8042 and the serial console on `console`, its IRQ wired through an irqfd; the UART
+    /// as `saved` left it, if given.
+    fn legacy_bus(vm: &Vm, console: &ConsoleLog, saved: Option<&SerialSnapshot>) -> Result<LegacyBus, MachineError> {
+        let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(device_error("eventfd"))?;
+        vm.register_irqfd(&serial_irq, SERIAL_IRQ)?;
+        let serial = match saved {
+            Some(saved) => {
+                SerialConsole::restore(console.clone(), serial_irq, saved).map_err(MachineError::Snapshot)?
+            }
+            None => SerialConsole::with_interrupt(console.clone(), serial_irq),
+        };
+        Ok(LegacyBus::with_serial(serial))
     }
 
     pub fn console(&self) -> &ConsoleLog {
