@@ -49,11 +49,8 @@ pub fn reidentify(req: &ReidentifyRequest, entropy: &[u8], pid1: bool) -> Result
         ));
     }
     reseed(entropy)?;
-    let secs = (req.unix_time_ms / 1000) as i64;
-    let nanos = ((req.unix_time_ms % 1000) * 1_000_000) as i64;
-    let now = nix::sys::time::TimeSpec::new(secs, nanos);
-    nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, now).map_err(|e| io("set the clock", e))?;
-    nix::unistd::sethostname(&req.hostname).map_err(|e| io("set the hostname", e))?;
+    // The file first: the step most likely to fail (a read-only root) fails before the clock
+    // and the name have changed.
     let machine_id = std::path::Path::new("/etc/machine-id");
     if machine_id.exists() {
         let mut id = [0u8; 16];
@@ -61,6 +58,11 @@ pub fn reidentify(req: &ReidentifyRequest, entropy: &[u8], pid1: bool) -> Result
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         std::fs::write(machine_id, format!("{hex}\n")).map_err(|e| io("write /etc/machine-id", e))?;
     }
+    let secs = (req.unix_time_ms / 1000) as i64;
+    let nanos = ((req.unix_time_ms % 1000) * 1_000_000) as i64;
+    let now = nix::sys::time::TimeSpec::new(secs, nanos);
+    nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, now).map_err(|e| io("set the clock", e))?;
+    nix::unistd::sethostname(&req.hostname).map_err(|e| io("set the hostname", e))?;
     Ok(())
 }
 

@@ -260,7 +260,9 @@ async fn pump_output(
                 credit.spend(n);
                 let header = FrameHeader { kind: FrameKind::Data, channel, id, len: n as u32 };
                 frame[..HEADER_LEN].copy_from_slice(&header.to_bytes());
-                let frame = if n < SMALL_READ { Bytes::copy_from_slice(&frame) } else { frame.freeze() };
+                // A short read is copied out so it pins no chunk-sized buffer in the outbox.
+                let short = n < SMALL_READ || n < allowed / 2;
+                let frame = if short { Bytes::copy_from_slice(&frame) } else { frame.freeze() };
                 if sink.send(Outgoing::Encoded(frame)).await.is_err() {
                     return;
                 }

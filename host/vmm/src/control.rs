@@ -133,8 +133,10 @@ impl Snapshotter {
             vcpus.push(state);
         }
         vcpus.sort_by_key(|v| v.id);
-        let vm = VmState::capture(&self.vm.fd).map_err(|e| broken(e.to_string()))?;
+        // Devices stopped before the interrupt controllers are read: nothing raises an
+        // interrupt after that (what they raised while stopping is in their saved status).
         let devices = self.bus.quiesce().map_err(broken)?;
+        let vm = VmState::capture(&self.vm.fd).map_err(|e| broken(e.to_string()))?;
         let serial = Some(self.bus.serial_state());
         let memory_bytes = snapshot::memory::dump_to(&self.vm.memory, self.memory_size, memory_file)
             .map_err(|e| broken(e.to_string()))?;

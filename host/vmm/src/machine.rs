@@ -279,6 +279,19 @@ impl Machine {
         let vm = Vm::with_kvm(kvm, mem.clone())?;
         vm.setup_irqchip()?;
 
+        // The interrupt controllers and vCPUs first: restoring them replaces their pending
+        // state, so an interrupt a restored device raises (a pending status, vsock's reset
+        // event) must come after, or it would be wiped.
+        let mut vcpus = Vec::with_capacity(cfg.cpus as usize);
+        for id in 0..cfg.cpus {
+            vcpus.push(Vcpu::new(&vm, id, cfg.cpus)?);
+        }
+        let fds: Vec<&kvm_ioctls::VcpuFd> = vcpus.iter().map(|v| &v.fd).collect();
+        state.check_vcpus(&fds).map_err(snapshot_error)?;
+        state.vm.restore(&vm.fd).map_err(snapshot_error)?;
+        for (vcpu, saved) in vcpus.iter().zip(&state.vcpus) {
+            saved.restore(&vm.kvm, &vcpu.fd).map_err(snapshot_error)?;
+        }
         let console = ConsoleLog::to_file(console);
         let legacy = Self::legacy_bus(&vm, &console, state.serial.as_ref())?;
 
@@ -292,16 +305,6 @@ impl Machine {
         }
         let (mmio, _) = Self::attach_virtio(&vm, &mem, devices, Some(&state.devices))?;
 
-        let mut vcpus = Vec::with_capacity(cfg.cpus as usize);
-        for id in 0..cfg.cpus {
-            vcpus.push(Vcpu::new(&vm, id, cfg.cpus)?);
-        }
-        let fds: Vec<&kvm_ioctls::VcpuFd> = vcpus.iter().map(|v| &v.fd).collect();
-        state.check_vcpus(&fds).map_err(snapshot_error)?;
-        state.vm.restore(&vm.fd).map_err(snapshot_error)?;
-        for (vcpu, saved) in vcpus.iter().zip(&state.vcpus) {
-            saved.restore(&vm.kvm, &vcpu.fd).map_err(snapshot_error)?;
-        }
         Ok(Self {
             vm,
             vcpus,
@@ -370,12 +373,15 @@ impl Machine {
         let vm = Arc::new(self.vm);
         let pause = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (states_tx, states) = mpsc::channel();
+        // Every vCPU paused before any reads its state: an IPI from a still-running vCPU after
+        // one had read its LAPIC would be lost.
+        let all_paused = Arc::new(std::sync::Barrier::new(self.vcpus.len()));
         crate::vstate::vcpu::install_kick_handler()?;
         // No vCPU enters the guest before every thread, this one included, is filtered.
         let filtered = Arc::new(std::sync::Barrier::new(self.vcpus.len() + 1));
         for mut vcpu in self.vcpus {
             let (bus, tx, filtered) = (self.bus.clone(), tx.clone(), filtered.clone());
-            let (vm, pause, states_tx) = (vm.clone(), pause.clone(), states_tx.clone());
+            let (vm, pause, states_tx, all_paused) = (vm.clone(), pause.clone(), states_tx.clone(), all_paused.clone());
             let handle = crate::seccomp::spawn_filtered(
                 crate::seccomp::ThreadKind::Vcpu,
                 &format!("vcpu{}", vcpu.id()),
@@ -389,6 +395,7 @@ impl Machine {
                         Ok(Run::Exit(exit)) => exit,
                         Ok(Run::Paused) => {
                             // A snapshot: hand the state over and stay paused for good.
+                            all_paused.wait();
                             match crate::snapshot::VcpuState::capture(&vm.kvm, &vcpu.fd, id) {
                                 Ok(state) => {
                                     let _ = states_tx.send(state);

@@ -75,7 +75,7 @@ impl VmState {
         })
     }
 
-    /// Restores into a VM whose irqchip and PIT exist and whose vCPUs do not yet.
+    /// Restores into a VM whose irqchip and PIT exist, before its vCPUs' LAPICs are restored.
     pub fn restore(&self, vm: &VmFd) -> Result<(), SnapshotError> {
         vm.set_pit2(&self.pit).map_err(SnapshotError::ioctl("set PIT"))?;
         vm.set_clock(&self.clock).map_err(SnapshotError::ioctl("set clock"))?;
@@ -90,6 +90,9 @@ impl VcpuState {
     /// Reads vCPU `id`'s state; the vCPU must be out of KVM_RUN.
     pub fn capture(kvm: &Kvm, fd: &VcpuFd, id: u8) -> Result<Self, SnapshotError> {
         let cpuid = fd.get_cpuid2(KVM_MAX_CPUID_ENTRIES).map_err(SnapshotError::ioctl("get CPUID"))?;
+        // First: KVM_GET_MP_STATE processes pending INIT/SIPI, which can change the registers
+        // and the LAPIC read below (Firecracker's order; the events come last).
+        let mp_state = fd.get_mp_state().map_err(SnapshotError::ioctl("get MP state"))?;
         Ok(Self {
             id,
             cpuid: cpuid.as_slice().to_vec(),
@@ -100,7 +103,7 @@ impl VcpuState {
             xcrs: fd.get_xcrs().map_err(SnapshotError::ioctl("get XCRs"))?,
             debugregs: fd.get_debug_regs().map_err(SnapshotError::ioctl("get debug registers"))?,
             lapic: fd.get_lapic().map_err(SnapshotError::ioctl("get LAPIC"))?,
-            mp_state: fd.get_mp_state().map_err(SnapshotError::ioctl("get MP state"))?,
+            mp_state,
             events: fd.get_vcpu_events().map_err(SnapshotError::ioctl("get vCPU events"))?,
             tsc_khz: kvm.check_extension(Cap::GetTscKhz).then(|| fd.get_tsc_khz().ok()).flatten(),
         })

@@ -26,10 +26,12 @@ pub fn dump(memory: &GuestMemory, size: u64, path: &Path) -> Result<u64, Snapsho
     dump_to(memory, size, &file)
 }
 
-/// [`dump`] into a file opened by someone else (umbra-vmm's threads open no paths), which must
-/// be empty.
+/// [`dump`] into a file opened by someone else (umbra-vmm's threads open no paths); whatever it
+/// held is discarded.
 pub fn dump_to(memory: &GuestMemory, size: u64, file: &File) -> Result<u64, SnapshotError> {
     let what = || "write the memory file".to_string();
+    // Emptied first: zero pages are not written, so old bytes of a reused file would survive.
+    file.set_len(0).map_err(SnapshotError::io(what()))?;
     file.set_len(size).map_err(SnapshotError::io(what()))?;
     let mut buf = vec![0u8; CHUNK];
     let (mut offset, mut written) = (0u64, 0u64);

@@ -11,8 +11,9 @@
 //! - [`memory`]: guest memory written out sparsely (zero pages are holes), and mapped back
 //!   `MAP_PRIVATE`, so VMs restored from one memory file share every page none of them wrote.
 //!
-//! What is not here yet: pausing a running umbra-vmm and the device state (virtio transports
-//! and queues, vsock, block, rng, fs, serial); see docs/architecture.md.
+//! Pausing a running umbra-vmm and writing these files is [`crate::control`]'s; restoring is
+//! [`crate::machine::Machine::restore`]. Not covered yet: virtio-fs (its state lives in
+//! virtiofsd); see docs/architecture.md.
 
 pub mod cpu;
 pub mod file;

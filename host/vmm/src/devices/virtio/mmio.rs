@@ -211,13 +211,15 @@ impl MmioTransport {
         t.queue_sel = state.queue_sel;
         t.config_generation = state.config_generation;
         t.status = state.status;
+        // Before activation: the worker it starts may set a bit of its own at once (vsock's
+        // reset event), which a later store would wipe.
+        t.interrupt_status.store(state.interrupt_status, Ordering::SeqCst);
         if state.activated {
             t.activate();
             if !t.activated {
                 return Err(refuse("it did not activate again (see the log above)".into()));
             }
         }
-        t.interrupt_status.store(state.interrupt_status, Ordering::SeqCst);
         if state.interrupt_status != 0 {
             // An interrupt the driver had not acknowledged yet: raise it again (a spurious one
             // costs the driver one status read).
@@ -229,13 +231,15 @@ impl MmioTransport {
     /// Saves the transport's state and stops the device (its worker joined between batches, so
     /// every buffer it took is used): what a snapshot records. The device does not run again.
     pub fn quiesce(&mut self) -> Result<TransportState, TransportError> {
-        let state = self.save();
+        // Stopped first, then saved: a batch the worker finishes meanwhile sets its interrupt
+        // bit before the status is read, so the restored VM raises it again.
         if self.activated && !self.device.reset() {
             return Err(TransportError::Restore {
-                device_type: state.device_type,
+                device_type: self.device.device_type(),
                 reason: "the device cannot be stopped for a snapshot".into(),
             });
         }
+        let state = self.save();
         self.activated = false;
         Ok(state)
     }
