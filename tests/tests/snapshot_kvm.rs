@@ -2,9 +2,10 @@
 //! backend (`umbra_tests::backends()`: hardware KVM, or the nested lane's `snapshot` step; on
 //! kvm_pvm there is nothing to run). A booted guest writes a file and starts a background
 //! process; the VM is snapshotted through umbra-vmm's control socket; four VMs restored at once
-//! from the files each answer, take their own identity (`reidentify`), still have the file and
-//! the process, and draw different random numbers. Prints restore → agent ready beside boot →
-//! agent ready, and the forks' combined PSS beside four booted VMs' (measured, not asserted).
+//! from the files each announce themselves again (transport reset), answer, take their own
+//! identity (`reidentify`), still have the file and the process, and draw different random
+//! numbers. Prints restore → agent ready beside boot → agent ready, and the forks' combined
+//! PSS beside four booted VMs' (measured, not asserted).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -123,15 +124,25 @@ async fn a_linux_guest_snapshots_and_forks_into_four_vms_with_their_own_identity
     eprintln!("snapshot: {} ms, {} MiB of memory written", taken.elapsed().as_millis(), bytes >> 20);
     drop(agent);
 
-    // Four forks at once.
+    // Four forks at once. The original's agent had a host connection at snapshot time: in each
+    // fork the transport reset ends it, and the agent announces itself again.
     let mut forks = Vec::new();
     let mut ready = Vec::new();
+    let mut announcements = Vec::new();
     for i in 0..FORKS {
+        let dir = root.join(format!("fork-{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ready_path = format!("{}_{}", dir.join("vsock.sock").display(), umbra_proto::AGENT_READY_VSOCK_PORT);
+        announcements.push(tokio::net::UnixListener::bind(ready_path).unwrap());
         let started = Instant::now();
         let mut vm = Vmm::start(&spec, &root, &format!("fork-{i}"), Some(&snap));
         let agent = vm.agent().await;
         ready.push(started.elapsed());
         forks.push((vm, agent));
+    }
+    for (i, listener) in announcements.iter().enumerate() {
+        let announced = tokio::time::timeout(Duration::from_secs(10), listener.accept()).await;
+        assert!(matches!(announced, Ok(Ok(_))), "fork {i}: the agent did not announce itself after the restore");
     }
     let mut seen = Vec::new();
     for (i, (_, agent)) in forks.iter().enumerate() {

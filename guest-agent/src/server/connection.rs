@@ -61,6 +61,15 @@ pub enum ConnectionError {
     WriterGone,
 }
 
+impl ConnectionError {
+    /// Whether the stream failed with ECONNRESET: how Linux's vsock ends every connected socket
+    /// when the transport is reset (a VM restored from a snapshot). A host that closes its end
+    /// gives end-of-stream instead.
+    pub fn is_transport_reset(&self) -> bool {
+        matches!(self, ConnectionError::Decode(umbra_proto::DecodeError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset)
+    }
+}
+
 pub async fn serve_connection<S: AsyncRead + AsyncWrite + Send + 'static>(
     agent: Arc<Agent>,
     stream: S,
@@ -301,5 +310,32 @@ mod tests {
         assert_eq!((f.kind, f.id), (FrameKind::Error, 9));
         let small = Frame::new(FrameKind::Response, 1, &b"{}"[..]);
         assert_eq!(fit(small.clone()), small);
+    }
+
+    /// A reader that fails the way a vsock socket does after a transport reset.
+    struct Reset;
+
+    impl AsyncRead for Reset {
+        fn poll_read(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            _: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Err(std::io::ErrorKind::ConnectionReset.into()))
+        }
+    }
+
+    #[tokio::test]
+    async fn only_a_reset_stream_counts_as_a_transport_reset() {
+        let first_error =
+            |e: Option<Result<Frame, umbra_proto::DecodeError>>| ConnectionError::Decode(e.unwrap().unwrap_err());
+        let reset = first_error(FramedRead::new(Reset, FrameCodec::new()).next().await);
+        assert!(reset.is_transport_reset(), "{reset}");
+        // A host that hangs up mid-frame, or sends garbage, is not a restore.
+        let truncated = first_error(FramedRead::new(&[0u8, 0, 0][..], FrameCodec::new()).next().await);
+        assert!(!truncated.is_transport_reset(), "{truncated}");
+        let other = ConnectionError::Decode(std::io::Error::from(std::io::ErrorKind::BrokenPipe).into());
+        assert!(!other.is_transport_reset());
+        assert!(!ConnectionError::WriterGone.is_transport_reset());
     }
 }

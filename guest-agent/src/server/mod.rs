@@ -61,7 +61,7 @@ pub async fn serve(agent: Arc<Agent>, addr: &ListenAddr) -> anyhow::Result<()> {
                 tokio::net::UnixListener::bind(path).with_context(|| format!("cannot listen on {path:?}"))?;
             tracing::info!(?path, "listening");
             let listener = &listener;
-            accept_forever(&agent, || async move { listener.accept().await.map(|(s, _)| s) }).await
+            accept_forever(&agent, false, || async move { listener.accept().await.map(|(s, _)| s) }).await
         }
         ListenAddr::Vsock(port) => {
             let addr = tokio_vsock::VsockAddr::new(tokio_vsock::VMADDR_CID_ANY, *port);
@@ -70,7 +70,7 @@ pub async fn serve(agent: Arc<Agent>, addr: &ListenAddr) -> anyhow::Result<()> {
             tracing::info!(port, "listening on vsock");
             tokio::spawn(announce_ready());
             let listener = &listener;
-            accept_forever(&agent, || async move { listener.accept().await.map(|(s, _)| s) }).await
+            accept_forever(&agent, true, || async move { listener.accept().await.map(|(s, _)| s) }).await
         }
     }
 }
@@ -88,7 +88,7 @@ async fn announce_ready() {
 
 /// Serves every accepted connection; accept errors (fd exhaustion, aborted connections) back
 /// off and retry — they must never end PID 1.
-async fn accept_forever<S, F, Fut>(agent: &Arc<Agent>, mut accept: F) -> anyhow::Result<()>
+async fn accept_forever<S, F, Fut>(agent: &Arc<Agent>, vsock: bool, mut accept: F) -> anyhow::Result<()>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
     F: FnMut() -> Fut,
@@ -99,7 +99,7 @@ where
         match accept().await {
             Ok(stream) => {
                 backoff.reset();
-                spawn_connection(agent, stream);
+                spawn_connection(agent, stream, vsock);
             }
             Err(e) => backoff.wait(e).await,
         }
@@ -139,11 +139,20 @@ impl Backoff {
     }
 }
 
-fn spawn_connection<S: AsyncRead + AsyncWrite + Send + 'static>(agent: &Arc<Agent>, stream: S) {
+/// On vsock, a connection reset by the transport (not closed by the host) means the VM was
+/// restored from a snapshot: the guest's driver got a transport-reset event and reset every
+/// connected socket with ECONNRESET, while the host side no longer exists. The agent then
+/// announces itself again, as at boot, so the host learns at once that it can reconnect.
+fn spawn_connection<S: AsyncRead + AsyncWrite + Send + 'static>(agent: &Arc<Agent>, stream: S, vsock: bool) {
     let agent = agent.clone();
     tokio::spawn(async move {
         if let Err(e) = serve_connection(agent, stream).await {
-            tracing::warn!("connection ended: {e}");
+            if vsock && e.is_transport_reset() {
+                tracing::info!("the host connection was reset by the transport (a restore): announcing again");
+                announce_ready().await;
+            } else {
+                tracing::warn!("connection ended: {e}");
+            }
         }
     });
 }
