@@ -9,6 +9,9 @@
 //!   backend beside the `qemu` backend booting the same bundle, as a ratio.
 //! - Both beside Firecracker when a binary is found ([`crate::anchor_firecracker`]): the same
 //!   bare guest, and the same kernel and initramfs to agent ready, runs interleaved.
+//! - Restore (hardware KVM): one snapshot of the booted guest, then process launch → restored
+//!   guest's agent answered, beside launch → agent ready for a boot in the same harness, and
+//!   beside Firecracker restoring its own snapshot of the same guest (interleaved).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -17,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use umbra_runtime::backend::{kvm, BackendKind, BootImage, KvmKind};
+use umbra_runtime::backend::{kvm, BackendKind, BootImage, KvmKind, VmSpec};
 use umbra_vmm::bare::BareGuest;
 
 use crate::bench::{median, median_boot_time, ms};
@@ -174,6 +177,133 @@ async fn linux_boots(args: &VmmBenchArgs, firecracker: Option<&Path>) -> anyhow:
     Ok(())
 }
 
+/// umbra-vmm as the restore rows run it: unjailed (as Firecracker runs here), with a control
+/// socket, in its own directory; killed when dropped.
+struct UmbraVmm {
+    child: std::process::Child,
+    dir: PathBuf,
+}
+
+impl Drop for UmbraVmm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl UmbraVmm {
+    /// Starts `vmm` for `spec` in `dir`, booting or, with `restore`, resuming a snapshot.
+    fn start(vmm: &Path, spec: &VmSpec, dir: &Path, restore: Option<&Path>) -> anyhow::Result<UmbraVmm> {
+        for stale in ["vsock.sock", "control.sock"] {
+            let _ = std::fs::remove_file(dir.join(stale));
+        }
+        let mut cfg = kvm::vm_config(spec, &dir.join("vsock.sock"), None, false);
+        cfg["control"] = serde_json::json!(dir.join("control.sock"));
+        std::fs::write(dir.join("vm.json"), cfg.to_string())?;
+        let mut cmd = Command::new(vmm);
+        cmd.arg("--config").arg(dir.join("vm.json"));
+        if let Some(snapshot) = restore {
+            cmd.arg("--restore").arg(snapshot);
+        }
+        let log = std::fs::File::create(dir.join("umbra-vmm.log"))?;
+        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().context("start umbra-vmm")?;
+        Ok(UmbraVmm { child, dir: dir.to_path_buf() })
+    }
+
+    /// Waits until the agent answers the handshake.
+    async fn agent(&mut self) -> anyhow::Result<umbra_runtime::agent::AgentClient> {
+        let t = Instant::now();
+        let uds = self.dir.join("vsock.sock");
+        while t.elapsed() < Duration::from_secs(60) {
+            if let Some(status) = self.child.try_wait()? {
+                let log = std::fs::read_to_string(self.dir.join("umbra-vmm.log")).unwrap_or_default();
+                bail!("umbra-vmm exited ({status}) before its agent answered: {log}");
+            }
+            let connect = umbra_runtime::agent::AgentClient::connect_hybrid_vsock(&uds, umbra_proto::AGENT_VSOCK_PORT);
+            if let Ok(Ok(agent)) = tokio::time::timeout(Duration::from_secs(2), connect).await {
+                return Ok(agent);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        bail!("umbra-vmm's agent did not answer within 60 s")
+    }
+}
+
+/// Restore → agent ready for umbra-vmm, beside its own boot and beside Firecracker's restore.
+async fn linux_restores(vmm: &Path, image: &BootImage, runs: usize, firecracker: Option<&Path>) -> anyhow::Result<()> {
+    let spec = VmSpec::new(image.clone());
+    let scratch = std::env::temp_dir().join(format!("umbra-bench-restore-{}", std::process::id()));
+    let (boot_dir, restore_dir, snap, fc_dir) =
+        (scratch.join("boot"), scratch.join("restore"), scratch.join("snapshot"), scratch.join("fc"));
+    for d in [&boot_dir, &restore_dir, &snap, &fc_dir] {
+        std::fs::create_dir_all(d)?;
+    }
+    let measured = async {
+        // The snapshot: a booted guest whose agent answered.
+        let mut original = UmbraVmm::start(vmm, &spec, &boot_dir, None)?;
+        original.agent().await?;
+        let (state, memory) = (std::fs::File::create(snap.join("state"))?, std::fs::File::create(snap.join("memory"))?);
+        let t = Instant::now();
+        let bytes =
+            kvm::request_snapshot(&boot_dir.join("control.sock"), &state, &memory).map_err(anyhow::Error::msg)?;
+        let status = original.child.wait()?;
+        anyhow::ensure!(status.code() == Some(6), "umbra-vmm ended with {status} after the snapshot, not 6");
+        println!(
+            "{:<40} {:>8.1} ms ({} MiB of {} MiB guest memory written)",
+            "linux: umbra-vmm snapshot",
+            ms(t.elapsed()),
+            bytes >> 20,
+            spec.memory_mib
+        );
+        drop(original);
+        let fc_snap = match firecracker {
+            Some(fc) => Some(crate::anchor_firecracker::snapshot_linux(fc, image, spec.memory_mib, &fc_dir).await?),
+            None => None,
+        };
+        let (mut boots, mut restores, mut fc_restores) = (Vec::new(), Vec::new(), Vec::new());
+        for run in 0..runs {
+            let t = Instant::now();
+            UmbraVmm::start(vmm, &spec, &boot_dir, None)?.agent().await?;
+            boots.push(t.elapsed());
+            // Interleaved, each going first in turn.
+            for fc_turn in [run % 2 == 1, run % 2 == 0] {
+                match (fc_turn, &fc_snap, firecracker) {
+                    (true, Some(s), Some(fc)) => {
+                        fc_restores.push(crate::anchor_firecracker::restore_once(fc, s).await?)
+                    }
+                    (false, _, _) => {
+                        let t = Instant::now();
+                        UmbraVmm::start(vmm, &spec, &restore_dir, Some(&snap))?.agent().await?;
+                        restores.push(t.elapsed());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let (boot, restore) = (median(boots), median(restores));
+        println!("{:<40} median {:>8.1} ms", "linux: umbra-vmm launch -> agent ready", ms(boot));
+        println!(
+            "{:<40} median {:>8.1} ms   ratio restore / boot {:.3}",
+            "linux: umbra-vmm restore -> agent ready",
+            ms(restore),
+            restore.as_secs_f64() / boot.as_secs_f64()
+        );
+        if !fc_restores.is_empty() {
+            let theirs = median(fc_restores);
+            println!(
+                "{:<40} median {:>8.1} ms   ratio umbra-vmm / firecracker {:.2}",
+                "linux: firecracker restore -> agent ready",
+                ms(theirs),
+                restore.as_secs_f64() / theirs.as_secs_f64()
+            );
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&scratch);
+    measured
+}
+
 pub async fn vmm(args: VmmBenchArgs) -> anyhow::Result<()> {
     let vmm = kvm::find_vmm().context("umbra-vmm not found (build it next to vmctl or set UMBRA_VMM_BIN)")?;
     let kvm_kind = KvmKind::detect();
@@ -251,7 +381,9 @@ pub async fn vmm(args: VmmBenchArgs) -> anyhow::Result<()> {
     result?;
 
     if kvm_kind == KvmKind::Hardware {
-        linux_boots(&args, firecracker.as_deref()).await
+        linux_boots(&args, firecracker.as_deref()).await?;
+        let image = BootImage::from_bundle_dir(&crate::run::bundle_dir(&args.bundle)?, &paths::extracted_dir())?;
+        linux_restores(&vmm, &image, args.boot_runs.max(1), firecracker.as_deref()).await
     } else {
         println!("linux boot comparison skipped: /dev/kvm is kvm_pvm, which cannot boot Linux (run it in scripts/nested-lane)");
         Ok(())
