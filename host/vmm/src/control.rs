@@ -25,7 +25,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bus::IoBus;
-use crate::devices::virtio::device_type;
 use crate::exit::VmExit;
 use crate::snapshot::{self, SnapshotState, VcpuState, VmState};
 use crate::vstate::vcpu::kick;
@@ -117,11 +116,6 @@ fn read_request(stream: &UnixStream) -> Result<(Request, Vec<File>), String> {
 
 impl Snapshotter {
     fn take(&self, state_file: &File, memory_file: &File) -> Result<serde_json::Value, Failure> {
-        if self.bus.device_types().contains(&device_type::FS) {
-            return Err(Failure::Refused(
-                "a VM with shared folders cannot be snapshotted yet (virtio-fs state lives in virtiofsd)".into(),
-            ));
-        }
         self.pause.store(true, Ordering::Release);
         let broken = |e: String| Failure::Broken(e);
         let mut vcpus = Vec::with_capacity(self.vcpus.len());

@@ -269,13 +269,18 @@ impl Machine {
                 cfg.cpus
             )));
         }
-        if !cfg.fs.is_empty() {
-            return Err(MachineError::Snapshot("shared folders cannot be restored yet".into()));
-        }
         let vsock_socket = files.vsock_path().map(Path::to_path_buf);
         let HostFiles { kvm, disks, console, vsock, fs, control, .. } = files;
-        let mem =
-            crate::snapshot::memory::map_private_file(&memory_file, &memory_path, size).map_err(snapshot_error)?;
+        // virtiofsd maps guest memory from a descriptor: with shared folders it is a copy in a
+        // memfd of its own, not the file mapped privately.
+        let (mem, memfd) = if cfg.fs.is_empty() {
+            let mem = crate::snapshot::memory::map_private_file(&memory_file, &memory_path, size);
+            (mem.map_err(snapshot_error)?, None)
+        } else {
+            let (mem, fd) =
+                crate::snapshot::memory::copy_to_memfd(&memory_file, &memory_path, size).map_err(snapshot_error)?;
+            (mem, Some(fd))
+        };
         let vm = Vm::with_kvm(kvm, mem.clone())?;
         vm.setup_irqchip()?;
 
@@ -310,7 +315,7 @@ impl Machine {
             vcpus,
             bus: Arc::new(IoBus::new(legacy, mmio)),
             console,
-            _memfd: None,
+            _memfd: memfd,
             vsock_socket,
             control,
             memory_size: size,

@@ -22,7 +22,7 @@ use super::SnapshotError;
 
 pub const MAGIC: [u8; 8] = *b"UMBRASNP";
 /// Bumped whenever the body's meaning changes; a reader refuses every other version.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 const HEADER_LEN: usize = 52;
 /// Bounds what a reader allocates for a body: far above any real state (a few hundred KiB for
 /// the largest vCPU count), far below what a hostile length could ask for.
@@ -121,7 +121,7 @@ mod tests {
         assert!(err(b"{\"json\": 1}").contains("not an umbra snapshot"), "{}", err(b"{}"));
         let mut other = good.clone();
         other[8..12].copy_from_slice(&7u32.to_le_bytes());
-        assert!(err(&other).contains("format version 7; this umbra-vmm reads version 1"), "{}", err(&other));
+        assert!(err(&other).contains("format version 7; this umbra-vmm reads version 2"), "{}", err(&other));
         assert!(err(&good[..good.len() - 1]).contains("truncated"), "{}", err(&good[..good.len() - 1]));
         assert!(err(&good[..30]).contains("truncated"));
         for at in [HEADER_LEN, good.len() / 2, good.len() - 1] {

@@ -5,6 +5,10 @@
 //! maps it `MAP_PRIVATE`: a page is read from the file (the page cache, shared by every VM
 //! restored from it) until the guest writes it, and a write copies that one page into the
 //! VM's own memory, never into the file.
+//!
+//! A VM with shared folders cannot be mapped that way: virtiofsd maps guest memory from the
+//! descriptor the VMM sends it, so guest memory must be one shared memfd. Such a restore copies
+//! the file's data into a new memfd ([`copy_to_memfd`]) and shares no page with its siblings.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -13,7 +17,7 @@ use std::path::Path;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 
 use super::SnapshotError;
-use crate::vstate::memory::{ram_ranges, GuestMemory};
+use crate::vstate::memory::{memfd_backed, ram_ranges, GuestMemory};
 
 const PAGE: usize = 4096;
 /// Guest memory is copied out this much at a time.
@@ -92,6 +96,43 @@ pub fn map_private_file(file: &File, path: &Path, size: u64) -> Result<GuestMemo
     GuestMemoryMmap::from_regions(regions).map_err(|e| SnapshotError::Mismatch(e.to_string()))
 }
 
+/// A new memfd-backed guest memory of `size` bytes holding the memory file's contents (only
+/// its data is copied; holes stay holes), for a VM whose memory is shared with a vhost-user
+/// backend. Returns the memory and the memfd, as [`memfd_backed`] does.
+pub fn copy_to_memfd(file: &File, path: &Path, size: u64) -> Result<(GuestMemory, File), SnapshotError> {
+    use std::os::fd::AsRawFd;
+    let len = file.metadata().map_err(SnapshotError::io(format!("stat {}", path.display())))?.len();
+    if len != size {
+        return Err(SnapshotError::Mismatch(format!(
+            "the memory file {} has {len} bytes; the state says the guest has {size}",
+            path.display()
+        )));
+    }
+    let (memory, memfd) = memfd_backed(size as usize).map_err(|e| SnapshotError::Mismatch(e.to_string()))?;
+    let what = || format!("copy the memory file {} into guest memory", path.display());
+    let mut buf = vec![0u8; CHUNK];
+    let mut at = 0u64;
+    while at < size {
+        // SAFETY: lseek only reads the fd's extent map.
+        let data = unsafe { libc::lseek(file.as_raw_fd(), at as libc::off_t, libc::SEEK_DATA) };
+        if data < 0 || data as u64 >= size {
+            break;
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE) };
+        let end = if hole < 0 { size } else { (hole as u64).min(size) };
+        let mut from = data as u64;
+        while from < end {
+            let n = (end - from).min(CHUNK as u64) as usize;
+            file.read_exact_at(&mut buf[..n], from).map_err(SnapshotError::io(what()))?;
+            memfd.write_all_at(&buf[..n], from).map_err(SnapshotError::io(what()))?;
+            from += n as u64;
+        }
+        at = end;
+    }
+    Ok((memory, memfd))
+}
+
 /// Maps, read-only and shared with the page cache, every page of `file[offset..offset+len]`
 /// (mapped at `host`) that holds data — what the guest had touched — so its first reads after a
 /// restore take no host page fault; the holes stay unmapped, and a write still copies just that
@@ -146,6 +187,14 @@ mod tests {
         drop((a, b));
         let file = std::fs::read(&path).unwrap();
         assert_eq!(u64::from_le_bytes(file[0x1000..0x1008].try_into().unwrap()), 0xfeed, "the file is unchanged");
+
+        // A copy for a VM with shared folders: the same bytes, in memory of its own.
+        let (c, _memfd) = copy_to_memfd(&File::open(&path).unwrap(), &path, size).unwrap();
+        assert_eq!(c.read_obj::<u64>(GuestAddress(0x1000)).unwrap(), 0xfeed);
+        assert_eq!(c.read_obj::<u64>(GuestAddress(size - 8)).unwrap(), 0xbeef);
+        assert_eq!(c.read_obj::<u64>(GuestAddress(0x2000)).unwrap(), 0, "a hole reads as zero");
+        let e = copy_to_memfd(&File::open(&path).unwrap(), &path, size * 2).unwrap_err().to_string();
+        assert!(e.contains("has 8388608 bytes"), "{e}");
 
         let e = map_private(&path, size * 2).unwrap_err().to_string();
         assert!(e.contains("has 8388608 bytes; the state says the guest has 16777216"), "{e}");

@@ -9,6 +9,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+use base64::Engine as _;
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -106,6 +107,10 @@ pub struct TransportState {
     pub interrupt_status: u32,
     pub activated: bool,
     pub queues: Vec<QueueConfig>,
+    /// What the device itself keeps beyond the transport ([`VirtioDevice::quiesce`]), base64;
+    /// empty for most devices.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub device_state: String,
 }
 
 /// What the driver set up for one queue.
@@ -147,6 +152,7 @@ impl MmioTransport {
     /// quiesced (see [`TransportState`]).
     pub fn save(&self) -> TransportState {
         TransportState {
+            device_state: String::new(),
             device_type: self.device.device_type(),
             status: self.status,
             acked_features: self.acked_features,
@@ -186,7 +192,10 @@ impl MmioTransport {
             return Err(refuse(format!("the machine has device {} in its place", device.device_type())));
         }
         let mut device = device;
-        device.prepare_restore();
+        let device_state = base64::engine::general_purpose::STANDARD
+            .decode(&state.device_state)
+            .map_err(|e| refuse(format!("its saved device state is not base64: {e}")))?;
+        device.prepare_restore(&device_state).map_err(refuse)?;
         let mut t = Self::new(device, mem)?;
         if t.queues.len() != state.queues.len() {
             return Err(refuse(format!("{} queues saved, the device has {}", state.queues.len(), t.queues.len())));
@@ -233,13 +242,14 @@ impl MmioTransport {
     pub fn quiesce(&mut self) -> Result<TransportState, TransportError> {
         // Stopped first, then saved: a batch the worker finishes meanwhile sets its interrupt
         // bit before the status is read, so the restored VM raises it again.
-        if self.activated && !self.device.reset() {
-            return Err(TransportError::Restore {
-                device_type: self.device.device_type(),
-                reason: "the device cannot be stopped for a snapshot".into(),
-            });
-        }
-        let state = self.save();
+        let device_state = if self.activated {
+            let device_type = self.device.device_type();
+            self.device.quiesce().map_err(|reason| TransportError::Restore { device_type, reason })?
+        } else {
+            Vec::new()
+        };
+        let mut state = self.save();
+        state.device_state = base64::engine::general_purpose::STANDARD.encode(device_state);
         self.activated = false;
         Ok(state)
     }

@@ -108,9 +108,26 @@ pub trait VirtioDevice: Send {
         acked_features: u64,
         queues: Vec<ActiveQueue>,
     ) -> Result<(), ActivateError>;
+    /// Stops the device for a snapshot (its worker joined between batches, so every buffer it
+    /// took is used) and returns the state the transport cannot see, if any (virtio-fs:
+    /// virtiofsd's). By default the device is reset and has no state of its own.
+    fn quiesce(&mut self) -> Result<Vec<u8>, String> {
+        if self.reset() {
+            Ok(Vec::new())
+        } else {
+            Err("the device cannot be stopped for a snapshot".into())
+        }
+    }
     /// Called on a device about to be activated by a restored transport (the driver set it up
-    /// in the VM the snapshot was taken of): e.g. vsock tells the driver its connections are gone.
-    fn prepare_restore(&mut self) {}
+    /// in the VM the snapshot was taken of), with what [`VirtioDevice::quiesce`] returned: e.g.
+    /// vsock tells the driver its connections are gone, virtio-fs loads virtiofsd's state.
+    fn prepare_restore(&mut self, state: &[u8]) -> Result<(), String> {
+        if state.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} bytes of device state saved for a device that keeps none", state.len()))
+        }
+    }
     /// Stops the worker and drops the queues, so the driver can set the device up again.
     /// Returns false if the device cannot be reset (the transport then marks it failed).
     fn reset(&mut self) -> bool {

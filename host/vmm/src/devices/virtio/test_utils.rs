@@ -102,6 +102,11 @@ impl<'a> TestDriver<'a> {
         self.set_avail_idx(self.avail_idx);
     }
 
+    /// How many buffers the driver made available so far (the available ring's index).
+    pub fn avail_idx(&self) -> u16 {
+        self.avail_idx
+    }
+
     /// Writes the available ring's index directly (a hostile driver may claim anything).
     pub fn set_avail_idx(&self, idx: u16) {
         self.mem.write_obj(idx.to_le(), GuestAddress(self.avail + 2)).unwrap();

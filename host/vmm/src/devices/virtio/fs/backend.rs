@@ -8,23 +8,31 @@
 //! eventfd first, so the backend can signal from the first request it takes). At reset
 //! ([`Backend::stop`]): GET_VRING_BASE per started ring (which stops it) and RESET_DEVICE.
 //!
+//! For a snapshot ([`Backend::save_state`]): GET_VRING_BASE per ring, then SET_DEVICE_STATE_FD
+//! (save, phase "stopped") with a pipe's write end, the state read to end-of-file, and
+//! CHECK_DEVICE_STATE. virtiofsd's state is its FUSE session: negotiated options, every inode
+//! the guest holds (by path in the shared directory) and every open handle. On restore
+//! ([`Backend::load_state`]), before the rings start, the same with a pipe's read end: a new
+//! virtiofsd — over another directory, for a fork — takes up the session where it was.
+//!
 //! Each phase (negotiation, start, stop) must finish within [`BACKEND_TIMEOUT`], or the
 //! [`Watchdog`] shuts the socket down, so a backend that stops answering fails the device rather
 //! than hanging the vCPU thread that activates or resets it. After any failed exchange the
 //! connection is out of step (a late reply would be read as the answer to the next request), so
 //! the backend is marked broken and refuses everything afterwards.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use vhost::vhost_user::message::VhostUserHeaderFlag;
+use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vm_memory::GuestMemoryBackend;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::transfer;
 use super::watchdog::Watchdog;
 use crate::vstate::memory::GuestMemory;
 
@@ -34,8 +42,16 @@ pub const BACKEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The protocol features this frontend uses when the backend offers them.
 fn wanted_protocol_features() -> VhostUserProtocolFeatures {
-    VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::RESET_DEVICE
+    VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::RESET_DEVICE
+        | VhostUserProtocolFeatures::DEVICE_STATE
 }
+
+/// The most device state accepted from or sent to a backend: virtiofsd's is a few hundred bytes
+/// per inode the guest holds, so this allows tens of thousands while bounding what a confused
+/// backend can make the VMM hold.
+pub const MAX_DEVICE_STATE: usize = 16 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
@@ -62,6 +78,8 @@ pub enum FsError {
     EventFd(std::io::Error),
     #[error("cannot start the virtio-fs interrupt thread: {0}")]
     Thread(std::io::Error),
+    #[error("moving virtiofsd's state at {}: {reason}", socket.display())]
+    State { socket: PathBuf, reason: String },
 }
 
 /// One ring to start: the driver's queue, translated to addresses in this process (which the
@@ -73,6 +91,8 @@ pub struct RingSetup<'a> {
     pub desc_table: u64,
     pub avail_ring: u64,
     pub used_ring: u64,
+    /// Where the backend takes up the ring: 0 at boot, the used ring's index on restore.
+    pub base: u16,
     pub kick: &'a EventFd,
     pub call: &'a EventFd,
 }
@@ -225,7 +245,7 @@ impl Backend {
             self.check("SET_VRING_NUM", r)?;
             let r = self.frontend.set_vring_addr(ring.index, &config);
             self.check("SET_VRING_ADDR", r)?;
-            let r = self.frontend.set_vring_base(ring.index, 0);
+            let r = self.frontend.set_vring_base(ring.index, ring.base);
             self.check("SET_VRING_BASE", r)?;
             // Recorded before the kick: from SET_VRING_KICK on the backend may run the ring.
             self.started.push(ring.index);
@@ -262,6 +282,77 @@ impl Backend {
         }
         let r = self.frontend.reset_device();
         self.check("RESET_DEVICE", r)
+    }
+
+    /// Stops every started ring and reads the backend's device state (its FUSE session), for a
+    /// snapshot. The backend is left stopped with its state intact (no RESET_DEVICE): the VM
+    /// ends after a snapshot. Fails, leaving the connection broken, if the backend cannot
+    /// save its state (no VHOST_USER_PROTOCOL_F_DEVICE_STATE, virtiofsd before 1.9) or does not
+    /// within [`Backend`]'s timeout.
+    pub fn save_state(&mut self) -> Result<Vec<u8>, FsError> {
+        self.check_state_transfer()?;
+        let _deadline = self.watchdog.arm(self.timeout);
+        for index in std::mem::take(&mut self.started) {
+            let r = self.frontend.get_vring_base(index);
+            self.check("GET_VRING_BASE", r)?;
+        }
+        let (read_end, write_end) = self.pipe()?;
+        let r = self.frontend.set_device_state_fd(
+            VhostTransferStateDirection::SAVE,
+            VhostTransferStatePhase::STOPPED,
+            write_end,
+        );
+        // The write end was sent and closed here: end-of-file comes when the backend is done.
+        self.check("SET_DEVICE_STATE_FD", r)?;
+        let state = transfer::read_all(read_end, MAX_DEVICE_STATE, Instant::now() + self.timeout);
+        let state = state.map_err(|reason| self.state_error(reason))?;
+        let r = self.frontend.check_device_state();
+        self.check("CHECK_DEVICE_STATE", r)?;
+        Ok(state)
+    }
+
+    /// Hands the backend the device state a snapshot saved, before its rings start. Fails,
+    /// leaving the connection broken, if the backend cannot load it (it says why in its log:
+    /// for virtiofsd, a path that no longer exists in the shared directory).
+    pub fn load_state(&mut self, state: &[u8]) -> Result<(), FsError> {
+        self.check_state_transfer()?;
+        if state.len() > MAX_DEVICE_STATE {
+            return Err(self.state_error(format!("{} bytes exceed {MAX_DEVICE_STATE}", state.len())));
+        }
+        let _deadline = self.watchdog.arm(self.timeout);
+        let (read_end, write_end) = self.pipe()?;
+        let r = self.frontend.set_device_state_fd(
+            VhostTransferStateDirection::LOAD,
+            VhostTransferStatePhase::STOPPED,
+            read_end,
+        );
+        self.check("SET_DEVICE_STATE_FD", r)?;
+        transfer::write_all(write_end, state, Instant::now() + self.timeout)
+            .map_err(|reason| self.state_error(reason))?;
+        let r = self.frontend.check_device_state();
+        self.check("CHECK_DEVICE_STATE", r)
+    }
+
+    fn check_state_transfer(&mut self) -> Result<(), FsError> {
+        if self.broken {
+            return Err(FsError::Broken { socket: self.socket.clone() });
+        }
+        if !self.protocol.contains(VhostUserProtocolFeatures::DEVICE_STATE) {
+            self.broken = true;
+            return Err(self.unsupported(
+                "cannot save or load its state (no VHOST_USER_PROTOCOL_F_DEVICE_STATE; virtiofsd 1.9 or later has it)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn pipe(&mut self) -> Result<(OwnedFd, OwnedFd), FsError> {
+        transfer::pipe().map_err(|e| self.state_error(format!("cannot create a pipe: {e}")))
+    }
+
+    fn state_error(&mut self, reason: String) -> FsError {
+        self.broken = true;
+        FsError::State { socket: self.socket.clone(), reason }
     }
 
     /// Passes a result through, marking the connection broken if the exchange failed.

@@ -163,6 +163,7 @@ fn ring_setup<'a>(
         desc_table: host_address(mem, q.desc_table(), 16 * size, index, "descriptor table")?,
         avail_ring: host_address(mem, q.avail_ring(), 6 + 2 * size, index, "available ring")?,
         used_ring: host_address(mem, q.used_ring(), 6 + 8 * size, index, "used ring")?,
+        base: q.next_avail(),
         kick: &active.notify,
         call,
     })
@@ -211,6 +212,27 @@ impl VirtioDevice for FsDevice {
             .map_err(|e| ActivateError::Other(format!("virtio-fs {:?}: {e}", self.tag)))?;
         self.forwarder = Some(forwarder);
         Ok(())
+    }
+
+    /// The device as a snapshot records it: the interrupt thread stopped, then the backend's
+    /// rings, and virtiofsd's FUSE session read out (see [`Backend::save_state`]).
+    fn quiesce(&mut self) -> Result<Vec<u8>, String> {
+        let Some(mut forwarder) = self.forwarder.take() else { return Ok(Vec::new()) };
+        forwarder.stop();
+        if forwarder.hung_up() {
+            self.backend.set_broken();
+        }
+        self.backend.save_state().map_err(|e| format!("virtio-fs {:?}: {e}", self.tag))
+    }
+
+    /// Gives the new virtiofsd the FUSE session the snapshot saved, before the restored
+    /// transport activates the device again: the guest's inodes and open files are found by
+    /// their paths in the directory this virtiofsd serves.
+    fn prepare_restore(&mut self, state: &[u8]) -> Result<(), String> {
+        if state.is_empty() {
+            return Ok(());
+        }
+        self.backend.load_state(state).map_err(|e| format!("virtio-fs {:?}: {e}", self.tag))
     }
 
     /// Stops the interrupt thread, then the backend's rings (GET_VRING_BASE) and its device state

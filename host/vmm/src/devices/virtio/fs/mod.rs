@@ -11,7 +11,8 @@
 //!
 //! Files: [`device`] is the virtio device (features, the `tag` config space, activation and reset);
 //! [`backend`] is the vhost-user connection (feature negotiation, memory table, starting and
-//! stopping rings); [`watchdog`] puts a deadline on each phase of that conversation, so a stuck
+//! stopping rings, saving and loading virtiofsd's state for snapshots, through [`transfer`]);
+//! [`watchdog`] puts a deadline on each phase of that conversation, so a stuck
 //! backend fails the device instead of hanging a vCPU; [`call_forwarder`] is the interrupt
 //! thread, which also notices when virtiofsd hangs up.
 //!
@@ -20,6 +21,7 @@
 pub mod backend;
 pub mod call_forwarder;
 pub mod device;
+mod transfer;
 pub mod watchdog;
 
 #[cfg(test)]

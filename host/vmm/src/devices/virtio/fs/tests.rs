@@ -28,6 +28,9 @@ const HIPRIO_SIZE: u16 = 16;
 const WAIT: Duration = Duration::from_secs(10);
 
 const FUSE_LOOKUP: u32 = 1;
+const FUSE_GETATTR: u32 = 3;
+const FUSE_OPEN: u32 = 14;
+const FUSE_READ: u32 = 15;
 const FUSE_INIT: u32 = 26;
 const FUSE_ROOT_ID: u64 = 1;
 
@@ -130,6 +133,20 @@ fn fuse_call(
     (opcode, unique, nodeid): (u32, u64, u64),
     body: &[u8],
 ) -> (Vec<u8>, Duration) {
+    let (out, took) = fuse_try(d, b, kick, irq, (opcode, unique, nodeid), body);
+    assert_eq!(u32_at(&out, 4) as i32, 0, "FUSE error for opcode {opcode}");
+    (out, took)
+}
+
+/// [`fuse_call`] without the check for error 0: the reply's `error` is at offset 4.
+fn fuse_try(
+    d: &mut TestDriver,
+    b: &Buffers,
+    kick: &EventFd,
+    irq: &CountingInterrupt,
+    (opcode, unique, nodeid): (u32, u64, u64),
+    body: &[u8],
+) -> (Vec<u8>, Duration) {
     let request = [in_header(body.len(), opcode, unique, nodeid), body.to_vec()].concat();
     assert!(request.len() <= REQUEST_MAX as usize);
     d.write(b.request, &request);
@@ -146,7 +163,6 @@ fn fuse_call(
     // struct fuse_out_header { u32 len; i32 error; u64 unique; }
     assert!(len >= 16, "reply of {len} bytes");
     assert_eq!(u32_at(&out, 0), len, "out header length = used length");
-    assert_eq!(u32_at(&out, 4) as i32, 0, "FUSE error for opcode {opcode}");
     assert_eq!(u64_at(&out, 8), unique);
     (out, took)
 }
@@ -181,6 +197,78 @@ fn fuse_lookup(
     assert_eq!(out.len(), 16 + 128, "fuse_entry_out");
     assert_ne!(u64_at(&out, 16), 0, "a node id");
     (u64_at(&out, 16 + 40 + 8), took)
+}
+
+/// FUSE_LOOKUP of `name` in the root; returns its node id.
+fn fuse_lookup_node(
+    d: &mut TestDriver,
+    b: &Buffers,
+    kick: &EventFd,
+    irq: &CountingInterrupt,
+    unique: u64,
+    name: &str,
+) -> u64 {
+    let body = [name.as_bytes(), b"\0"].concat();
+    let (out, _) = fuse_call(d, b, kick, irq, (FUSE_LOOKUP, unique, FUSE_ROOT_ID), &body);
+    u64_at(&out, 16)
+}
+
+/// FUSE_GETATTR of `nodeid`: the reply's error, and `attr.size` when there is none.
+///
+/// ```text
+/// struct fuse_getattr_in { u32 getattr_flags, dummy; u64 fh; }
+/// struct fuse_attr_out { u64 attr_valid; u32 attr_valid_nsec, dummy; struct fuse_attr attr; }
+/// ```
+fn fuse_getattr(
+    d: &mut TestDriver,
+    b: &Buffers,
+    kick: &EventFd,
+    irq: &CountingInterrupt,
+    unique: u64,
+    nodeid: u64,
+) -> (i32, u64) {
+    let (out, _) = fuse_try(d, b, kick, irq, (FUSE_GETATTR, unique, nodeid), &[0u8; 16]);
+    match u32_at(&out, 4) as i32 {
+        0 => (0, u64_at(&out, 16 + 16 + 8)),
+        error => (error, 0),
+    }
+}
+
+/// FUSE_OPEN of `nodeid` read-only (struct fuse_open_in { u32 flags, open_flags; }); returns
+/// the handle (struct fuse_open_out { u64 fh; u32 open_flags, backing_id; }).
+fn fuse_open(
+    d: &mut TestDriver,
+    b: &Buffers,
+    kick: &EventFd,
+    irq: &CountingInterrupt,
+    unique: u64,
+    nodeid: u64,
+) -> u64 {
+    let (out, _) = fuse_call(d, b, kick, irq, (FUSE_OPEN, unique, nodeid), &[0u8; 8]);
+    u64_at(&out, 16)
+}
+
+/// FUSE_READ of up to 256 bytes at offset 0 of handle `fh`.
+///
+/// ```text
+/// struct fuse_read_in { u64 fh, offset; u32 size, read_flags; u64 lock_owner; u32 flags, padding; }
+/// ```
+fn fuse_read(
+    d: &mut TestDriver,
+    b: &Buffers,
+    kick: &EventFd,
+    irq: &CountingInterrupt,
+    unique: u64,
+    nodeid: u64,
+    fh: u64,
+) -> Vec<u8> {
+    let mut body = Vec::with_capacity(40);
+    body.extend_from_slice(&fh.to_le_bytes());
+    body.extend_from_slice(&0u64.to_le_bytes());
+    body.extend_from_slice(&256u32.to_le_bytes());
+    body.extend_from_slice(&[0u8; 20]);
+    let (out, _) = fuse_call(d, b, kick, irq, (FUSE_READ, unique, nodeid), &body);
+    out[16..].to_vec()
 }
 
 fn activate(dev: &mut FsDevice, mem: &GuestMemory, driver: &TestDriver, irq: &Arc<CountingInterrupt>) -> EventFd {
@@ -393,4 +481,74 @@ fn tags_are_checked_before_connecting() {
         assert!(err.contains("must be 1 to 36 bytes"), "{err}");
     }
     assert!(device::tag_is_valid(&"x".repeat(36)));
+}
+
+/// The rings as a restored transport hands them over: the request queue resumes at the index
+/// the driver reached (every request it made was answered before the snapshot).
+fn restored_queues(mem: &GuestMemory, d: &TestDriver) -> (Vec<ActiveQueue>, EventFd) {
+    let (mut queues, kick) = queues(mem, d);
+    queues[1].queue.set_next_avail(d.avail_idx());
+    queues[1].queue.set_next_used(d.avail_idx());
+    (queues, kick)
+}
+
+#[test]
+fn a_snapshot_carries_the_fuse_session_to_a_new_virtiofsd_over_another_directory() {
+    let before = start_virtiofsd();
+    std::fs::write(before.shared.join("f"), b"before the snapshot\n").unwrap();
+    let mut dev = FsDevice::new("share", &before.socket).unwrap();
+    let (mem, _memfd) = memfd_backed(2 << 20).unwrap();
+    let irq = Arc::new(CountingInterrupt::default());
+    let (mut d, b, kick) = start_session(&mut dev, &mem, &irq);
+    let node = fuse_lookup_node(&mut d, &b, &kick, &irq, 2, "f");
+    let fh = fuse_open(&mut d, &b, &kick, &irq, 3, node);
+    assert_eq!(fuse_read(&mut d, &b, &kick, &irq, 4, node, fh), b"before the snapshot\n");
+
+    let started = Instant::now();
+    let state = VirtioDevice::quiesce(&mut dev).unwrap();
+    eprintln!(
+        "quiesce (GET_VRING_BASE x2, SET_DEVICE_STATE_FD, CHECK): {:?}, {} bytes of state",
+        started.elapsed(),
+        state.len()
+    );
+    assert!(!state.is_empty(), "virtiofsd saved its FUSE session");
+    drop(dev);
+    drop(before);
+
+    // A fork: a new virtiofsd over its own copy of the folder, where `f` says something else.
+    let fork = start_virtiofsd();
+    std::fs::write(fork.shared.join("f"), b"in the fork\n").unwrap();
+    let mut dev = FsDevice::new("share", &fork.socket).unwrap();
+    let started = Instant::now();
+    dev.prepare_restore(&state).unwrap();
+    eprintln!("load (SET_DEVICE_STATE_FD, CHECK): {:?}", started.elapsed());
+    let (queues, kick) = restored_queues(&mem, &d);
+    dev.activate(mem.clone(), irq.clone(), 1 << features::VIRTIO_F_VERSION_1, queues).unwrap();
+    // No FUSE_INIT: the session goes on, with the node id and the open handle the guest holds,
+    // found by path in the fork's folder.
+    assert_eq!(fuse_getattr(&mut d, &b, &kick, &irq, 5, node), (0, 12));
+    assert_eq!(fuse_read(&mut d, &b, &kick, &irq, 6, node, fh), b"in the fork\n");
+    assert_eq!(fuse_lookup(&mut d, &b, &kick, &irq, 7, "f").0, 12);
+
+    // Without the state, a new virtiofsd knows no such node: what a restore without it would
+    // give the guest.
+    let bare = start_virtiofsd();
+    std::fs::write(bare.shared.join("f"), b"in the fork\n").unwrap();
+    VirtioDevice::reset(&mut dev);
+    let mut dev = FsDevice::new("share", &bare.socket).unwrap();
+    let (queues, kick) = restored_queues(&mem, &d);
+    dev.activate(mem.clone(), irq.clone(), 1 << features::VIRTIO_F_VERSION_1, queues).unwrap();
+    let (error, _) = fuse_getattr(&mut d, &b, &kick, &irq, 8, node);
+    assert!(error < 0, "an unknown node id is an error, got {error}");
+}
+
+#[test]
+fn a_state_the_backend_cannot_load_fails_the_restore_by_name() {
+    let fs = start_virtiofsd();
+    let mut dev = FsDevice::new("share", &fs.socket).unwrap();
+    let e = dev.prepare_restore(b"not a virtiofsd state").unwrap_err();
+    assert!(e.contains("virtio-fs \"share\"") && e.contains("CHECK_DEVICE_STATE"), "{e}");
+    // Never started: a device without state stops with nothing to save.
+    let mut fresh = FsDevice::new("share", &start_virtiofsd().socket).unwrap();
+    assert_eq!(VirtioDevice::quiesce(&mut fresh).unwrap(), Vec::<u8>::new());
 }

@@ -133,8 +133,12 @@ impl VirtioDevice for Vsock {
         }
     }
 
-    fn prepare_restore(&mut self) {
+    fn prepare_restore(&mut self, state: &[u8]) -> Result<(), String> {
+        if !state.is_empty() {
+            return Err(format!("{} bytes of device state saved for vsock, which keeps none", state.len()));
+        }
         self.queue_transport_reset();
+        Ok(())
     }
 
     fn reset(&mut self) -> bool {
