@@ -62,11 +62,14 @@ pub enum ConnectionError {
 }
 
 impl ConnectionError {
-    /// Whether the stream failed with ECONNRESET: how Linux's vsock ends every connected socket
-    /// when the transport is reset (a VM restored from a snapshot). A host that closes its end
+    /// Whether the stream failed the way Linux's vsock fails every connected socket when the
+    /// transport is reset (a VM restored from a snapshot): the socket is closed with
+    /// `sk_err = ECONNRESET`, and a read then fails with ENOTCONN (the socket is no longer
+    /// established and the peer never shut it down) or ECONNRESET. A host that closes its end
     /// gives end-of-stream instead.
     pub fn is_transport_reset(&self) -> bool {
-        matches!(self, ConnectionError::Decode(umbra_proto::DecodeError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset)
+        use std::io::ErrorKind::{ConnectionReset, NotConnected};
+        matches!(self, ConnectionError::Decode(umbra_proto::DecodeError::Io(e)) if matches!(e.kind(), ConnectionReset | NotConnected))
     }
 }
 
@@ -313,7 +316,7 @@ mod tests {
     }
 
     /// A reader that fails the way a vsock socket does after a transport reset.
-    struct Reset;
+    struct Reset(std::io::ErrorKind);
 
     impl AsyncRead for Reset {
         fn poll_read(
@@ -321,7 +324,7 @@ mod tests {
             _: &mut std::task::Context<'_>,
             _: &mut tokio::io::ReadBuf<'_>,
         ) -> std::task::Poll<std::io::Result<()>> {
-            std::task::Poll::Ready(Err(std::io::ErrorKind::ConnectionReset.into()))
+            std::task::Poll::Ready(Err(self.0.into()))
         }
     }
 
@@ -329,8 +332,10 @@ mod tests {
     async fn only_a_reset_stream_counts_as_a_transport_reset() {
         let first_error =
             |e: Option<Result<Frame, umbra_proto::DecodeError>>| ConnectionError::Decode(e.unwrap().unwrap_err());
-        let reset = first_error(FramedRead::new(Reset, FrameCodec::new()).next().await);
-        assert!(reset.is_transport_reset(), "{reset}");
+        for kind in [std::io::ErrorKind::NotConnected, std::io::ErrorKind::ConnectionReset] {
+            let reset = first_error(FramedRead::new(Reset(kind), FrameCodec::new()).next().await);
+            assert!(reset.is_transport_reset(), "{reset}");
+        }
         // A host that hangs up mid-frame, or sends garbage, is not a restore.
         let truncated = first_error(FramedRead::new(&[0u8, 0, 0][..], FrameCodec::new()).next().await);
         assert!(!truncated.is_transport_reset(), "{truncated}");

@@ -139,20 +139,22 @@ impl Backoff {
     }
 }
 
-/// On vsock, a connection reset by the transport (not closed by the host) means the VM was
-/// restored from a snapshot: the guest's driver got a transport-reset event and reset every
-/// connected socket with ECONNRESET, while the host side no longer exists. The agent then
-/// announces itself again, as at boot, so the host learns at once that it can reconnect.
+/// On vsock, whenever a host connection ends the agent announces itself again, as at boot. After
+/// a restore from a snapshot that is how the host learns at once that the guest answers: the
+/// restored device tells the driver the transport was reset, and Linux fails every connected
+/// socket (reads give ENOTCONN) — or the host end was reset and the read sees end-of-stream.
+/// After an ordinary close nobody listens on the readiness port any more, and the announcement
+/// is refused at once; it costs one connection attempt.
 fn spawn_connection<S: AsyncRead + AsyncWrite + Send + 'static>(agent: &Arc<Agent>, stream: S, vsock: bool) {
     let agent = agent.clone();
     tokio::spawn(async move {
-        if let Err(e) = serve_connection(agent, stream).await {
-            if vsock && e.is_transport_reset() {
-                tracing::info!("the host connection was reset by the transport (a restore): announcing again");
-                announce_ready().await;
-            } else {
-                tracing::warn!("connection ended: {e}");
-            }
+        match serve_connection(agent, stream).await {
+            Err(e) if e.is_transport_reset() => tracing::info!("the host connection was reset: {e}"),
+            Err(e) => tracing::warn!("connection ended: {e}"),
+            Ok(()) => tracing::debug!("the host closed the connection"),
+        }
+        if vsock {
+            announce_ready().await;
         }
     });
 }
