@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tokio::io::{AsyncRead, AsyncWrite};
+use std::os::fd::{AsFd, AsRawFd};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest};
 use tokio::sync::Notify;
 
 use crate::reaper::Reaper;
@@ -90,7 +92,7 @@ async fn announce_ready() {
 /// off and retry — they must never end PID 1.
 async fn accept_forever<S, F, Fut>(agent: &Arc<Agent>, vsock: bool, mut accept: F) -> anyhow::Result<()>
 where
-    S: AsyncRead + AsyncWrite + Send + 'static,
+    S: AsyncRead + AsyncWrite + AsFd + Send + 'static,
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = std::io::Result<S>>,
 {
@@ -141,20 +143,55 @@ impl Backoff {
 
 /// On vsock, whenever a host connection ends the agent announces itself again, as at boot. After
 /// a restore from a snapshot that is how the host learns at once that the guest answers: the
-/// restored device tells the driver the transport was reset, and Linux fails every connected
-/// socket (reads give ENOTCONN) — or the host end was reset and the read sees end-of-stream.
-/// After an ordinary close nobody listens on the readiness port any more, and the announcement
-/// is refused at once; it costs one connection attempt.
-fn spawn_connection<S: AsyncRead + AsyncWrite + Send + 'static>(agent: &Arc<Agent>, stream: S, vsock: bool) {
+/// restored device tells the driver the transport was reset, and Linux closes every connected
+/// socket. After an ordinary close nobody listens on the readiness port any more, and the
+/// announcement is refused at once; it costs one connection attempt.
+fn spawn_connection<S: AsyncRead + AsyncWrite + AsFd + Send + 'static>(agent: &Arc<Agent>, stream: S, vsock: bool) {
     let agent = agent.clone();
+    let watch = if vsock { watch_for_reset(&stream) } else { None };
     tokio::spawn(async move {
         match serve_connection(agent, stream).await {
             Err(e) if e.is_transport_reset() => tracing::info!("the host connection was reset: {e}"),
             Err(e) => tracing::warn!("connection ended: {e}"),
             Ok(()) => tracing::debug!("the host closed the connection"),
         }
+        if let Some(watch) = watch {
+            watch.abort();
+        }
         if vsock {
             announce_ready().await;
         }
     });
+}
+
+/// Linux's vsock reports a transport reset on a connected socket as `EPOLLERR` alone: the
+/// socket is closed with `sk_err = ECONNRESET` but not shut down, so it is neither readable nor
+/// hung up, and a reader waiting for readability is never woken. This watches a duplicate of
+/// the socket for errors only and, on one, shuts the socket down, which wakes the reader (its
+/// read then fails with ENOTCONN) and ends the connection as any failure does.
+fn watch_for_reset(stream: &impl AsFd) -> Option<tokio::task::JoinHandle<()>> {
+    let watched = match stream.as_fd().try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!("cannot watch the connection for a transport reset: {e}");
+            return None;
+        }
+    };
+    // SAFETY: `watched` is an OwnedFd the AsyncFd takes ownership of: it stays open, and
+    // `as_raw_fd` returns that same descriptor, until the AsyncFd is dropped.
+    let watched = match unsafe { AsyncFd::register_with_interest(watched, Interest::ERROR) } {
+        Ok(fd) => fd,
+        Err(e) => {
+            let e = e.into_parts().1;
+            tracing::warn!("cannot watch the connection for a transport reset: {e}");
+            return None;
+        }
+    };
+    Some(tokio::spawn(async move {
+        if let Ok(guard) = watched.ready(Interest::ERROR).await {
+            let error = nix::sys::socket::getsockopt(guard.get_inner(), nix::sys::socket::sockopt::SocketError);
+            tracing::info!("the host connection failed ({error:?}): shutting it down");
+            let _ = nix::sys::socket::shutdown(guard.get_inner().as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        }
+    }))
 }
