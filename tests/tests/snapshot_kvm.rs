@@ -102,15 +102,21 @@ impl Vmm {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_linux_guest_snapshots_and_forks_into_four_vms_with_their_own_identity() {
+/// The minimal bundle as a 256 MiB guest, where this host runs the kvm backend.
+fn kvm_spec() -> Option<VmSpec> {
     if !backends().contains(&BackendKind::Kvm) {
         eprintln!("skipped: this host does not run the kvm backend (the nested lane's snapshot step does)");
-        return;
+        return None;
     }
     let image = BootImage::from_bundle_dir(&test_bundle("minimal"), &cache_dir().join("extracted")).unwrap();
     let mut spec = VmSpec::new(image);
     spec.memory_mib = 256;
+    Some(spec)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_linux_guest_snapshots_and_forks_into_four_vms_with_their_own_identity() {
+    let Some(spec) = kvm_spec() else { return };
     let root = std::env::temp_dir().join(format!("umbra-snapshot-kvm-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
 
@@ -224,13 +230,7 @@ async fn a_linux_guest_snapshots_and_forks_into_four_vms_with_their_own_identity
 /// land only in that fork's folder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_folder_goes_on_in_each_fork_over_its_own_copy() {
-    if !backends().contains(&BackendKind::Kvm) {
-        eprintln!("skipped: this host does not run the kvm backend (the nested lane's snapshot step does)");
-        return;
-    }
-    let image = BootImage::from_bundle_dir(&test_bundle("minimal"), &cache_dir().join("extracted")).unwrap();
-    let mut spec = VmSpec::new(image);
-    spec.memory_mib = 256;
+    let Some(spec) = kvm_spec() else { return };
     let root = std::env::temp_dir().join(format!("umbra-snapshot-fs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let fs_args = ["--cache", "auto"];
