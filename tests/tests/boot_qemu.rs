@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use umbra_proto::SpawnRequest;
-use umbra_runtime::backend::{BackendKind, BootImage, Vm, VmSpec};
+use umbra_runtime::backend::{BackendKind, BootImage, Restore, Vm, VmSpec};
 use umbra_tests::{cache_dir, test_bundle};
 
 fn sh(script: &str) -> SpawnRequest {
@@ -37,6 +37,26 @@ async fn minimal_bundle_boots_and_runs_uname() {
     for pid in pids {
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "helper {pid} reaped");
     }
+}
+
+/// Snapshots need umbra-vmm: on QEMU a snapshot is refused by name and leaves the VM running
+/// and no directory behind, and a restore is refused before anything starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_refuses_snapshot_and_restore_by_name() {
+    let mut vm = boot("minimal").await;
+    let dir = std::env::temp_dir().join(format!("umbra-qemu-snapshot-{}", std::process::id()));
+    let err = vm.snapshot(&dir).await.unwrap_err().to_string();
+    assert!(err.contains("qemu backend cannot snapshot") && err.contains("kvm"), "{err}");
+    assert!(!dir.exists(), "no snapshot directory for a refused snapshot");
+    vm.agent().ping().await.expect("the VM runs on");
+    vm.shutdown().await;
+
+    let image =
+        BootImage::from_bundle_dir(&test_bundle("minimal"), &cache_dir().join("extracted")).expect("bundle verifies");
+    let mut spec = VmSpec::new(image);
+    spec.restore = Some(Restore { snapshot: dir, hostname: "fork".into(), folders: Vec::new() });
+    let err = Vm::launch(BackendKind::Qemu, &spec).await.err().expect("refused").to_string();
+    assert!(err.contains("qemu backend cannot restore") && err.contains("kvm"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

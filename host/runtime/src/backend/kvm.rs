@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use super::fsd::FolderServer;
-use super::rundir::{new_vm_id, RunDir};
+use super::rundir::{new_vm_id, RunDir, VSOCK_DIR};
 use super::{io, start_folder_server, BackendKind, GuestProcess, Launch, Vm, VmError, VmSpec};
 
 /// `reboot=k`: the guest's reboot (how the agent ends the VM) pulses the i8042 reset line,
@@ -16,6 +16,17 @@ use super::{io, start_folder_server, BackendKind, GuestProcess, Launch, Vm, VmEr
 /// panics ("IO-APIC + timer doesn't work!"); the check only matters on broken real hardware.
 pub const KVM_CMDLINE: &str = "console=ttyS0 reboot=k quiet panic=-1 no_timer_check";
 const GUEST_CID: u64 = 3;
+/// umbra-vmm's exit status once it has written a snapshot (umbra_vmm::exit).
+pub const SNAPSHOT_TAKEN: i32 = 6;
+/// How long a snapshot request may wait for umbra-vmm's answer (it pauses the guest, asks
+/// virtiofsd for its state and writes the memory file: seconds, tens under nested emulation).
+const SNAPSHOT_ANSWER: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The control socket of the umbra-vmm whose run directory is `run`: in the VM's vsock
+/// directory, because a jailed VMM sees nothing else.
+pub fn control_socket(run: &Path) -> PathBuf {
+    run.join(VSOCK_DIR).join("control.sock")
+}
 
 /// umbra-vmm, if this host has it (see [`super::host::UMBRA_VMM`]).
 pub fn find_vmm() -> Option<PathBuf> {
@@ -59,6 +70,10 @@ pub fn vm_config(spec: &VmSpec, vsock_uds: &Path, fs_socket: Option<&Path>, jail
     if let Some(socket) = fs_socket {
         cfg["fs"] = serde_json::json!([{ "tag": super::fsd::FS_TAG, "socket": socket }]);
     }
+    // Beside the vsock socket (see `control_socket`): where `Vm::snapshot` asks for a snapshot.
+    if let Some(dir) = vsock_uds.parent() {
+        cfg["control"] = serde_json::json!(dir.join("control.sock"));
+    }
     if let (true, Some(dir)) = (jail, vsock_uds.parent()) {
         cfg["jail"] = serde_json::json!({ "dir": dir, "uid": JAIL_ID, "gid": JAIL_ID });
     }
@@ -74,7 +89,7 @@ pub fn describe_exit(code: Option<i32>) -> Option<&'static str> {
         3 => Some("the guest triple-faulted (crashed)"),
         4 => Some("the guest vCPU halted for good"),
         5 => Some("KVM could not run the guest (internal error)"),
-        6 => Some("a snapshot was taken and the VM stopped"),
+        SNAPSHOT_TAKEN => Some("a snapshot was taken and the VM stopped"),
         _ => None,
     }
 }
@@ -87,6 +102,8 @@ pub fn request_snapshot(control: &Path, state: &std::fs::File, memory: &std::fs:
     use std::os::fd::AsRawFd;
     let stream = std::os::unix::net::UnixStream::connect(control)
         .map_err(|e| format!("cannot connect to the VMM's control socket {}: {e}", control.display()))?;
+    // A VMM that never answers must not hold the caller's thread for ever.
+    stream.set_read_timeout(Some(SNAPSHOT_ANSWER)).map_err(|e| format!("cannot set a read timeout: {e}"))?;
     let line = b"{\"snapshot\": {}}\n";
     let fds = [state.as_raw_fd(), memory.as_raw_fd()];
     // SAFETY: CMSG_SPACE only computes a size.
@@ -141,15 +158,52 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     }
     let config = run.join("vm.json");
     let mut children = Vec::new();
-    let folders = start_folder_server(spec, &run, &mut children).await?;
+    let mut folders = start_folder_server(spec, &run, &mut children).await?;
+    if let Some(restore) = &spec.restore {
+        share_before_restore(restore, folders.as_mut()).await?;
+    }
     let fs_socket = folders.as_ref().map(FolderServer::socket);
     let text = serde_json::to_vec_pretty(&vm_config(spec, &vsock_uds, fs_socket, jail)).expect("JSON values serialise");
     std::fs::write(&config, text).map_err(io(format!("write {}", config.display())))?;
 
     let mut cmd = Command::new(&vmm);
     cmd.arg("--config").arg(&config);
+    if let Some(restore) = &spec.restore {
+        cmd.arg("--restore").arg(&restore.snapshot);
+    }
     let guest = GuestProcess { name: "umbra-vmm", binary: &vmm, cmd, log: run.join("umbra-vmm.log"), log_label: "" };
-    Launch { backend: BackendKind::Kvm, started, id, run, children, folders }.finish(spec, guest).await
+    let vm = Launch { backend: BackendKind::Kvm, started, id, run, children, folders }.finish(spec, guest).await?;
+    if let Some(restore) = &spec.restore {
+        // The guest resumed with the snapshotted VM's hostname, entropy pool and clock.
+        vm.agent()
+            .reidentify(&restore.hostname)
+            .await
+            .map_err(|e| VmError::Restore(format!("the resumed guest did not take its new identity: {e}")))?;
+    }
+    Ok(vm)
+}
+
+/// Checks that `restore` names a snapshot, and shares its folders through the new folder
+/// server before the guest resumes (virtiofsd finds the guest's open files by path).
+async fn share_before_restore(restore: &super::Restore, folders: Option<&mut FolderServer>) -> Result<(), VmError> {
+    for file in ["state", "memory"] {
+        if !restore.snapshot.join(file).is_file() {
+            return Err(VmError::Restore(format!(
+                "{} is not a snapshot (it has no {file} file)",
+                restore.snapshot.display()
+            )));
+        }
+    }
+    match folders {
+        None if !restore.folders.is_empty() => Err(VmError::NoFolderSharing),
+        None => Ok(()),
+        Some(server) => {
+            for f in &restore.folders {
+                server.add_protected(&f.name, &f.source, f.read_only, &f.protection).await?;
+            }
+            Ok(())
+        }
+    }
 }
 
 #[cfg(test)]

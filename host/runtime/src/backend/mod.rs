@@ -37,6 +37,8 @@ use crate::agent::AgentClient;
 pub const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a diagnosis waits for the console copier to catch up with a VMM that exited.
 const CONSOLE_DRAIN: Duration = Duration::from_secs(1);
+/// How long umbra-vmm may take to exit once it has answered a snapshot request.
+const SNAPSHOT_STOP: Duration = Duration::from_secs(30);
 /// Every x86_64 guest kernel under QEMU gets these; `reboot=t` ends the VM on a guest reboot
 /// without waiting on an i8042 that microVMs lack, `panic=-1` reboots (and so ends the VM) on a
 /// panic. `no_timer_check`: on a starved emulated vCPU (dozens of guests booting at once under
@@ -153,6 +155,43 @@ pub struct VmSpec {
     /// A writable session disk (ext4, see [`disk`]) that holds the guest's overlay upper layer;
     /// `None` keeps guest writes in RAM.
     pub disk: Option<PathBuf>,
+    /// Resume this snapshot instead of booting (the kvm backend only). The rest of the spec
+    /// must describe the machine that was snapshotted: same image, vCPUs, memory, disks in
+    /// order, folder sharing on or off.
+    pub restore: Option<Restore>,
+}
+
+/// What resumes a snapshot that [`Vm::snapshot`] took.
+#[derive(Debug, Clone)]
+pub struct Restore {
+    /// The snapshot's directory (its `state` and `memory` files). Any number of VMs may resume
+    /// one snapshot at once: each maps the memory file privately.
+    pub snapshot: PathBuf,
+    /// The restored guest's hostname. With it the guest takes fresh entropy from this host and
+    /// this host's clock (the agent's `reidentify`), so forks never share random streams.
+    pub hostname: String,
+    /// The folders the snapshotted VM's folder server shared, by name. The new folder server
+    /// shares them (the same names, any sources: a fork's own copies) before the guest resumes,
+    /// so the files the guest had open are found again by their paths.
+    pub folders: Vec<SharedFolder>,
+}
+
+/// One folder in a VM's folder share (see [`Vm::add_folder`]).
+#[derive(Debug, Clone)]
+pub struct SharedFolder {
+    pub name: String,
+    pub source: PathBuf,
+    pub read_only: bool,
+    pub protection: fsd::Protection,
+}
+
+/// What [`Vm::snapshot`] wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotTaken {
+    /// Bytes of guest memory in the memory file (a sparse file: untouched pages are holes).
+    pub memory_bytes: u64,
+    /// From the request until both files were written (the guest paused throughout).
+    pub took: Duration,
 }
 
 impl VmSpec {
@@ -164,6 +203,7 @@ impl VmSpec {
             boot_timeout: boot_timeout_from_env(),
             folder_sharing: false,
             disk: None,
+            restore: None,
         }
     }
 }
@@ -202,6 +242,10 @@ pub enum VmError {
     NoFolderSharing,
     #[error("the VM ended ({reason}); last console lines:\n{console}")]
     GuestDied { reason: String, console: String },
+    #[error("cannot snapshot the VM: {0}")]
+    Snapshot(String),
+    #[error("cannot restore the snapshot: {0}")]
+    Restore(String),
 }
 
 /// A running VM. Dropping it kills every helper process and removes its run directory.
@@ -231,6 +275,12 @@ impl Vm {
     /// Boots `spec` on `backend` and waits for the agent.
     pub async fn launch(backend: BackendKind, spec: &VmSpec) -> Result<Self, VmError> {
         backend.check_arch(&spec.image)?;
+        if spec.restore.is_some() && backend != BackendKind::Kvm {
+            return Err(VmError::BackendUnavailable(format!(
+                "the {} backend cannot restore a snapshot: snapshots need the kvm backend (umbra-vmm)",
+                backend.name()
+            )));
+        }
         match backend {
             BackendKind::Kvm => kvm::launch(spec).await,
             BackendKind::Qemu => qemu::launch(spec).await,
@@ -245,6 +295,57 @@ impl Vm {
 
     pub fn agent(&self) -> &AgentClient {
         &self.agent
+    }
+
+    /// Snapshots the VM into `dir`, a new directory (0700) that gets `state` and `memory`, and
+    /// ends the VM (drop it then); [`Restore`] resumes it, as often as wanted. The guest is
+    /// paused from the request on and never runs again here; a refused request (another
+    /// backend) leaves it running. Once this returns, the session disk
+    /// ([`VmSpec::disk`]) is what the snapshot's memory expects: each restore needs a copy of it
+    /// as it is now ([`disk::copy_sparse`]). A failed snapshot leaves no `dir` behind. The kvm
+    /// backend only.
+    pub async fn snapshot(&mut self, dir: &Path) -> Result<SnapshotTaken, VmError> {
+        if self.backend != BackendKind::Kvm {
+            return Err(VmError::BackendUnavailable(format!(
+                "the {} backend cannot snapshot a VM: snapshots need the kvm backend (umbra-vmm)",
+                self.backend.name()
+            )));
+        }
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .map_err(io(format!("create the snapshot directory {}", dir.display())))?;
+        let taken = async {
+            let create = |name: &str| {
+                let path = dir.join(name);
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&path)
+                    .map_err(io(format!("create {}", path.display())))
+            };
+            let (state, memory) = (create("state")?, create("memory")?);
+            let control = kvm::control_socket(self.run_dir.path());
+            let started = Instant::now();
+            let memory_bytes = tokio::task::spawn_blocking(move || kvm::request_snapshot(&control, &state, &memory))
+                .await
+                .map_err(|e| VmError::Snapshot(format!("the request failed: {e}")))?
+                .map_err(VmError::Snapshot)?;
+            let took = started.elapsed();
+            let vmm = self.children.last_mut().expect("a running VM has its VMM");
+            match vmm.wait_timeout(SNAPSHOT_STOP).await {
+                Some(s) if s.code() == Some(kvm::SNAPSHOT_TAKEN) => Ok(SnapshotTaken { memory_bytes, took }),
+                Some(s) => Err(VmError::Snapshot(format!("umbra-vmm ended with {s} after writing it"))),
+                None => Err(VmError::Snapshot(format!("umbra-vmm did not stop within {SNAPSHOT_STOP:?} of it"))),
+            }
+        }
+        .await;
+        if taken.is_err() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        taken
     }
 
     /// Whether folders can be shared with this VM (it was launched with `folder_sharing`).
