@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use umbra_proto::{MountRequest, SpawnRequest};
 use umbra_runtime::agent::AgentClient;
-use umbra_runtime::backend::{kvm, BackendKind, BootImage, VmSpec};
+use umbra_runtime::backend::fsd::{self, Protection};
+use umbra_runtime::backend::{disk, kvm, BackendKind, BootImage, Restore, SharedFolder, Vm, VmSpec};
 use umbra_tests::{backends, cache_dir, test_bundle, workspace_bin};
 
 const FORKS: usize = 4;
@@ -295,6 +296,91 @@ async fn a_shared_folder_goes_on_in_each_fork_over_its_own_copy() {
         assert_eq!(lines[1], "guest", "what the original wrote is in the copy: {out}");
         assert_eq!(std::fs::read_to_string(fork_fs.shared.join("written")).unwrap(), format!("fork-{i}\n"));
         assert!(!original_fs.shared.join("written").exists(), "a fork never writes the original's folder");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The runtime's side ([`Vm::snapshot`], [`VmSpec::restore`]): a VM launched the way a session's
+/// is (a session disk, folder sharing, a folder mounted), snapshotted, then resumed twice, each
+/// fork with a copy of the disk, its own copy of the folder and its own name: the file written
+/// to the disk before the snapshot is in both, the mount goes on, and each fork writes only its
+/// own disk and folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtime_resumes_a_session_vm_twice_with_its_own_disk_folder_and_name() {
+    let Some(mut spec) = kvm_spec() else { return };
+    let root = std::env::temp_dir().join(format!("umbra-snapshot-runtime-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("work")).unwrap();
+    std::fs::write(root.join("work/notes"), "original\n").unwrap();
+    let disk_path = root.join("disk.img");
+    disk::ensure_session_disk(&disk_path, 256 << 20).unwrap();
+    spec.disk = Some(disk_path.clone());
+    spec.folder_sharing = true;
+
+    let mut vm = Vm::launch(BackendKind::Kvm, &spec).await.unwrap();
+    vm.add_folder("work", &root.join("work"), false, &Protection::default()).await.unwrap();
+    let mount = MountRequest {
+        source: fsd::FS_TAG.into(),
+        target: "/mnt/share".into(),
+        fs_type: "virtiofs".into(),
+        read_only: false,
+        bind: false,
+    };
+    vm.agent().mount(mount).await.unwrap();
+    // `notes` is never looked up before the snapshot: no guest cache can answer for the forks.
+    run(vm.agent(), "echo on-disk > /root/before && sync").await;
+    let snap = root.join("snapshot");
+    let taken = vm.snapshot(&snap).await.unwrap();
+    drop(vm);
+    eprintln!(
+        "snapshot-bench: runtime snapshot {} ms, {} MiB of memory",
+        taken.took.as_millis(),
+        taken.memory_bytes >> 20
+    );
+
+    let mut forks = Vec::new();
+    for i in 0..2 {
+        let work = root.join(format!("work-{i}"));
+        std::fs::create_dir_all(&work).unwrap();
+        std::fs::write(work.join("notes"), format!("fork {i}\n")).unwrap();
+        let fork_disk = root.join(format!("disk-{i}.img"));
+        let copied = disk::copy_sparse(&disk_path, &fork_disk).unwrap();
+        let mut fork = spec.clone();
+        fork.disk = Some(fork_disk);
+        let folder =
+            SharedFolder { name: "work".into(), source: work, read_only: false, protection: Protection::default() };
+        fork.restore = Some(Restore { snapshot: snap.clone(), hostname: format!("fork-{i}"), folders: vec![folder] });
+        let vm = Vm::launch(BackendKind::Kvm, &fork).await.unwrap();
+        eprintln!(
+            "snapshot-bench: runtime restore -> agent ready {} ms (disk copy {} KiB)",
+            vm.boot_time.as_millis(),
+            copied >> 10
+        );
+        forks.push(vm);
+    }
+    let mut uuids = Vec::new();
+    for (i, vm) in forks.iter().enumerate() {
+        let out = run(
+            vm.agent(),
+            &format!(
+                "hostname; cat /root/before; cat /mnt/share/work/notes; echo {i} > /root/mine; sync; \
+                 echo fork-{i} > /mnt/share/work/written; cat /proc/sys/kernel/random/uuid"
+            ),
+        )
+        .await;
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[..3], [format!("fork-{i}").as_str(), "on-disk", &format!("fork {i}")], "{out}");
+        uuids.push(lines[3].to_string());
+    }
+    for (i, vm) in forks.iter().enumerate() {
+        assert_eq!(run(vm.agent(), "cat /root/mine").await.trim(), i.to_string(), "each fork has its own disk");
+        let written = std::fs::read_to_string(root.join(format!("work-{i}/written"))).unwrap();
+        assert_eq!(written, format!("fork-{i}\n"), "each fork writes its own folder");
+    }
+    assert!(!root.join("work/written").exists(), "no fork writes the original's folder");
+    assert_ne!(uuids[0], uuids[1], "each fork draws its own random numbers");
+    for vm in forks {
+        vm.shutdown().await;
     }
     let _ = std::fs::remove_dir_all(&root);
 }
