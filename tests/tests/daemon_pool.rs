@@ -47,6 +47,7 @@ async fn a_start_takes_a_pooled_vm_and_the_pool_refills() {
     let status = wait_pool(&client, "one ready VM", |s| s.ready == 1).await;
     assert_eq!((status.target, status.taken), (1, 0));
     assert_eq!(status.backend.as_deref(), Some("qemu"), "this host runs guests on QEMU: {status:?}");
+    assert!(!status.restores && status.snapshot_error.is_none(), "QEMU's pool boots its VMs: {status:?}");
     let pooled: Vec<u32> = daemon.helpers().into_iter().map(|(pid, _)| pid).collect();
     assert!(!pooled.is_empty(), "the pooled VM runs on the host");
 

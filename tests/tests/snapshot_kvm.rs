@@ -384,3 +384,141 @@ async fn the_runtime_resumes_a_session_vm_twice_with_its_own_disk_folder_and_nam
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The warm pool on the kvm backend: it boots one template VM, snapshots it right after the
+/// agent announced itself, and restores its pooled VMs from it. Two sessions take one each: a
+/// folder is shared into a restored VM, the disk is each session's own, and the two draw their
+/// own random numbers. Prints how long a refill (a restore) took beside the
+/// template's boot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_warm_pool_restores_its_vms_from_a_snapshot_and_sessions_take_them() {
+    use umbra_api::methods::StartParams;
+    use umbra_runtime::session::{ExecRequest, ManagerOptions, SessionManager};
+
+    if kvm_spec().is_none() {
+        return;
+    }
+    let dir = umbra_tests::TempDir::new("pool-kvm");
+    let session = umbra_api::SessionSettings {
+        bundle: test_bundle("minimal").display().to_string(),
+        backend: umbra_api::BackendChoice::Kvm,
+        memory_mib: 256,
+        disk_size_mib: 256,
+        idle_timeout_secs: 0,
+        ..Default::default()
+    };
+    let config = umbra_api::DaemonConfig {
+        session,
+        pool_size: 2,
+        boot_timeout_secs: umbra_tests::daemon::boot_timeout_secs(),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let m = SessionManager::new(ManagerOptions {
+        config,
+        state_dir: Some(dir.0.join("state")),
+        storage_root: Some(dir.0.join("data")),
+        bundles: umbra_bundle::Store::new(dir.0.join("bundles")),
+    });
+    let wait_ready = |what: &'static str, taken: u64| {
+        let m = &m;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(600);
+            loop {
+                let s = m.pool_status();
+                if s.ready == 2 && s.taken == taken {
+                    return s;
+                }
+                assert!(Instant::now() < deadline, "the pool never got to {what}: {s:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let status = wait_ready("two ready VMs", 0).await;
+    eprintln!("snapshot-bench: pool template + 2 restores ready in {} ms", started.elapsed().as_millis());
+    assert!(status.restores, "the kvm pool restores its VMs: {status:?}");
+    assert_eq!((status.backend.as_deref(), status.snapshot_error), (Some("kvm"), None));
+    let templates: Vec<_> = std::fs::read_dir(dir.0.join("pool"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("template-"))
+        .collect();
+    assert_eq!(templates.len(), 1, "one template: {templates:?}");
+
+    let work = dir.0.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("from-host"), "host\n").unwrap();
+    let folder =
+        umbra_api::FolderSpec { path: work.clone(), name: Some("work".into()), mode: umbra_proto::ShareMode::Rw };
+    let script = |s: &str| ExecRequest { argv: vec!["sh".into(), "-c".into(), s.into()], ..Default::default() };
+    let mut seen = Vec::new();
+    for name in ["a", "b"] {
+        let took = Instant::now();
+        let folders = if name == "a" { vec![folder.clone()] } else { Vec::new() };
+        let s = m.start(StartParams { name: name.into(), folders, ..Default::default() }).await.unwrap();
+        let out = s
+            .spawn(script(&format!("hostname; cat /proc/sys/kernel/random/uuid; echo mine-{name} > /root/mine")))
+            .await
+            .unwrap()
+            .output()
+            .await;
+        eprintln!(
+            "snapshot-bench: session start -> first output from a restored pool VM {} ms",
+            took.elapsed().as_millis()
+        );
+        assert_eq!(out.exit.code, Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(s.info().vm.expect("running").from_pool, "{name} took a pooled VM");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines[0], "umbra", "a pooled VM calls itself what a booted one does");
+        seen.push(lines);
+    }
+    assert_ne!(seen[0][1], seen[1][1], "each restored VM draws its own random numbers");
+
+    // The folder works in a restored VM as in a booted one, and each disk is the session's.
+    let a = m.get("a").unwrap();
+    let out = a
+        .spawn(script(
+            "cat /sessions/a/mnt/work/from-host; echo guest > /sessions/a/mnt/work/from-guest; cat /root/mine",
+        ))
+        .await
+        .unwrap()
+        .output()
+        .await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "host\nmine-a\n", "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(work.join("from-guest")).unwrap(), "guest\n");
+    assert!(dir.0.join("data/a/disk.img").is_file() && dir.0.join("data/b/disk.img").is_file());
+
+    // The pool refills by restoring.
+    let refill = Instant::now();
+    let status = wait_ready("two ready VMs again", 2).await;
+    eprintln!("snapshot-bench: pool refill of 2 restored VMs {} ms", refill.elapsed().as_millis());
+    assert!(status.restores && status.last_error.is_none(), "{status:?}");
+
+    // Switched off, the pool removes its VMs and its template; the sessions keep theirs.
+    m.set_config(&umbra_api::ConfigPatch { pool_size: Some(0), ..Default::default() }, |_| Ok(())).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while m.pool_status().ready > 0
+        || dir
+            .0
+            .join("pool")
+            .read_dir()
+            .unwrap()
+            .any(|e| e.unwrap().file_name().to_string_lossy().starts_with("template-"))
+    {
+        assert!(Instant::now() < deadline, "the pool kept its VMs or template: {:?}", m.pool_status());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = a.spawn(script("cat /root/mine")).await.unwrap().output().await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "mine-a\n");
+
+    // The anchor, in the same L1: a start that boots its VM.
+    let took = Instant::now();
+    let c = m.start(StartParams { name: "c".into(), ..Default::default() }).await.unwrap();
+    let out = c.spawn(script("echo hi")).await.unwrap().output().await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    assert!(!c.info().vm.expect("running").from_pool);
+    eprintln!("snapshot-bench: session start -> first output booting its VM {} ms", took.elapsed().as_millis());
+    m.shutdown().await;
+}

@@ -81,6 +81,14 @@ pub struct PoolStatus {
     /// Why the last refill failed, until one succeeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The pool restores its VMs from a snapshot of one VM taken right after its agent
+    /// announced itself, instead of booting each (the kvm backend).
+    #[serde(default)]
+    pub restores: bool,
+    /// Why the pool boots its VMs although its backend could restore them: taking or restoring
+    /// its snapshot failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_error: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -4,7 +4,7 @@
 // The wire protocol and what every field means: docs/ipc.md.
 
 /** The IPC contract's version (`major.minor`) these types describe. */
-export const API_VERSION = "1.2";
+export const API_VERSION = "1.3";
 
 /** Bytes of each output stream umbrad sends before it waits for `process.ack`. */
 export const OUTPUT_WINDOW = 1048576;
@@ -601,6 +601,18 @@ export interface PoolStatus {
   bundle_version?: string | null;
   /** Why the last refill failed, until one succeeds. */
   last_error?: string | null;
+  /**
+   * The pool restores its VMs from a snapshot of one VM taken right after its agent
+   * announced itself, instead of booting each (the kvm backend).
+   *
+   * @defaultValue `false`
+   */
+  restores?: boolean;
+  /**
+   * Why the pool boots its VMs although its backend could restore them: taking or restoring
+   * its snapshot failed.
+   */
+  snapshot_error?: string | null;
 }
 
 /** How a process ended. */

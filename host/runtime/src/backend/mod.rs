@@ -68,6 +68,11 @@ impl BackendKind {
         }
     }
 
+    /// Whether [`Vm::snapshot`] and [`VmSpec::restore`] work on this backend (umbra-vmm only).
+    pub fn can_snapshot(self) -> bool {
+        self == BackendKind::Kvm
+    }
+
     /// The choice that asks for this backend by name.
     pub fn choice(self) -> umbra_api::BackendChoice {
         match self {
@@ -275,7 +280,7 @@ impl Vm {
     /// Boots `spec` on `backend` and waits for the agent.
     pub async fn launch(backend: BackendKind, spec: &VmSpec) -> Result<Self, VmError> {
         backend.check_arch(&spec.image)?;
-        if spec.restore.is_some() && backend != BackendKind::Kvm {
+        if spec.restore.is_some() && !backend.can_snapshot() {
             return Err(VmError::BackendUnavailable(format!(
                 "the {} backend cannot restore a snapshot: snapshots need the kvm backend (umbra-vmm)",
                 backend.name()
@@ -305,7 +310,7 @@ impl Vm {
     /// as it is now ([`disk::copy_sparse`]). A failed snapshot leaves no `dir` behind. The kvm
     /// backend only.
     pub async fn snapshot(&mut self, dir: &Path) -> Result<SnapshotTaken, VmError> {
-        if self.backend != BackendKind::Kvm {
+        if !self.backend.can_snapshot() {
             return Err(VmError::BackendUnavailable(format!(
                 "the {} backend cannot snapshot a VM: snapshots need the kvm backend (umbra-vmm)",
                 self.backend.name()

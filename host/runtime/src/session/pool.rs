@@ -15,7 +15,13 @@
 //! - When the defaults change (a new bundle installed as `current`, other memory), VMs of the
 //!   old key are killed and the pool refills with the new one. Pool boots take a boot slot like
 //!   any other ([`super::admission`]), one at a time.
-//! - The pool works on every backend: its VMs are booted ones (snapshots are not used yet).
+//! - On a backend that can snapshot (kvm), the pool boots one template VM, snapshots it as soon
+//!   as its agent has announced itself, and restores every pooled VM from that snapshot: each
+//!   with its own sparse copy of the template's disk and its own entropy, machine id and clock
+//!   (the backend re-identifies a restored guest). The template is taken again when the key
+//!   changes, and removed when the pool is switched off. If taking or restoring it fails the
+//!   pool boots its VMs one by one, and `pool.status` says why (`snapshot_error`).
+//! - Elsewhere (qemu, vz) the pool's VMs are booted ones.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -27,7 +33,7 @@ use umbra_api::methods::PoolStatus;
 use umbra_api::DaemonConfig;
 
 use super::context::Context;
-use crate::backend::{select, BackendKind, BootImage, Vm, VmSpec};
+use crate::backend::{select, BackendKind, BootImage, Restore, Vm, VmSpec};
 
 /// How long a taken VM's agent may take to answer the check ping.
 const TAKE_PING: Duration = Duration::from_secs(2);
@@ -35,6 +41,8 @@ const TAKE_PING: Duration = Duration::from_secs(2);
 const PATROL: Duration = Duration::from_secs(30);
 /// How long the pool waits after a failed boot before trying again.
 const RETRY: Duration = Duration::from_secs(30);
+/// The hostname of a pooled VM restored from the template: what a booted guest calls itself.
+const POOL_HOSTNAME: &str = "umbra";
 
 /// What makes a booted VM usable for a session: everything fixed at launch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +75,51 @@ struct State {
     last_error: Option<String>,
 }
 
+/// The pool's snapshot: a VM of `key` booted and snapshotted right after its agent announced
+/// itself. `dir` holds the snapshot (`snapshot/`) and the disk it expects (`disk.img`).
+struct Template {
+    key: PoolKey,
+    dir: PathBuf,
+}
+
+impl Template {
+    fn snapshot(&self) -> PathBuf {
+        self.dir.join("snapshot")
+    }
+
+    fn disk(&self) -> PathBuf {
+        self.dir.join("disk.img")
+    }
+}
+
+#[derive(Default)]
+enum TemplateSlot {
+    #[default]
+    None,
+    Ready(Template),
+    /// Taking or restoring the template failed for `key`: its VMs are booted (until the key
+    /// changes, or the daemon restarts).
+    Failed(PoolKey, String),
+}
+
+impl TemplateSlot {
+    fn key(&self) -> Option<&PoolKey> {
+        match self {
+            TemplateSlot::None => None,
+            TemplateSlot::Ready(t) => Some(&t.key),
+            TemplateSlot::Failed(k, _) => Some(k),
+        }
+    }
+
+    /// Removes the template's files (a directory no VM uses: restores copy the disk and map
+    /// the memory file privately, and a mapping outlives the file's name).
+    fn clear(&mut self) {
+        if let TemplateSlot::Ready(t) = std::mem::take(self) {
+            let _ = std::fs::remove_dir_all(&t.dir);
+        }
+    }
+}
+
 pub(super) struct WarmPool {
     state: Mutex<State>,
     wake: Arc<Notify>,
@@ -74,6 +127,8 @@ pub(super) struct WarmPool {
     /// Where pooled VMs' disks wait (next to the sessions' storage, so a take is a rename).
     dir: Option<PathBuf>,
     next_disk: std::sync::atomic::AtomicU64,
+    /// Only the refill task changes it (one boot at a time); status and shutdown read it.
+    template: Mutex<TemplateSlot>,
 }
 
 impl WarmPool {
@@ -85,6 +140,7 @@ impl WarmPool {
             stop: CancellationToken::new(),
             dir,
             next_disk: Default::default(),
+            template: Mutex::default(),
         }
     }
 
@@ -107,8 +163,15 @@ impl WarmPool {
     }
 
     pub fn status(&self) -> PoolStatus {
+        let (restores, snapshot_error) = match &*self.template.lock().unwrap() {
+            TemplateSlot::Ready(_) => (true, None),
+            TemplateSlot::Failed(_, e) => (false, Some(e.clone())),
+            TemplateSlot::None => (false, None),
+        };
         let s = self.state.lock().unwrap();
         PoolStatus {
+            restores,
+            snapshot_error,
             target: s.target,
             ready: s.ready.len() as u32,
             booting: s.booting,
@@ -158,6 +221,7 @@ impl WarmPool {
         self.stop.cancel();
         let ready = std::mem::take(&mut self.state.lock().unwrap().ready);
         ready.into_iter().for_each(discard);
+        self.template.lock().unwrap().clear();
     }
 }
 
@@ -265,6 +329,12 @@ async fn step(ctx: &Arc<Context>, config: &DaemonConfig) -> Step {
         stale
     };
     stale.into_iter().for_each(discard);
+    {
+        let mut template = pool.template.lock().unwrap();
+        if template.key() != want.as_ref().map(|(k, _, _)| k) {
+            template.clear();
+        }
+    }
     let Some((key, _, image)) = want else { return Step::Idle };
     {
         let mut s = pool.state.lock().unwrap();
@@ -296,29 +366,154 @@ async fn step(ctx: &Arc<Context>, config: &DaemonConfig) -> Step {
     }
 }
 
-/// Boots one VM of `key` for the pool, through a boot slot.
+/// One VM of `key` for the pool: restored from the template where the backend can snapshot
+/// (taking the template first if there is none yet), booted otherwise or when that fails.
 async fn boot(ctx: &Arc<Context>, key: &PoolKey, image: BootImage, config: &DaemonConfig) -> Result<WarmVm, String> {
-    let dir = ctx.pool.dir.as_ref().ok_or("the pool has no directory")?;
-    let slot = ctx.admission.enter(|_| {}).await;
-    let disk = if key.disk_size_mib > 0 {
-        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-        let n = ctx.pool.next_disk.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = dir.join(format!("disk-{n}.img"));
-        let (p, bytes) = (path.clone(), key.disk_size_mib << 20);
-        tokio::task::spawn_blocking(move || crate::backend::disk::ensure_session_disk(&p, bytes))
-            .await
-            .map_err(|e| format!("disk preparation panicked: {e}"))?
-            .map_err(|e| e.to_string())?;
-        Some(path)
-    } else {
-        None
+    let template_usable = match &*ctx.pool.template.lock().unwrap() {
+        TemplateSlot::Failed(k, _) => k != key,
+        _ => true,
     };
+    if !(key.backend.can_snapshot() && template_usable) {
+        return boot_fresh(ctx, key, image, config).await;
+    }
+    let restored = match ensure_template(ctx, key, image.clone(), config).await {
+        Ok(()) => restore(ctx, key, image.clone(), config).await,
+        Err(e) => Err(format!("cannot take the pool's snapshot: {e}")),
+    };
+    match restored {
+        Ok(warm) => Ok(warm),
+        Err(e) => {
+            tracing::warn!("the warm pool boots its VMs instead of restoring them: {e}");
+            {
+                let mut template = ctx.pool.template.lock().unwrap();
+                template.clear();
+                *template = TemplateSlot::Failed(key.clone(), e);
+            }
+            boot_fresh(ctx, key, image, config).await
+        }
+    }
+}
+
+/// Takes the template for `key` unless it exists: boots a VM, then snapshots it at once.
+async fn ensure_template(
+    ctx: &Arc<Context>,
+    key: &PoolKey,
+    image: BootImage,
+    config: &DaemonConfig,
+) -> Result<(), String> {
+    if matches!(&*ctx.pool.template.lock().unwrap(), TemplateSlot::Ready(t) if &t.key == key) {
+        return Ok(());
+    }
+    let pool_dir = ctx.pool.dir.as_ref().ok_or("the pool has no directory")?;
+    let n = ctx.pool.next_disk.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let template = Template { key: key.clone(), dir: pool_dir.join(format!("template-{n}")) };
+    std::fs::create_dir_all(&template.dir).map_err(|e| format!("create {}: {e}", template.dir.display()))?;
+    let taken = async {
+        let disk = match key.disk_size_mib {
+            0 => None,
+            _ => Some(new_disk(template.disk(), key.disk_size_mib).await?),
+        };
+        let mut vm = launch(ctx, key, image, config, disk, None).await?.vm;
+        let taken = vm.snapshot(&template.snapshot()).await.map_err(|e| e.to_string())?;
+        tracing::info!(
+            "the warm pool's snapshot: {} MiB of memory in {} ms",
+            taken.memory_bytes >> 20,
+            taken.took.as_millis()
+        );
+        Ok::<(), String>(())
+    }
+    .await;
+    match taken {
+        Ok(()) if ctx.pool.stop.is_cancelled() => {
+            // The pool shut down meanwhile: nothing will restore from it or remove it later.
+            let _ = std::fs::remove_dir_all(&template.dir);
+            Err("the pool is shutting down".into())
+        }
+        Ok(()) => {
+            let mut slot = ctx.pool.template.lock().unwrap();
+            slot.clear();
+            *slot = TemplateSlot::Ready(template);
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&template.dir);
+            Err(e)
+        }
+    }
+}
+
+/// Restores one VM from the template, on a sparse copy of the template's disk.
+async fn restore(ctx: &Arc<Context>, key: &PoolKey, image: BootImage, config: &DaemonConfig) -> Result<WarmVm, String> {
+    let (snapshot, template_disk) = match &*ctx.pool.template.lock().unwrap() {
+        TemplateSlot::Ready(t) => (t.snapshot(), t.disk()),
+        _ => return Err("the pool's snapshot is gone".into()),
+    };
+    let disk = match key.disk_size_mib {
+        0 => None,
+        _ => {
+            let path = next_disk_path(ctx)?;
+            let (from, to) = (template_disk, path.clone());
+            tokio::task::spawn_blocking(move || crate::backend::disk::copy_sparse(&from, &to))
+                .await
+                .map_err(|e| format!("the disk copy panicked: {e}"))?
+                .map_err(|e| e.to_string())?;
+            Some(path)
+        }
+    };
+    let restore = Restore { snapshot, hostname: POOL_HOSTNAME.into(), folders: Vec::new() };
+    launch(ctx, key, image, config, disk, Some(restore)).await
+}
+
+/// Boots one VM of `key` for the pool, on a new disk.
+async fn boot_fresh(
+    ctx: &Arc<Context>,
+    key: &PoolKey,
+    image: BootImage,
+    config: &DaemonConfig,
+) -> Result<WarmVm, String> {
+    let disk = match key.disk_size_mib {
+        0 => None,
+        size => Some(new_disk(next_disk_path(ctx)?, size).await?),
+    };
+    launch(ctx, key, image, config, disk, None).await
+}
+
+/// Creates an empty session disk of `size_mib` at `path`.
+async fn new_disk(path: PathBuf, size_mib: u64) -> Result<PathBuf, String> {
+    let p = path.clone();
+    tokio::task::spawn_blocking(move || crate::backend::disk::ensure_session_disk(&p, size_mib << 20))
+        .await
+        .map_err(|e| format!("disk preparation panicked: {e}"))?
+        .map_err(|e| e.to_string())?;
+    Ok(path)
+}
+
+/// A new disk path in the pool's directory.
+fn next_disk_path(ctx: &Context) -> Result<PathBuf, String> {
+    let dir = ctx.pool.dir.as_ref().ok_or("the pool has no directory")?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let n = ctx.pool.next_disk.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(dir.join(format!("disk-{n}.img")))
+}
+
+/// Launches (or restores) a VM of `key` on `disk` through a boot slot; the disk is removed if
+/// the launch fails.
+async fn launch(
+    ctx: &Arc<Context>,
+    key: &PoolKey,
+    image: BootImage,
+    config: &DaemonConfig,
+    disk: Option<PathBuf>,
+    restore: Option<Restore>,
+) -> Result<WarmVm, String> {
+    let slot = ctx.admission.enter(|_| {}).await;
     let mut spec = VmSpec::new(image);
     spec.cpus = key.cpus;
     spec.memory_mib = key.memory_mib;
     spec.boot_timeout = Duration::from_secs(config.boot_timeout_secs);
     spec.folder_sharing = true;
     spec.disk = disk.clone();
+    spec.restore = restore;
     let launched = Vm::launch(key.backend, &spec).await;
     drop(slot);
     match launched {
