@@ -20,7 +20,8 @@
 //!   with its own sparse copy of the template's disk and its own entropy, machine id and clock
 //!   (the backend re-identifies a restored guest). The template is taken again when the key
 //!   changes, and removed when the pool is switched off. If taking or restoring it fails the
-//!   pool boots its VMs one by one, and `pool.status` says why (`snapshot_error`).
+//!   pool boots its VMs one by one, says why in `pool.status` (`snapshot_error`), and tries the
+//!   template again after [`TEMPLATE_RETRY`].
 //! - Elsewhere (qemu, vz) the pool's VMs are booted ones.
 
 use std::path::{Path, PathBuf};
@@ -41,6 +42,9 @@ const TAKE_PING: Duration = Duration::from_secs(2);
 const PATROL: Duration = Duration::from_secs(30);
 /// How long the pool waits after a failed boot before trying again.
 const RETRY: Duration = Duration::from_secs(30);
+/// How long the pool boots its VMs after taking or restoring its template failed, before it
+/// tries the template again (a full disk, a VMM killed meanwhile: causes that may pass).
+const TEMPLATE_RETRY: Duration = Duration::from_secs(600);
 /// The hostname of a pooled VM restored from the template: what a booted guest calls itself.
 const POOL_HOSTNAME: &str = "umbra";
 
@@ -97,9 +101,9 @@ enum TemplateSlot {
     #[default]
     None,
     Ready(Template),
-    /// Taking or restoring the template failed for `key`: its VMs are booted (until the key
-    /// changes, or the daemon restarts).
-    Failed(PoolKey, String),
+    /// Taking or restoring the template failed for `key` at the instant: its VMs are booted
+    /// until [`TEMPLATE_RETRY`] has passed (or the key changes).
+    Failed(PoolKey, String, std::time::Instant),
 }
 
 impl TemplateSlot {
@@ -107,7 +111,16 @@ impl TemplateSlot {
         match self {
             TemplateSlot::None => None,
             TemplateSlot::Ready(t) => Some(&t.key),
-            TemplateSlot::Failed(k, _) => Some(k),
+            TemplateSlot::Failed(k, _, _) => Some(k),
+        }
+    }
+
+    /// Whether `key`'s VMs should come from a template (taking one if there is none): not while
+    /// a failure for the same key is recent.
+    fn worth_trying(&self, key: &PoolKey) -> bool {
+        match self {
+            TemplateSlot::Failed(k, _, at) => k != key || at.elapsed() >= TEMPLATE_RETRY,
+            _ => true,
         }
     }
 
@@ -165,7 +178,7 @@ impl WarmPool {
     pub fn status(&self) -> PoolStatus {
         let (restores, snapshot_error) = match &*self.template.lock().unwrap() {
             TemplateSlot::Ready(_) => (true, None),
-            TemplateSlot::Failed(_, e) => (false, Some(e.clone())),
+            TemplateSlot::Failed(_, e, _) => (false, Some(e.clone())),
             TemplateSlot::None => (false, None),
         };
         let s = self.state.lock().unwrap();
@@ -369,11 +382,8 @@ async fn step(ctx: &Arc<Context>, config: &DaemonConfig) -> Step {
 /// One VM of `key` for the pool: restored from the template where the backend can snapshot
 /// (taking the template first if there is none yet), booted otherwise or when that fails.
 async fn boot(ctx: &Arc<Context>, key: &PoolKey, image: BootImage, config: &DaemonConfig) -> Result<WarmVm, String> {
-    let template_usable = match &*ctx.pool.template.lock().unwrap() {
-        TemplateSlot::Failed(k, _) => k != key,
-        _ => true,
-    };
-    if !(key.backend.can_snapshot() && template_usable) {
+    let worth_trying = ctx.pool.template.lock().unwrap().worth_trying(key);
+    if !(key.backend.can_snapshot() && worth_trying) {
         return boot_fresh(ctx, key, image, config).await;
     }
     let restored = match ensure_template(ctx, key, image.clone(), config).await {
@@ -387,7 +397,7 @@ async fn boot(ctx: &Arc<Context>, key: &PoolKey, image: BootImage, config: &Daem
             {
                 let mut template = ctx.pool.template.lock().unwrap();
                 template.clear();
-                *template = TemplateSlot::Failed(key.clone(), e);
+                *template = TemplateSlot::Failed(key.clone(), e, std::time::Instant::now());
             }
             boot_fresh(ctx, key, image, config).await
         }
@@ -524,5 +534,38 @@ async fn launch(
             }
             Err(e.to_string())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn key(memory_mib: u32) -> PoolKey {
+        PoolKey {
+            version: "v1".into(),
+            kernel: "/k".into(),
+            rootfs: None,
+            backend: BackendKind::Kvm,
+            cpus: 1,
+            memory_mib,
+            disk_size_mib: 0,
+        }
+    }
+
+    #[test]
+    fn a_failed_template_is_retried_after_a_while_or_for_another_key() {
+        assert!(TemplateSlot::None.worth_trying(&key(256)));
+        let recent = TemplateSlot::Failed(key(256), "disk full".into(), Instant::now());
+        assert!(!recent.worth_trying(&key(256)), "a recent failure: boot instead");
+        assert!(recent.worth_trying(&key(512)), "another key gets its own template");
+        let ready = TemplateSlot::Ready(Template { key: key(256), dir: "/nowhere".into() });
+        assert!(ready.worth_trying(&key(256)));
+        let Some(long_ago) = Instant::now().checked_sub(TEMPLATE_RETRY + Duration::from_secs(1)) else {
+            return; // a host up for less than TEMPLATE_RETRY cannot express the instant
+        };
+        let old = TemplateSlot::Failed(key(256), "disk full".into(), long_ago);
+        assert!(old.worth_trying(&key(256)), "tried again after TEMPLATE_RETRY");
     }
 }
