@@ -522,3 +522,152 @@ async fn the_warm_pool_restores_its_vms_from_a_snapshot_and_sessions_take_them()
     eprintln!("snapshot-bench: session start -> first output booting its VM {} ms", took.elapsed().as_millis());
     m.shutdown().await;
 }
+
+/// Sessions on kvm: `snapshot` pauses a session into its storage and stops it; `resume`
+/// restores it with its processes still running, its disk and its shadow folder's unapplied
+/// change; `fork` (of the running session: snapshotted and resumed first) starts a new session
+/// with its own hostname, entropy and disk, whose shadow change applies to the host folder; and
+/// a manager started again on the same directories (a daemon restart) resumes a paused session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_pauses_into_a_snapshot_resumes_with_its_processes_and_forks() {
+    use umbra_api::methods::StartParams;
+    use umbra_api::SessionStatus;
+    use umbra_runtime::session::{ExecRequest, ManagerOptions, SessionManager};
+
+    if kvm_spec().is_none() {
+        return;
+    }
+    let dir = umbra_tests::TempDir::new("session-snapshot");
+    let options = || {
+        let session = umbra_api::SessionSettings {
+            bundle: test_bundle("minimal").display().to_string(),
+            backend: umbra_api::BackendChoice::Kvm,
+            memory_mib: 256,
+            disk_size_mib: 256,
+            idle_timeout_secs: 0,
+            ..Default::default()
+        };
+        let config = umbra_api::DaemonConfig {
+            session,
+            pool_size: 0,
+            boot_timeout_secs: umbra_tests::daemon::boot_timeout_secs(),
+            ..Default::default()
+        };
+        ManagerOptions {
+            config,
+            state_dir: Some(dir.0.join("state")),
+            storage_root: Some(dir.0.join("data")),
+            bundles: umbra_bundle::Store::new(dir.0.join("bundles")),
+        }
+    };
+    let script = |s: &str| ExecRequest { argv: vec!["sh".into(), "-c".into(), s.into()], ..Default::default() };
+    let m = SessionManager::new(options());
+    let work = dir.0.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("notes"), "host\n").unwrap();
+    let folder =
+        umbra_api::FolderSpec { path: work.clone(), name: Some("work".into()), mode: umbra_proto::ShareMode::Shadow };
+    let a = m.start(StartParams { name: "a".into(), folders: vec![folder], ..Default::default() }).await.unwrap();
+    let out = a
+        .spawn(script("echo edited > /sessions/a/mnt/work/notes && echo on-disk > /root/kept && sync"))
+        .await
+        .unwrap()
+        .output()
+        .await;
+    assert_eq!(out.exit.code, Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // Two processes running across the snapshot, each counting into a file: one the host runs
+    // (its host side ends at the snapshot, and the agent ends it when its connection resets),
+    // one detached into its own session (it runs on after the restore).
+    let counter =
+        a.spawn(script("i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.2; done")).await.unwrap();
+    let detach = "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /root/detached; sleep 0.2; done' \
+                  </dev/null >/dev/null 2>&1 &";
+    assert_eq!(a.spawn(script(detach)).await.unwrap().output().await.exit.code, Some(0));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let count = |s: &std::sync::Arc<umbra_runtime::session::Session>, file: &'static str| {
+        let s = s.clone();
+        async move {
+            let out = s.spawn(script(&format!("cat /root/{file}"))).await.unwrap().output().await;
+            String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().unwrap()
+        }
+    };
+    let before = count(&a, "detached").await;
+    assert!(before > 0 && count(&a, "counter").await > 0);
+
+    let took = Instant::now();
+    m.snapshot("a").await.unwrap();
+    let info = a.info();
+    eprintln!(
+        "snapshot-bench: session snapshot {} ms (guest paused {} ms, {} MiB of memory)",
+        took.elapsed().as_millis(),
+        info.snapshot.as_ref().map_or(0, |s| s.pause_ms),
+        info.snapshot.as_ref().map_or(0, |s| s.memory_bytes >> 20)
+    );
+    assert_eq!(info.status, SessionStatus::Stopped);
+    let snap = info.snapshot.expect("a snapshot");
+    assert!(snap.resumes && snap.source == "a" && snap.memory_bytes > 0, "{snap:?}");
+    assert!(dir.0.join("data/a/snapshot/vm/memory").is_file() && dir.0.join("data/a/snapshot/disk.img").is_file());
+    let exit = tokio::time::timeout(Duration::from_secs(10), counter.output()).await.expect("an exit event").exit;
+    assert!(exit.lost && exit.reason.as_deref().unwrap_or("").contains("snapshot"), "{exit:?}");
+
+    let took = Instant::now();
+    m.resume("a").await.unwrap();
+    eprintln!("snapshot-bench: session resume (restore) -> ready {} ms", took.elapsed().as_millis());
+    let vm = a.info().vm.expect("running");
+    assert!(vm.backend_reason.contains("restored"), "{vm:?}");
+    assert!(!a.info().snapshot.unwrap().resumes, "the snapshot is used once");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (resumed, stopped) = (count(&a, "detached").await, count(&a, "counter").await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (later, still) = (count(&a, "detached").await, count(&a, "counter").await);
+    assert!(resumed >= before && later > resumed, "the detached process goes on: {before} {resumed} {later}");
+    assert_eq!(stopped, still, "the host's process ended with its connection");
+    let out = a.spawn(script("cat /root/kept; hostname; cat /sessions/a/mnt/work/notes")).await.unwrap().output().await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "on-disk\numbra\nedited\n");
+    let diff = a.shadow_diff("work").await.unwrap();
+    assert_eq!(diff.len(), 1, "the shadow change survived: {diff:?}");
+    assert_eq!(std::fs::read_to_string(work.join("notes")).unwrap(), "host\n", "nothing applied yet");
+
+    let took = Instant::now();
+    let b = m.fork("a", "b").await.unwrap();
+    eprintln!("snapshot-bench: session fork of a running session -> ready {} ms", took.elapsed().as_millis());
+    assert_eq!(a.status(), SessionStatus::Ready, "the source runs on");
+    assert_eq!(b.info().snapshot.unwrap().source, "a");
+    let out = b
+        .spawn(script(
+            "hostname; cat /root/kept; cat /sessions/a/mnt/work/notes; echo b > /root/mine; sync; \
+             cat /proc/sys/kernel/random/uuid",
+        ))
+        .await
+        .unwrap()
+        .output()
+        .await;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[..3], ["b", "on-disk", "edited"], "{text}");
+    let out = a
+        .spawn(script("cat /proc/sys/kernel/random/uuid; test -e /root/mine && echo shared-disk"))
+        .await
+        .unwrap()
+        .output()
+        .await;
+    let a_text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_ne!(a_text.lines().next(), Some(lines[3]), "the fork draws its own random numbers");
+    assert!(!a_text.contains("shared-disk"), "the fork writes its own disk: {a_text}");
+    let applied = b.shadow_apply("work").await.unwrap();
+    assert_eq!((applied.applied.len(), applied.conflicts.len()), (1, 0), "{applied:?}");
+    assert_eq!(std::fs::read_to_string(work.join("notes")).unwrap(), "edited\n");
+
+    // Paused, then the owner goes away and comes back: the session resumes where it was (the
+    // apply replaced `notes`, which the guest had looked up: the restore must not fail on it).
+    m.snapshot("b").await.unwrap();
+    m.shutdown().await;
+    drop(m);
+    let m = SessionManager::new(options());
+    let b = m.get("b").unwrap();
+    assert!(b.info().snapshot.is_some_and(|s| s.resumes), "{:?}", b.info());
+    m.resume("b").await.unwrap();
+    let out = b.spawn(script("cat /root/mine; hostname")).await.unwrap().output().await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "b\nb\n");
+    m.shutdown().await;
+}

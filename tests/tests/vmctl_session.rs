@@ -65,6 +65,16 @@ fn session_commands_drive_umbrad() {
     assert_eq!(list[0]["status"], "ready");
     assert_eq!(list[0]["settings"]["memory_mib"], 192);
 
+    // Snapshots need umbra-vmm: on qemu both front ends say so, and the session runs on.
+    for args in [&["snapshot", "dev"][..], &["fork", "dev", "branch"]] {
+        let out = vmctl(&daemon).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(text(&out.stderr).contains("qemu backend, which cannot snapshot"), "{}", text(&out.stderr));
+    }
+    let out = vmctl(&daemon).args(["ls", "--json"]).output().unwrap();
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((list.as_array().unwrap().len(), &list[0]["status"]), (1, &serde_json::json!("ready")));
+
     assert!(vmctl(&daemon).args(["stop", "dev"]).status().unwrap().success());
     let out = vmctl(&daemon).arg("ls").output().unwrap();
     assert!(text(&out.stdout).contains("stopped"), "{}", text(&out.stdout));

@@ -139,6 +139,15 @@ pub struct SessionRef {
     pub name: String,
 }
 
+/// Params of `session.fork`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ForkParams {
+    /// The session to fork: its snapshot, taken first if it is running.
+    pub source: String,
+    /// The new session's name.
+    pub name: String,
+}
+
 /// Params of `session.set_network`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SetNetworkParams {
@@ -472,10 +481,18 @@ methods! {
     /// Creates and boots a session; returns once it is ready. Starting a session that is
     /// already starting waits for that start.
     SessionStart = "session.start" (StartParams) -> SessionInfo;
-    /// Boots a stopped or failed session again, with its folders, outputs and disk.
+    /// Boots a stopped or failed session again, with its folders, outputs and disk; a session
+    /// paused by `session.snapshot` is restored instead, its processes still running.
     SessionResume = "session.resume" (SessionRef) -> SessionInfo;
     /// Ends a session's processes and destroys its VM; its folders, outputs and disk stay.
     SessionStop = "session.stop" (SessionRef) -> SessionInfo;
+    /// Pauses a running session into a snapshot in its storage (memory, devices, disk, folder
+    /// table) and stops it; `session.resume` restores it with its processes. The kvm backend
+    /// only: elsewhere the error is `unsupported`.
+    SessionSnapshot = "session.snapshot" (SessionRef) -> SessionInfo;
+    /// A new session restored from another's snapshot, with its own disk, outputs, uploads,
+    /// entropy and hostname; a running source is snapshotted and resumed first.
+    SessionFork = "session.fork" (ForkParams) -> SessionInfo;
     /// Stops a session and removes it with its outputs, uploads and disk.
     SessionDelete = "session.delete" (SessionRef) -> Done;
     /// Replaces a session's network policy; new connections follow it at once (open ones are

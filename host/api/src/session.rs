@@ -239,6 +239,27 @@ pub struct SessionInfo {
     /// Why the session last stopped or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The session's snapshot (`session.snapshot`, or the one it was forked from), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotInfo>,
+}
+
+/// A session's snapshot: its VM paused into the session's storage (memory, devices, disk,
+/// folder table), which `session.resume` restores and `session.fork` copies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SnapshotInfo {
+    /// Milliseconds since the epoch.
+    pub taken_ms: u64,
+    /// The session that took it (a fork's snapshot names its source).
+    pub source: String,
+    pub bundle_version: String,
+    /// Bytes of guest memory the snapshot holds (a sparse file: untouched pages take no room).
+    pub memory_bytes: u64,
+    /// How long the guest was paused while its state and memory were written.
+    pub pause_ms: u64,
+    /// Whether the next `session.resume` restores it (processes and all) rather than booting:
+    /// true from the snapshot until a resume restored it.
+    pub resumes: bool,
 }
 
 /// The VM behind a running session.

@@ -136,6 +136,22 @@ export class Sessions {
     return new Session(this.client, name, await this._boot("session.resume", { name }, name, options.signal));
   }
 
+  /**
+   * Pauses a running session into a snapshot in its storage and stops it; `resume` restores it
+   * with its processes. The kvm backend only: elsewhere it rejects with an `UnsupportedError`.
+   */
+  async snapshot(name: string): Promise<Session> {
+    return new Session(this.client, name, await this.client.call("session.snapshot", { name }));
+  }
+
+  /**
+   * Starts session `name` from the snapshot of `source` (a running source is snapshotted and
+   * resumed first): the same settings and folders, its own disk, outputs, uploads and hostname.
+   */
+  async fork(source: string, name: string): Promise<Session> {
+    return new Session(this.client, name, await this.client.call("session.fork", { source, name }));
+  }
+
   /** Stops a session and removes it with its outputs, uploads and disk. */
   async delete(name: string): Promise<void> {
     await this.client.call("session.delete", { name });
@@ -249,7 +265,7 @@ type ConnectionState = "connected" | "reconnecting" | "closed";
 export class Umbra extends EventEmitter<UmbraEvents> {
   /** The socket this client talks to. */
   readonly socketPath: string;
-  /** Sessions: `start`, `list`, `get`, `stop`, `resume`, `delete`, `logs`. */
+  /** Sessions: `start`, `list`, `get`, `stop`, `resume`, `snapshot`, `fork`, `delete`, `logs`. */
   readonly sessions: Sessions;
   /** Bundles: `status`, `download`, `deleteAndReinstall`. */
   readonly bundles: Bundles;

@@ -289,8 +289,20 @@ export class Session {
     return this.current;
   }
 
+  /** Pauses it into a snapshot and stops it (kvm only; see `Sessions.snapshot`). */
+  async snapshot(): Promise<SessionInfo> {
+    this.current = await this.client.call("session.snapshot", { name: this.name });
+    return this.current;
+  }
+
+  /** A new session `name` from its snapshot (see `Sessions.fork`). */
+  fork(name: string): Promise<Session> {
+    return this.client.sessions.fork(this.name, name);
+  }
+
   /**
-   * Boots it again (a stopped or failed session) and resolves once it is ready. With `signal`,
+   * Boots it again (a stopped or failed session; a snapshotted one is restored, its processes
+   * still running) and resolves once it is ready. With `signal`,
    * aborting stops waiting and cancels the boot (`session.stop`).
    */
   async resume(options: { signal?: AbortSignal } = {}): Promise<SessionInfo> {

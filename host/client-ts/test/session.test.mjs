@@ -19,6 +19,7 @@ import {
   Umbra,
   UmbraError,
   UnavailableError,
+  UnsupportedError,
 } from "../dist/index.js";
 import { TestDaemon, collect, minimalBundle, nextEvent, cleanUpAfter } from "./daemon.mjs";
 
@@ -349,6 +350,18 @@ test("network: the policy is set on a running session and kept; bad ones are ref
   await assert.rejects(session.setNetwork({ mode: "any", allow_cidrs: ["10.0.0.0/99"] }), InvalidParamsError);
   assert.deepEqual((await session.refresh()).settings.network, network, "unchanged by the refusal");
   await session.setNetwork({ mode: "none" });
+});
+
+test("snapshot and fork on qemu: refused by name, and the session runs on", async () => {
+  const e = await session.snapshot().catch((x) => x);
+  assert.ok(e instanceof UnsupportedError, String(e));
+  assert.match(e.message, /qemu backend, which cannot snapshot/);
+  assert.equal((await session.refresh()).status, "ready", "a refused snapshot leaves the session running");
+  assert.equal((await session.exec(["echo", "still"])).stdout.toString(), "still\n");
+  // Forking a running session snapshots it first: the same refusal, and no fork is left behind.
+  const f = await session.fork("branch").catch((x) => x);
+  assert.ok(f instanceof UnsupportedError, String(f));
+  await assert.rejects(client.sessions.get("branch"), SessionNotFoundError);
 });
 
 test("lifecycle: list, stop, resume, logs, delete", async () => {

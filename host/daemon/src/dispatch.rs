@@ -153,6 +153,13 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
         SessionResume::NAME => {
             call::<SessionResume, _, _>(params, |p| async move { Ok(manager.resume(&p.name).await?.info()) }).await
         }
+        SessionSnapshot::NAME => {
+            call::<SessionSnapshot, _, _>(params, |p| async move { Ok(manager.snapshot(&p.name).await?.info()) }).await
+        }
+        SessionFork::NAME => {
+            call::<SessionFork, _, _>(params, |p| async move { Ok(manager.fork(&p.source, &p.name).await?.info()) })
+                .await
+        }
         SessionStop::NAME => {
             call::<SessionStop, _, _>(params, |p| async move { Ok(manager.stop(&p.name).await?.info()) }).await
         }

@@ -102,6 +102,10 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
         // This process already isolates the mounts; virtiofsd's own namespace sandbox would
         // hide the folders bound in after it starts.
         .args(["--sandbox", "none", "--inode-file-handles=never", "--announce-submounts"])
+        // A restored VM's guest may hold an inode the host has since removed or replaced (an
+        // editor's atomic save, a shadow apply): it gets errors on that inode alone, and a new
+        // lookup by path finds the file, rather than the whole restore failing.
+        .arg("--migration-on-error=guest-error")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr);

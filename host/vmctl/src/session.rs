@@ -27,8 +27,13 @@ pub enum SessionCommand {
     Ls(LsArgs),
     /// Stop a session (its folders, outputs and disk stay).
     Stop(NameArgs),
-    /// Boot a stopped session again.
+    /// Boot a stopped session again (a snapshotted one is restored, its processes running).
     Resume(NameArgs),
+    /// Pause a running session into a snapshot in its storage and stop it (kvm backend).
+    Snapshot(NameArgs),
+    /// Start a new session from another's snapshot (a running source is snapshotted and
+    /// resumed first): its own disk, outputs, uploads and hostname.
+    Fork(ForkArgs),
     /// Stop a session and delete it with its outputs, uploads and disk.
     Rm(NameArgs),
     /// A session's recent events and console lines.
@@ -92,6 +97,14 @@ pub struct NameArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ForkArgs {
+    /// The session to fork.
+    source: String,
+    /// The new session's name.
+    name: String,
+}
+
+#[derive(Args, Debug)]
 pub struct LogsArgs {
     name: String,
     /// Lines of each log.
@@ -117,6 +130,8 @@ pub async fn run(command: SessionCommand) -> i32 {
         SessionCommand::Ls(args) => ls(args).await,
         SessionCommand::Stop(a) => simple::<SessionStop>(SessionRef { name: a.name }, "stopped").await,
         SessionCommand::Resume(a) => simple::<SessionResume>(SessionRef { name: a.name }, "ready").await,
+        SessionCommand::Snapshot(a) => simple::<SessionSnapshot>(SessionRef { name: a.name }, "paused").await,
+        SessionCommand::Fork(a) => simple::<SessionFork>(ForkParams { source: a.source, name: a.name }, "ready").await,
         SessionCommand::Rm(a) => rm(a).await,
         SessionCommand::Logs(args) => logs(args).await,
     };
@@ -140,13 +155,19 @@ async fn rm(args: NameArgs) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn simple<M: Method<Params = SessionRef, Result = SessionInfo>>(
-    params: SessionRef,
-    word: &str,
-) -> Result<(), ApiError> {
+async fn simple<M: Method<Result = SessionInfo>>(params: M::Params, word: &str) -> Result<(), ApiError> {
     let client = connect().await?;
     let info = client.call::<M>(params).await?;
-    eprintln!("vmctl: session {} {word} ({})", info.name, info.status);
+    match &info.snapshot {
+        Some(s) if word == "paused" => eprintln!(
+            "vmctl: session {} {word} ({}): snapshot of {} MiB of memory in {}/snapshot",
+            info.name,
+            info.status,
+            s.memory_bytes >> 20,
+            info.storage_dir.display()
+        ),
+        _ => eprintln!("vmctl: session {} {word} ({})", info.name, info.status),
+    }
     Ok(())
 }
 

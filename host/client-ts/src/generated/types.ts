@@ -4,7 +4,7 @@
 // The wire protocol and what every field means: docs/ipc.md.
 
 /** The IPC contract's version (`major.minor`) these types describe. */
-export const API_VERSION = "1.3";
+export const API_VERSION = "1.4";
 
 /** Bytes of each output stream umbrad sends before it waits for `process.ack`. */
 export const OUTPUT_WINDOW = 1048576;
@@ -430,6 +430,14 @@ export interface FolderSpec {
   mode?: ShareMode;
   /** The name under `/sessions/<session>/mnt/` (default: the folder's own name). */
   name?: string | null;
+}
+
+/** Params of `session.fork`. */
+export interface ForkParams {
+  /** The session to fork: its snapshot, taken first if it is running. */
+  source: string;
+  /** The new session's name. */
+  name: string;
 }
 
 /** An executable asked about each command. */
@@ -1185,6 +1193,8 @@ export interface SessionInfo {
   created_ms: number;
   /** Why the session last stopped or failed. */
   last_error?: string | null;
+  /** The session's snapshot (`session.snapshot`, or the one it was forked from), if any. */
+  snapshot?: SnapshotInfo | null;
   /** The running VM, when there is one. */
   vm?: VmInfo | null;
 }
@@ -1363,6 +1373,27 @@ export interface ShadowParams {
  */
 export type ShareMode = "ro" | "rw" | "rwd" | "shadow";
 
+/**
+ * A session's snapshot: its VM paused into the session's storage (memory, devices, disk,
+ * folder table), which `session.resume` restores and `session.fork` copies.
+ */
+export interface SnapshotInfo {
+  /** Milliseconds since the epoch. */
+  taken_ms: number;
+  /** The session that took it (a fork's snapshot names its source). */
+  source: string;
+  bundle_version: string;
+  /** Bytes of guest memory the snapshot holds (a sparse file: untouched pages take no room). */
+  memory_bytes: number;
+  /** How long the guest was paused while its state and memory were written. */
+  pause_ms: number;
+  /**
+   * Whether the next `session.resume` restores it (processes and all) rather than booting:
+   * true from the snapshot until a resume restored it.
+   */
+  resumes: boolean;
+}
+
 export interface SpawnParams {
   session: string;
   /** The command; `argv[0]` is looked up in the guest's PATH. */
@@ -1538,10 +1569,20 @@ export interface Methods {
    * Creates and boots a session; returns once it is ready. Starting a session that is already starting waits for that start.
    */
   "session.start": { params: StartParams; result: SessionInfo };
-  /** Boots a stopped or failed session again, with its folders, outputs and disk. */
+  /**
+   * Boots a stopped or failed session again, with its folders, outputs and disk; a session paused by `session.snapshot` is restored instead, its processes still running.
+   */
   "session.resume": { params: SessionRef; result: SessionInfo };
   /** Ends a session's processes and destroys its VM; its folders, outputs and disk stay. */
   "session.stop": { params: SessionRef; result: SessionInfo };
+  /**
+   * Pauses a running session into a snapshot in its storage (memory, devices, disk, folder table) and stops it; `session.resume` restores it with its processes. The kvm backend only: elsewhere the error is `unsupported`.
+   */
+  "session.snapshot": { params: SessionRef; result: SessionInfo };
+  /**
+   * A new session restored from another's snapshot, with its own disk, outputs, uploads, entropy and hostname; a running source is snapshotted and resumed first.
+   */
+  "session.fork": { params: ForkParams; result: SessionInfo };
   /** Stops a session and removes it with its outputs, uploads and disk. */
   "session.delete": { params: SessionRef; result: Done };
   /**
@@ -1613,6 +1654,8 @@ export const METHOD_NAMES = [
   "session.start",
   "session.resume",
   "session.stop",
+  "session.snapshot",
+  "session.fork",
   "session.delete",
   "session.set_network",
   "session.list",

@@ -36,6 +36,11 @@ pub enum SessionError {
     Share(#[from] ShareError),
     #[error("{}", agent_message(.0))]
     Agent(#[from] ClientError),
+    /// Not possible with this session or host (a snapshot on qemu, a session without storage).
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("cannot snapshot session {name:?}: {source}")]
+    Snapshot { name: String, source: VmError },
     #[error("process {0} is not running in this session")]
     NoSuchProcess(u64),
     #[error("cannot {what}: {source}")]
@@ -60,6 +65,11 @@ impl SessionError {
             SessionError::Failed { .. } => ErrorCode::BootFailed,
             SessionError::Share(e) => share_code(e),
             SessionError::Agent(e) => client_code(e),
+            SessionError::Unsupported(_) => ErrorCode::Unsupported,
+            SessionError::Snapshot { source, .. } => match source {
+                VmError::Io { .. } => ErrorCode::Io,
+                _ => ErrorCode::Internal,
+            },
             SessionError::NoSuchProcess(_) => ErrorCode::NotFound,
             SessionError::Io { source, .. } => io_code(source),
         }

@@ -13,13 +13,16 @@ use umbra_api::{EventKind, FolderInfo, FolderSpec, SessionSettings, VmInfo};
 use super::context::Context;
 use super::error::SessionError;
 use super::outputs::{OutputsChange, OutputsWatcher};
+use super::snapshot::SessionSnapshot;
 use crate::agent::AgentClient;
-use crate::backend::{select, Vm, VmError, VmSpec};
-use crate::share::paths::OUTPUTS;
+use crate::backend::{select, Restore, Vm, VmError, VmSpec};
+use crate::share::paths::{OUTPUTS, READONLY_TMP, UPLOADS};
 use crate::share::{FolderPolicy, SharedFolders};
 
 /// Where a session's writable disk lives in its storage directory.
 pub const DISK_FILE: &str = "disk.img";
+/// What a booted guest calls itself (a restored one is told its name: [`Restore::hostname`]).
+pub(super) const BOOT_HOSTNAME: &str = "umbra";
 
 /// Reports boot progress (queued, folders mounted, outputs changes) as events of the session.
 pub(super) type Report = Arc<dyn Fn(EventKind) + Send + Sync>;
@@ -46,6 +49,10 @@ pub(super) struct Incarnation {
     pub machine: tokio::sync::Mutex<Machine>,
     pub agent: AgentClient,
     pub info: VmInfo,
+    /// The bundle spec it booted from (a snapshot records it, to restore the same).
+    pub bundle: String,
+    /// The guest's hostname.
+    pub hostname: String,
     /// The folders as clients see them (readable without waiting for `machine`).
     pub folder_infos: Mutex<Vec<FolderInfo>>,
     /// Why this VM ended, once it has: processes that lose their connection report it.
@@ -84,22 +91,11 @@ impl Incarnation {
             None => None,
         };
         let from_pool = warm.is_some();
-        let policy = plan.settings.policy.effective();
         let mut vm = match warm {
             Some(warm) => warm.vm,
             None => Self::launch(plan, ctx, &report, resolved.image.clone(), backend, disk_path).await?,
         };
-        // Guest connections to host port 1026 arrive on `<vsock socket>_1026`.
-        let egress_socket = crate::backend::vsock_port_socket(vm.run_dir(), umbra_proto::egress::EGRESS_VSOCK_PORT);
-        let egress_report = report.clone();
-        let egress = crate::egress::EgressProxy::start(
-            &egress_socket,
-            plan.network.clone(),
-            std::sync::Arc::new(move |kind| egress_report(kind)),
-            crate::egress::EgressLimits::default(),
-        )
-        .map_err(SessionError::io(format!("listen on {}", egress_socket.display())))?;
-
+        let policy = plan.settings.policy.effective();
         let mut folders = SharedFolders::with_policy(FolderPolicy::from_policy(&policy));
         let mut infos = Vec::new();
         for f in &plan.folders {
@@ -118,15 +114,152 @@ impl Incarnation {
         if policy.disable_tmp_write {
             folders.readonly_tmp(&mut vm, &plan.session).await?;
         }
-        let first_session_dir = folders.list().len();
-        let mut outputs = None;
         if let Some(dir) = &plan.storage_dir {
+            let first_session_dir = folders.list().len();
             folders.share_session_dirs(&mut vm, &plan.session, dir).await?;
             for shared in &folders.list()[first_session_dir..] {
                 let info = shared.info();
                 report(folder_mounted(&info));
                 infos.push(info);
             }
+        }
+        let info = VmInfo {
+            backend: backend.name().into(),
+            backend_reason: why,
+            bundle_version: resolved.image.version.clone(),
+            boot_ms: vm.boot_time.as_millis() as u64,
+            pids: vm.pids(),
+            run_dir: vm.run_dir().to_path_buf(),
+            from_pool,
+        };
+        let names = (plan.settings.bundle.clone(), BOOT_HOSTNAME.to_string());
+        Self::attach(plan, report, Machine { vm, folders }, infos, info, names)
+    }
+
+    /// Restores `snapshot` for `plan` (a resume, or a fork's first start): a copy of the
+    /// snapshot's disk becomes the session's disk, the folder server serves the snapshot's
+    /// folders again (the session's own from its storage), and the guest, already mounting them,
+    /// resumes under `hostname` with fresh entropy and this host's clock.
+    pub async fn restore(
+        plan: &BootPlan,
+        ctx: &Context,
+        report: Report,
+        snapshot: &SessionSnapshot,
+        hostname: &str,
+    ) -> Result<Incarnation, SessionError> {
+        let meta = &snapshot.meta;
+        let Some(storage) = plan.storage_dir.clone() else {
+            return Err(SessionError::Unsupported("a session without storage has no snapshot".into()));
+        };
+        let store = ctx.bundles.clone();
+        let (spec, version) = (meta.bundle.clone(), meta.bundle_version.clone());
+        // The bundle the snapshot booted: by its spec, or by its version if the spec has moved on.
+        let resolved = tokio::task::spawn_blocking(move || match crate::image::resolve_with(&spec, &store, false) {
+            Ok(r) if r.image.version == version => Ok(r),
+            first => crate::image::resolve_with(&version, &store, false).map_err(|e| match first {
+                Ok(r) => SessionError::InvalidArgument(format!(
+                    "the snapshot was taken with bundle {version}, {spec} is now {} and {version} cannot be \
+                         found ({e}); delete the session or install {version} again",
+                    r.image.version
+                )),
+                Err(_) => e.into(),
+            }),
+        })
+        .await
+        .map_err(|e| SessionError::InvalidArgument(format!("bundle resolution panicked: {e}")))??;
+        let (backend, why) = select::choose(umbra_api::BackendChoice::Kvm, resolved.image.arch)
+            .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
+
+        // The session's own folders come from its storage, a read-only `/tmp` from an empty
+        // directory there; the user's folders are the snapshot's.
+        let mut saved = meta.folders.clone();
+        for f in &mut saved {
+            if f.name == OUTPUTS || f.name == UPLOADS {
+                f.host_path = storage.join(&f.name);
+            } else if f.name == READONLY_TMP {
+                f.host_path = storage.join(READONLY_TMP);
+            }
+            if f.name == READONLY_TMP || f.name == OUTPUTS || f.name == UPLOADS {
+                std::fs::create_dir_all(&f.host_path)
+                    .map_err(SessionError::io(format!("create {}", f.host_path.display())))?;
+            }
+        }
+        let policy = FolderPolicy::from_policy(&plan.settings.policy.effective());
+        let folders = SharedFolders::restored(policy, saved);
+
+        let slot = ctx.admission.enter(|position| report(EventKind::BootQueued { position })).await;
+        let disk = match meta.disk {
+            true => {
+                let (from, to) = (snapshot.disk(), storage.join(DISK_FILE));
+                // Copied beside the session's disk, then renamed over it: a failed copy leaves
+                // the disk as it was.
+                let tmp = storage.join(format!(".{DISK_FILE}.restore"));
+                let _ = std::fs::remove_file(&tmp);
+                tokio::task::spawn_blocking(move || {
+                    crate::backend::disk::copy_sparse(&from, &tmp)?;
+                    std::fs::rename(&tmp, &to)
+                        .map_err(|source| VmError::Io { what: format!("rename {}", tmp.display()), source })?;
+                    Ok::<_, VmError>(to)
+                })
+                .await
+                .map_err(|e| SessionError::InvalidArgument(format!("the disk copy panicked: {e}")))?
+                .map(Some)
+                .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?
+            }
+            false => None,
+        };
+        let mut spec = VmSpec::new(resolved.image.clone());
+        spec.cpus = meta.cpus;
+        spec.memory_mib = meta.memory_mib;
+        spec.boot_timeout = plan.boot_timeout;
+        spec.folder_sharing = meta.folder_sharing;
+        spec.disk = disk;
+        spec.restore =
+            Some(Restore { snapshot: snapshot.vm_dir(), hostname: hostname.into(), folders: folders.server_folders() });
+        let vm = Vm::launch(backend, &spec)
+            .await
+            .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
+        drop(slot);
+        let infos: Vec<FolderInfo> = folders.list().iter().map(|s| s.info()).collect();
+        for info in &infos {
+            report(folder_mounted(info));
+        }
+        let info = VmInfo {
+            backend: backend.name().into(),
+            backend_reason: format!("restored from the snapshot of {} ({why})", meta.session),
+            bundle_version: resolved.image.version.clone(),
+            boot_ms: vm.boot_time.as_millis() as u64,
+            pids: vm.pids(),
+            run_dir: vm.run_dir().to_path_buf(),
+            from_pool: false,
+        };
+        let names = (meta.bundle.clone(), hostname.to_string());
+        Self::attach(plan, report, Machine { vm, folders }, infos, info, names)
+    }
+
+    /// What every VM of a session gets once its folders are shared: the egress proxy on its
+    /// vsock socket, and the outputs watcher.
+    fn attach(
+        plan: &BootPlan,
+        report: Report,
+        machine: Machine,
+        infos: Vec<FolderInfo>,
+        info: VmInfo,
+        (bundle, hostname): (String, String),
+    ) -> Result<Incarnation, SessionError> {
+        // Guest connections to host port 1026 arrive on `<vsock socket>_1026`.
+        let egress_socket =
+            crate::backend::vsock_port_socket(machine.vm.run_dir(), umbra_proto::egress::EGRESS_VSOCK_PORT);
+        let egress_report = report.clone();
+        let egress = crate::egress::EgressProxy::start(
+            &egress_socket,
+            plan.network.clone(),
+            std::sync::Arc::new(move |kind| egress_report(kind)),
+            crate::egress::EgressLimits::default(),
+        )
+        .map_err(SessionError::io(format!("listen on {}", egress_socket.display())))?;
+        let mut outputs = None;
+        if let Some(dir) = &plan.storage_dir {
             let watch_report = report.clone();
             let watcher = OutputsWatcher::start(&dir.join(OUTPUTS), move |change| {
                 watch_report(match change {
@@ -140,21 +273,14 @@ impl Incarnation {
                 Err(e) => tracing::warn!("session {}: cannot watch its outputs folder: {e}", plan.session),
             }
         }
-        let info = VmInfo {
-            backend: backend.name().into(),
-            backend_reason: why,
-            bundle_version: resolved.image.version.clone(),
-            boot_ms: vm.boot_time.as_millis() as u64,
-            pids: vm.pids(),
-            run_dir: vm.run_dir().to_path_buf(),
-            from_pool,
-        };
-        let agent = vm.agent().clone();
+        let agent = machine.vm.agent().clone();
         let (ended, _) = watch::channel(None);
         Ok(Incarnation {
-            machine: tokio::sync::Mutex::new(Machine { vm, folders }),
+            machine: tokio::sync::Mutex::new(machine),
             agent,
             info,
+            bundle,
+            hostname,
             folder_infos: Mutex::new(infos),
             ended,
             _outputs: outputs,
@@ -196,6 +322,11 @@ impl Incarnation {
             .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
         drop(slot);
         Ok(vm)
+    }
+
+    /// What processes are told when their connection drops (`None`: it is not expected to).
+    pub fn set_ending(&self, reason: Option<String>) {
+        self.ended.send_replace(reason);
     }
 
     /// Tells processes why their connection is about to drop.

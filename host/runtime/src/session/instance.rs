@@ -24,6 +24,7 @@ use super::context::Context;
 use super::error::SessionError;
 use super::exec::{self, Exec, ExecControl, ExecRequest, PumpContext};
 use super::incarnation::{folder_mounted, BootPlan, Failure, Incarnation, Report};
+use super::snapshot::{PendingSnapshot, SessionSnapshot, SnapshotMeta};
 use super::store::SessionRecord;
 use crate::backend::console::ERROR_CONTEXT_LINES;
 use crate::share::paths::validate_session_name;
@@ -197,6 +198,7 @@ impl Session {
             restarts: state.restarts,
             created_ms: state.record.created_ms,
             last_error: state.record.last_error.clone(),
+            snapshot: state.record.snapshot.clone(),
         }
     }
 
@@ -272,10 +274,13 @@ impl Session {
         }
     }
 
+    /// Boots the session's next VM, or restores its snapshot if it was paused by one (or is a
+    /// fork not yet started): the restore is used once, and later VMs of the session boot.
     async fn boot_incarnation(self: &Arc<Self>) -> Result<Arc<Incarnation>, SessionError> {
-        let (settings, folders) = {
+        let (settings, folders, resumes) = {
             let state = self.state.lock().unwrap();
-            (state.record.settings.clone(), state.record.folders.clone())
+            let resumes = state.record.snapshot.as_ref().is_some_and(|s| s.resumes);
+            (state.record.settings.clone(), state.record.folders.clone(), resumes)
         };
         let plan = BootPlan {
             session: self.name.clone(),
@@ -285,8 +290,185 @@ impl Session {
             boot_timeout: Duration::from_secs(self.ctx.config().boot_timeout_secs),
             network: self.network.clone(),
         };
-        let inc = Incarnation::boot(&plan, &self.ctx, self.report()).await?;
+        if !resumes {
+            return Ok(Arc::new(Incarnation::boot(&plan, &self.ctx, self.report()).await?));
+        }
+        let storage = self.storage_dir().ok_or_else(|| SessionError::Unsupported("no storage".into()))?;
+        let snapshot = tokio::task::spawn_blocking(move || SessionSnapshot::load(&storage))
+            .await
+            .map_err(|e| SessionError::InvalidArgument(format!("reading the snapshot panicked: {e}")))??;
+        // A resume keeps the guest's name; a fork's first start gives it the fork's.
+        let hostname = match snapshot.meta.session == self.name {
+            true => snapshot.meta.hostname.clone(),
+            false => self.name.clone(),
+        };
+        let inc = Incarnation::restore(&plan, &self.ctx, self.report(), &snapshot, &hostname).await?;
+        {
+            // From now on the disk moves on from the snapshot's: a later VM boots.
+            let mut state = self.state.lock().unwrap();
+            if let Some(s) = &mut state.record.snapshot {
+                s.resumes = false;
+            }
+        }
+        self.persist();
         Ok(Arc::new(inc))
+    }
+
+    /// Pauses the running session into a snapshot in its storage and stops it (see
+    /// [`super::snapshot`]); [`super::SessionManager::resume`] restores it. Processes get their
+    /// exit event now, saying so; in the guest the agent ends them at the restore, when their
+    /// connections reset (detached ones run on). If the snapshot fails while the VM
+    /// still answers, the session goes on running and the error says why; if the VM is lost,
+    /// the session stops (shadow changes saved as on any stop, when the agent answers).
+    pub async fn snapshot(self: &Arc<Self>) -> Result<(), SessionError> {
+        self.touch();
+        let _lifecycle = self.lifecycle.lock().await;
+        if self.status() != SessionStatus::Ready {
+            return Err(self.invalid_state("snapshot it"));
+        }
+        let Some(storage) = self.storage_dir() else {
+            return Err(SessionError::Unsupported(format!(
+                "session {:?} has no storage directory to keep a snapshot in",
+                self.name
+            )));
+        };
+        let inc = self.state.lock().unwrap().current.clone().ok_or_else(|| self.invalid_state("snapshot it"))?;
+        let backend = inc.machine.lock().await.vm.backend;
+        if !backend.can_snapshot() {
+            return Err(SessionError::Unsupported(format!(
+                "session {:?} runs on the {} backend, which cannot snapshot a VM: snapshots need the kvm \
+                 backend (umbra-vmm)",
+                self.name,
+                backend.name()
+            )));
+        }
+        // The supervisor stops first: the guest is paused while its memory is written.
+        self.state.lock().unwrap().cancel.cancel();
+        let text = "the session was paused into a snapshot; resume restores it".to_string();
+        self.set_status(SessionStatus::Stopping, Some(text.clone()));
+        inc.set_ending(Some(text.clone()));
+        let settings = self.settings();
+        match self.write_snapshot(&inc, &storage, &settings).await {
+            Ok(info) => {
+                let console = inc.end(&text, false).await;
+                {
+                    let mut state = self.state.lock().unwrap();
+                    state.current = None;
+                    state.last_console = console;
+                    state.record.snapshot = Some(info);
+                }
+                self.set_status(SessionStatus::Stopped, Some(text));
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(session = %self.name, "snapshot failed: {e}");
+                let alive = inc.check_alive().is_ok() && inc.heartbeat(Duration::from_secs(5)).await.is_ok();
+                if alive {
+                    inc.set_ending(None);
+                    let cancel = CancellationToken::new();
+                    self.state.lock().unwrap().cancel = cancel.clone();
+                    self.set_status(SessionStatus::Ready, None);
+                    tokio::spawn(self.clone().supervise(inc, cancel));
+                } else {
+                    let why = format!("the snapshot failed and the VM ended: {e}");
+                    inc.export_shadows(&storage, &self.report(), None).await;
+                    let console = inc.end(&why, false).await;
+                    {
+                        let mut state = self.state.lock().unwrap();
+                        state.current = None;
+                        state.last_console = console;
+                    }
+                    self.set_status(SessionStatus::Stopped, Some(why));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The VM's state, memory, disk and folder table into `<storage>/snapshot`.
+    async fn write_snapshot(
+        &self,
+        inc: &Incarnation,
+        storage: &Path,
+        settings: &SessionSettings,
+    ) -> Result<umbra_api::session::SnapshotInfo, SessionError> {
+        let pending = PendingSnapshot::begin(storage)?;
+        let mut machine = inc.machine.lock().await;
+        let folders = machine.folders.saved();
+        let folder_sharing = machine.vm.shares_folders();
+        let taken = machine
+            .vm
+            .snapshot(&pending.vm_dir())
+            .await
+            .map_err(|source| SessionError::Snapshot { name: self.name.clone(), source })?;
+        drop(machine);
+        let disk = storage.join(super::DISK_FILE);
+        let has_disk = settings.disk_size_mib > 0 && disk.is_file();
+        if has_disk {
+            let to = pending.disk();
+            tokio::task::spawn_blocking(move || crate::backend::disk::copy_sparse(&disk, &to))
+                .await
+                .map_err(|e| SessionError::InvalidArgument(format!("the disk copy panicked: {e}")))?
+                .map_err(|source| SessionError::Snapshot { name: self.name.clone(), source })?;
+        }
+        let meta = SnapshotMeta {
+            version: super::snapshot::META_VERSION,
+            session: self.name.clone(),
+            hostname: inc.hostname.clone(),
+            taken_ms: umbra_api::event::now_ms(),
+            bundle: inc.bundle.clone(),
+            bundle_version: inc.info.bundle_version.clone(),
+            cpus: settings.cpus,
+            memory_mib: settings.memory_mib,
+            folder_sharing,
+            disk: has_disk,
+            memory_bytes: taken.memory_bytes,
+            pause_ms: taken.took.as_millis() as u64,
+            folders,
+        };
+        let meta = tokio::task::spawn_blocking(move || pending.commit(&meta).map(|_| meta))
+            .await
+            .map_err(|e| SessionError::InvalidArgument(format!("writing the snapshot panicked: {e}")))??;
+        tracing::info!(session = %self.name, took_ms = taken.took.as_millis() as u64, "snapshot taken");
+        Ok(meta.info(true))
+    }
+
+    /// Gives `dest` (a new fork's storage) this session's snapshot, by hard links, while no
+    /// snapshot of this session can replace it; with its outputs and uploads copied.
+    pub(super) async fn fork_into(&self, dest: &Path) -> Result<umbra_api::session::SnapshotInfo, SessionError> {
+        let _lifecycle = self.lifecycle.lock().await;
+        let Some(storage) = self.storage_dir() else {
+            return Err(SessionError::Unsupported(format!("session {:?} has no storage", self.name)));
+        };
+        if self.state.lock().unwrap().record.snapshot.is_none() {
+            return Err(self.invalid_state("fork it: it has no snapshot (fork it while it runs, or take one)"));
+        }
+        let dest = dest.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&dest).map_err(SessionError::io(format!("create {}", dest.display())))?;
+            let meta = super::snapshot::link(&storage, &dest)?;
+            for dir in [crate::share::paths::OUTPUTS, crate::share::paths::UPLOADS] {
+                if storage.join(dir).is_dir() {
+                    super::snapshot::copy_tree(&storage.join(dir), &dest.join(dir))
+                        .map_err(SessionError::io(format!("copy {}", storage.join(dir).display())))?;
+                }
+            }
+            Ok(meta.info(true))
+        })
+        .await
+        .map_err(|e| SessionError::InvalidArgument(format!("the fork's copy panicked: {e}")))?
+    }
+
+    /// The record a fork of this session starts with: its settings and folders.
+    pub(super) fn fork_record(&self, name: &str) -> SessionRecord {
+        let state = self.state.lock().unwrap();
+        SessionRecord::new(name, state.record.settings.clone(), state.record.folders.clone())
+    }
+
+    /// A fork's snapshot, once linked into its storage: its first start restores it.
+    pub(super) fn set_snapshot(&self, snapshot: umbra_api::session::SnapshotInfo) {
+        self.state.lock().unwrap().record.snapshot = Some(snapshot);
+        self.persist();
     }
 
     /// Makes `inc` the running VM, announces it, and starts its supervisor.

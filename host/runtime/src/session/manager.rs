@@ -184,6 +184,54 @@ impl SessionManager {
         Ok(session)
     }
 
+    /// Pauses running session `name` into a snapshot and stops it (see [`Session::snapshot`]).
+    pub async fn snapshot(&self, name: &str) -> Result<Arc<Session>, SessionError> {
+        let session = self.get(name)?;
+        session.snapshot().await?;
+        Ok(session)
+    }
+
+    /// Creates session `name` from the snapshot of `source` and starts it: the same settings
+    /// and folders, its own disk (a copy of the snapshot's), outputs and uploads (copies of the
+    /// source's), entropy and hostname (its name). A running source is snapshotted and resumed
+    /// first, so it pauses for the time of a snapshot and a restore.
+    pub async fn fork(&self, source: &str, name: &str) -> Result<Arc<Session>, SessionError> {
+        check_name(name)?;
+        let src = self.get(source)?;
+        let dest = self
+            .ctx
+            .storage_dir(name)
+            .ok_or_else(|| SessionError::Unsupported("sessions here have no storage to fork into".into()))?;
+        if let Ok(existing) = self.get(name) {
+            return Err(SessionError::Exists { name: name.into(), status: existing.status() });
+        }
+        if src.status().is_active() {
+            src.wait_ready().await?;
+            src.snapshot().await?;
+            self.resume(source).await?;
+        }
+        let session = {
+            let mut sessions = self.sessions.lock().unwrap();
+            if let Some(existing) = sessions.get(name) {
+                return Err(SessionError::Exists { name: name.into(), status: existing.status() });
+            }
+            let session = Session::new(self.ctx.clone(), src.fork_record(name));
+            sessions.insert(name.into(), session.clone());
+            session
+        };
+        match src.fork_into(&dest).await {
+            Ok(snapshot) => session.set_snapshot(snapshot),
+            Err(e) => {
+                self.sessions.lock().unwrap().remove(name);
+                self.ctx.records.remove(name);
+                let _ = std::fs::remove_dir_all(&dest);
+                return Err(e);
+            }
+        }
+        session.boot().await?;
+        Ok(session)
+    }
+
     pub async fn stop(&self, name: &str) -> Result<Arc<Session>, SessionError> {
         let session = self.get(name)?;
         session.stop(StopReason::Requested).await?;

@@ -15,6 +15,7 @@
 //!   an exit that always comes).
 //! - [`admission`]: at most N boots at once, the rest queued in order.
 //! - [`pool`]: VMs booted ahead of the starts that take them.
+//! - [`snapshot`]: a session paused into its storage, resumed or forked from there.
 //! - [`approval`]: the gate a spawn passes when the session has approval settings.
 //! - [`events`], [`store`], [`outputs`]: the bus and event logs, the session records, the
 //!   outputs-folder watcher.
@@ -30,6 +31,7 @@ pub mod instance;
 pub mod manager;
 pub mod outputs;
 mod pool;
+mod snapshot;
 pub mod store;
 
 pub use error::SessionError;

@@ -45,8 +45,6 @@ const RETRY: Duration = Duration::from_secs(30);
 /// How long the pool boots its VMs after taking or restoring its template failed, before it
 /// tries the template again (a full disk, a VMM killed meanwhile: causes that may pass).
 const TEMPLATE_RETRY: Duration = Duration::from_secs(600);
-/// The hostname of a pooled VM restored from the template: what a booted guest calls itself.
-const POOL_HOSTNAME: &str = "umbra";
 
 /// What makes a booted VM usable for a session: everything fixed at launch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -470,7 +468,7 @@ async fn restore(ctx: &Arc<Context>, key: &PoolKey, image: BootImage, config: &D
             Some(path)
         }
     };
-    let restore = Restore { snapshot, hostname: POOL_HOSTNAME.into(), folders: Vec::new() };
+    let restore = Restore { snapshot, hostname: super::incarnation::BOOT_HOSTNAME.into(), folders: Vec::new() };
     launch(ctx, key, image, config, disk, Some(restore)).await
 }
 

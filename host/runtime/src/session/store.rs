@@ -34,6 +34,9 @@ pub struct SessionRecord {
     pub status: SessionStatus,
     #[serde(default)]
     pub last_error: Option<String>,
+    /// The snapshot in the session's storage (see [`super::snapshot`]), if any.
+    #[serde(default)]
+    pub snapshot: Option<umbra_api::session::SnapshotInfo>,
 }
 
 impl SessionRecord {
@@ -46,6 +49,7 @@ impl SessionRecord {
             created_ms: umbra_api::event::now_ms(),
             status: SessionStatus::Starting,
             last_error: None,
+            snapshot: None,
         }
     }
 }

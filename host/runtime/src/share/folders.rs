@@ -63,8 +63,25 @@ pub struct Shared {
     pub host_path: PathBuf,
     pub mode: ShareMode,
     pub guest_path: String,
+    /// Served with the policy's protection (`.git`, ignored files): the user's folders and
+    /// extra paths, not the session's own.
+    protected: bool,
     /// The host folder as it was when a shadow share started.
     baseline: Option<Baseline>,
+}
+
+/// A [`Shared`] as a session snapshot keeps it: what a restored VM's folder server must serve
+/// again under the same name, and what the host needs to go on (guest path, shadow baseline).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SavedFolder {
+    /// The session whose guest path it has (a fork keeps its source's paths).
+    pub session: String,
+    pub name: String,
+    pub host_path: PathBuf,
+    pub mode: ShareMode,
+    pub guest_path: String,
+    pub protected: bool,
+    pub baseline: Option<Baseline>,
 }
 
 /// What a sandbox policy asks of the folders a session shares (see `docs/policy.md`).
@@ -255,6 +272,7 @@ impl SharedFolders {
             host_path: host_path.to_path_buf(),
             mode,
             guest_path: guest_path.clone(),
+            protected: protect,
             baseline,
         });
         Ok(guest_path)
@@ -275,6 +293,56 @@ impl SharedFolders {
 
     pub fn list(&self) -> &[Shared] {
         &self.shared
+    }
+
+    /// The folders as a snapshot keeps them.
+    pub fn saved(&self) -> Vec<SavedFolder> {
+        self.shared
+            .iter()
+            .map(|s| SavedFolder {
+                session: s.session.clone(),
+                name: s.name.clone(),
+                host_path: s.host_path.clone(),
+                mode: s.mode,
+                guest_path: s.guest_path.clone(),
+                protected: s.protected,
+                baseline: s.baseline.clone(),
+            })
+            .collect()
+    }
+
+    /// What a restored VM's folder server must serve (see [`crate::backend::Restore`]).
+    pub fn server_folders(&self) -> Vec<crate::backend::SharedFolder> {
+        self.shared
+            .iter()
+            .map(|s| crate::backend::SharedFolder {
+                name: s.name.clone(),
+                source: s.host_path.clone(),
+                read_only: !s.mode.host_writable(),
+                protection: match s.protected {
+                    true => Protection { protect_git: self.policy.protect_git, hide: self.policy.hide.clone() },
+                    false => Protection::default(),
+                },
+            })
+            .collect()
+    }
+
+    /// The folders of a VM restored from a snapshot: already mounted in the guest and served
+    /// by the VM's folder server, so nothing is asked of either.
+    pub fn restored(policy: FolderPolicy, saved: Vec<SavedFolder>) -> Self {
+        let shared = saved
+            .into_iter()
+            .map(|f| Shared {
+                session: f.session,
+                name: f.name,
+                host_path: f.host_path,
+                mode: f.mode,
+                guest_path: f.guest_path,
+                protected: f.protected,
+                baseline: f.baseline,
+            })
+            .collect();
+        Self { shared, policy }
     }
 
     fn shadow(&self, name: &str) -> Result<&Shared, ShareError> {

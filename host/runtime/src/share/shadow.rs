@@ -44,7 +44,7 @@ const NEW_DIR_MODE: u32 = 0o755;
 /// guest agent reports it (a type change comes as `deleted` then `added`): the protocol's types.
 pub use umbra_proto::{ChangeKind, ShadowChange};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FileKind {
     File,
     Dir,
@@ -54,7 +54,7 @@ pub enum FileKind {
 }
 
 /// What a host entry looked like; two equal stats are taken to mean "unchanged".
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EntryStat {
     pub kind: FileKind,
     pub size: u64,
@@ -100,8 +100,9 @@ impl EntryStat {
     }
 }
 
-/// The state of a host folder when its shadow session started.
-#[derive(Clone, Debug)]
+/// The state of a host folder when its shadow session started (kept in a session snapshot, so
+/// a resumed or forked session checks its apply against the same state).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Baseline {
     root: EntryStat,
     entries: BTreeMap<PathBuf, EntryStat>,
