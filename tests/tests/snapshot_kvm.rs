@@ -135,9 +135,9 @@ async fn a_linux_guest_snapshots_and_forks_into_four_vms_with_their_own_identity
     let (state, memory) =
         (std::fs::File::create(snap.join("state")).unwrap(), std::fs::File::create(snap.join("memory")).unwrap());
     let taken = Instant::now();
-    let bytes = kvm::request_snapshot(&original.dir.join("control.sock"), &state, &memory).unwrap();
+    let (bytes, phases) = kvm::request_snapshot(&original.dir.join("control.sock"), &state, &memory).unwrap();
     assert_eq!(original.child.wait().unwrap().code(), Some(6));
-    eprintln!("snapshot: {} ms, {} MiB of memory written", taken.elapsed().as_millis(), bytes >> 20);
+    eprintln!("snapshot: {} ms, {} MiB of memory written ({phases})", taken.elapsed().as_millis(), bytes >> 20);
     drop(agent);
 
     // Four forks at once.
@@ -333,9 +333,10 @@ async fn the_runtime_resumes_a_session_vm_twice_with_its_own_disk_folder_and_nam
     let taken = vm.snapshot(&snap).await.unwrap();
     drop(vm);
     eprintln!(
-        "snapshot-bench: runtime snapshot {} ms, {} MiB of memory",
+        "snapshot-bench: runtime snapshot {} ms, {} MiB of memory ({})",
         taken.took.as_millis(),
-        taken.memory_bytes >> 20
+        taken.memory_bytes >> 20,
+        taken.phases
     );
 
     let mut forks = Vec::new();
@@ -604,6 +605,9 @@ async fn a_session_pauses_into_a_snapshot_resumes_with_its_processes_and_forks()
         info.snapshot.as_ref().map_or(0, |s| s.memory_bytes >> 20)
     );
     assert_eq!(info.status, SessionStatus::Stopped);
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.0.join("data/a/snapshot/session.json")).unwrap()).unwrap();
+    eprintln!("snapshot-bench: session snapshot pause: {}", meta["pause_phases"].as_str().unwrap_or("?"));
     let snap = info.snapshot.expect("a snapshot");
     assert!(snap.resumes && snap.source == "a" && snap.memory_bytes > 0, "{snap:?}");
     assert!(dir.0.join("data/a/snapshot/vm/memory").is_file() && dir.0.join("data/a/snapshot/disk.img").is_file());

@@ -116,6 +116,13 @@ fn read_request(stream: &UnixStream) -> Result<(Request, Vec<File>), String> {
 
 impl Snapshotter {
     fn take(&self, state_file: &File, memory_file: &File) -> Result<serde_json::Value, Failure> {
+        // Each phase's milliseconds go back with the answer: where a long pause goes.
+        let mut at = std::time::Instant::now();
+        let mut lap = || {
+            let ms = at.elapsed().as_millis() as u64;
+            at = std::time::Instant::now();
+            ms
+        };
         self.pause.store(true, Ordering::Release);
         let broken = |e: String| Failure::Broken(e);
         let mut vcpus = Vec::with_capacity(self.vcpus.len());
@@ -127,16 +134,22 @@ impl Snapshotter {
             vcpus.push(state);
         }
         vcpus.sort_by_key(|v| v.id);
+        let vcpus_ms = lap();
         // Devices stopped before the interrupt controllers are read: nothing raises an
         // interrupt after that (what they raised while stopping is in their saved status).
         let devices = self.bus.quiesce().map_err(broken)?;
+        let devices_ms = lap();
         let vm = VmState::capture(&self.vm.fd).map_err(|e| broken(e.to_string()))?;
         let serial = Some(self.bus.serial_state());
         let memory_bytes = snapshot::memory::dump_to(&self.vm.memory, self.memory_size, memory_file)
             .map_err(|e| broken(e.to_string()))?;
+        let memory_ms = lap();
         let vmm = env!("CARGO_PKG_VERSION").into();
         let state = SnapshotState { vmm, memory_size: self.memory_size, vm, vcpus, devices, serial };
         snapshot::file::write_to(&state, state_file).map_err(|e| broken(e.to_string()))?;
-        Ok(serde_json::json!({ "memory_bytes": memory_bytes }))
+        let phases = serde_json::json!({
+            "1_vcpus": vcpus_ms, "2_devices": devices_ms, "3_memory": memory_ms, "4_state": lap()
+        });
+        Ok(serde_json::json!({ "memory_bytes": memory_bytes, "phases_ms": phases }))
     }
 }

@@ -96,8 +96,12 @@ pub fn describe_exit(code: Option<i32>) -> Option<&'static str> {
 
 /// Asks the umbra-vmm whose control socket is `control` for a snapshot (umbra_vmm::control):
 /// hands over `state` and `memory`, empty files open for writing, and returns the memory bytes
-/// written. The VM then ends with status 6.
-pub fn request_snapshot(control: &Path, state: &std::fs::File, memory: &std::fs::File) -> Result<u64, String> {
+/// written and where the pause went (umbra-vmm's phases). The VM then ends with status 6.
+pub fn request_snapshot(
+    control: &Path,
+    state: &std::fs::File,
+    memory: &std::fs::File,
+) -> Result<(u64, String), String> {
     use std::io::BufRead;
     use std::os::fd::AsRawFd;
     let stream = std::os::unix::net::UnixStream::connect(control)
@@ -136,7 +140,14 @@ pub fn request_snapshot(control: &Path, state: &std::fs::File, memory: &std::fs:
     let reply: serde_json::Value =
         serde_json::from_str(&reply).map_err(|e| format!("the VMM answered {reply:?}: {e}"))?;
     match (reply["ok"]["memory_bytes"].as_u64(), reply["error"].as_str()) {
-        (Some(bytes), _) => Ok(bytes),
+        (Some(bytes), _) => {
+            // `{"1_vcpus": 2, ...}` as "vcpus 2 ms, ..." (the prefixes keep the order).
+            let phases = reply["ok"]["phases_ms"].as_object().map(|m| {
+                let name = |k: &str| k.split_once('_').map_or(k, |(_, n)| n).to_string();
+                m.iter().map(|(k, v)| format!("{} {} ms", name(k), v)).collect::<Vec<_>>().join(", ")
+            });
+            Ok((bytes, phases.unwrap_or_default()))
+        }
         (None, Some(e)) => Err(format!("the VMM refused the snapshot: {e}")),
         _ => Err(format!("the VMM answered {reply}")),
     }

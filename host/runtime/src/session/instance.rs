@@ -424,6 +424,7 @@ impl Session {
             disk: has_disk,
             memory_bytes: taken.memory_bytes,
             pause_ms: taken.took.as_millis() as u64,
+            pause_phases: taken.phases.clone(),
             folders,
         };
         let meta = tokio::task::spawn_blocking(move || pending.commit(&meta).map(|_| meta))

@@ -51,6 +51,9 @@ pub(super) struct SnapshotMeta {
     pub disk: bool,
     pub memory_bytes: u64,
     pub pause_ms: u64,
+    /// Where the pause went, as umbra-vmm measured it.
+    #[serde(default)]
+    pub pause_phases: String,
     pub folders: Vec<SavedFolder>,
 }
 
@@ -242,6 +245,7 @@ mod tests {
             disk: true,
             memory_bytes: 4096,
             pause_ms: 1,
+            pause_phases: String::new(),
             folders: Vec::new(),
         }
     }
