@@ -14,12 +14,17 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+use vm_memory::{
+    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+    MmapRegion,
+};
 
 use super::SnapshotError;
 use crate::vstate::memory::{memfd_backed, ram_ranges, GuestMemory};
 
 const PAGE: usize = 4096;
+/// What a page that is a hole in the memory file holds.
+static ZERO_PAGE: [u8; PAGE] = [0; PAGE];
 /// Guest memory is copied out this much at a time.
 const CHUNK: usize = 2 << 20;
 
@@ -40,16 +45,46 @@ pub fn dump_to(memory: &GuestMemory, size: u64, file: &File) -> Result<u64, Snap
     let mut buf = vec![0u8; CHUNK];
     let (mut offset, mut written) = (0u64, 0u64);
     for (start, len) in ram_ranges(size) {
+        // Memory backed by a memfd (a VM with shared folders) is read only where the memfd has
+        // data: reading a hole would allocate it, and a guest touches a fraction of its RAM.
+        let backing = memory.find_region(GuestAddress(start)).and_then(|r| r.file_offset()).map(|f| {
+            use std::os::fd::AsRawFd;
+            (f.file().as_raw_fd(), f.start())
+        });
         let mut done = 0u64;
         while done < len {
-            let n = (len - done).min(CHUNK as u64) as usize;
+            let mut n = (len - done).min(CHUNK as u64) as usize;
+            if let Some((fd, base)) = backing {
+                match data_range(fd, base + done, base + len) {
+                    Some((from, to)) => {
+                        done = from - base;
+                        n = (to - from).min(CHUNK as u64) as usize;
+                    }
+                    None => break,
+                }
+            }
             memory
                 .read_slice(&mut buf[..n], GuestAddress(start + done))
                 .map_err(|e| SnapshotError::Mismatch(format!("guest memory at {:#x}: {e}", start + done)))?;
-            for (i, page) in buf[..n].chunks(PAGE).enumerate() {
-                if page.iter().any(|&b| b != 0) {
-                    file.write_all_at(page, offset + done + (i * PAGE) as u64).map_err(SnapshotError::io(what()))?;
-                    written += page.len() as u64;
+            // Runs of non-zero pages are written at once. A page compares against a zero page
+            // (one memcmp), not byte by byte: this loop reads all of guest memory.
+            let pages = n.div_ceil(PAGE);
+            let mut run: Option<usize> = None;
+            for i in 0..=pages {
+                let data = i < pages && {
+                    let page = &buf[i * PAGE..((i + 1) * PAGE).min(n)];
+                    page != &ZERO_PAGE[..page.len()]
+                };
+                match (data, run) {
+                    (true, None) => run = Some(i),
+                    (false, Some(first)) => {
+                        let bytes = &buf[first * PAGE..(i * PAGE).min(n)];
+                        file.write_all_at(bytes, offset + done + (first * PAGE) as u64)
+                            .map_err(SnapshotError::io(what()))?;
+                        written += bytes.len() as u64;
+                        run = None;
+                    }
+                    _ => {}
                 }
             }
             done += n as u64;
@@ -58,6 +93,25 @@ pub fn dump_to(memory: &GuestMemory, size: u64, file: &File) -> Result<u64, Snap
     }
     file.sync_all().map_err(SnapshotError::io(what()))?;
     Ok(written)
+}
+
+/// The first range of data in `fd` within `[at, end)`, page-aligned: `None` if only holes are
+/// left (or the file cannot say, which reads as data to the end).
+fn data_range(fd: std::os::fd::RawFd, at: u64, end: u64) -> Option<(u64, u64)> {
+    // SAFETY: lseek on a descriptor the caller keeps open; no memory is involved.
+    let data = unsafe { libc::lseek(fd, at as i64, libc::SEEK_DATA) };
+    if data < 0 {
+        let unsupported = std::io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO);
+        return unsupported.then_some((at, end));
+    }
+    let from = (data as u64 & !(PAGE as u64 - 1)).max(at);
+    if from >= end {
+        return None;
+    }
+    // SAFETY: as above.
+    let hole = unsafe { libc::lseek(fd, from as i64, libc::SEEK_HOLE) };
+    let to = if hole < 0 { end } else { (hole as u64).next_multiple_of(PAGE as u64).min(end) };
+    Some((from, to.max(from + PAGE as u64).min(end)))
 }
 
 /// Maps the memory file at `path` as `size` bytes of private guest memory.
@@ -163,6 +217,38 @@ fn prefault_data(file: &File, offset: u64, len: u64, host: *mut u8) {
 mod tests {
     use super::*;
     use crate::vstate::memory::anonymous;
+
+    #[test]
+    fn runs_of_pages_are_written_whole_and_zero_pages_are_holes() {
+        let (anon, (memfd, file)) = (anonymous(4 << 20).unwrap(), memfd_backed(4 << 20).unwrap());
+        dump_and_compare(&anon, "anon", None);
+        dump_and_compare(&memfd, "memfd", Some(&file));
+    }
+
+    fn dump_and_compare(mem: &GuestMemory, tag: &str, memfd: Option<&File>) {
+        let dir = std::env::temp_dir().join(format!("umbra-snapruns-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("memory");
+        let size = 4u64 << 20;
+        // Pages 0-2, then 4, then the two pages across the first 2 MiB chunk's end, then the last.
+        let chunk = CHUNK as u64;
+        let pages = [0, 1, 2, 4, chunk / PAGE as u64 - 1, chunk / PAGE as u64, size / PAGE as u64 - 1];
+        for p in pages {
+            mem.write_obj(p + 1, GuestAddress(p * PAGE as u64 + 8)).unwrap();
+        }
+        assert_eq!(dump(mem, size, &path).unwrap(), pages.len() as u64 * PAGE as u64);
+        if let Some(memfd) = memfd {
+            // Its holes were skipped, not read: a read would have allocated them.
+            use std::os::unix::fs::MetadataExt;
+            let allocated = memfd.metadata().unwrap().blocks() * 512;
+            assert!(allocated < 1 << 20, "the dump allocated the memfd's holes: {allocated} bytes");
+        }
+        let file = std::fs::read(&path).unwrap();
+        let mut want = vec![0u8; size as usize];
+        mem.read_slice(&mut want, GuestAddress(0)).unwrap();
+        assert!(file == want, "the file is guest memory, byte for byte");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn the_file_is_sparse_and_a_restored_vm_never_writes_it() {
