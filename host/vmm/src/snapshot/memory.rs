@@ -47,10 +47,16 @@ pub fn dump_to(memory: &GuestMemory, size: u64, file: &File) -> Result<u64, Snap
     for (start, len) in ram_ranges(size) {
         // Memory backed by a memfd (a VM with shared folders) is read only where the memfd has
         // data: reading a hole would allocate it, and a guest touches a fraction of its RAM.
-        let backing = memory.find_region(GuestAddress(start)).and_then(|r| r.file_offset()).map(|f| {
-            use std::os::fd::AsRawFd;
-            (f.file().as_raw_fd(), f.start())
-        });
+        // Only a shared mapping's file is guest memory: a VM restored `MAP_PRIVATE` from a
+        // memory file has written pages that file's holes know nothing of.
+        let backing = memory
+            .find_region(GuestAddress(start))
+            .filter(|r| r.flags() & libc::MAP_SHARED != 0)
+            .and_then(|r| r.file_offset())
+            .map(|f| {
+                use std::os::fd::AsRawFd;
+                (f.file().as_raw_fd(), f.start())
+            });
         let mut done = 0u64;
         while done < len {
             let mut n = (len - done).min(CHUNK as u64) as usize;
@@ -248,6 +254,27 @@ mod tests {
         mem.read_slice(&mut want, GuestAddress(0)).unwrap();
         assert!(file == want, "the file is guest memory, byte for byte");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_vm_restored_from_a_memory_file_dumps_the_pages_it_wrote_over_its_holes() {
+        let dir = std::env::temp_dir().join(format!("umbra-snapredump-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (first, second) = (dir.join("memory"), dir.join("memory2"));
+        let size = 4u64 << 20;
+        let mem = anonymous(size as usize).unwrap();
+        mem.write_obj(0xfeed_u64, GuestAddress(0x1000)).unwrap();
+        dump(&mem, size, &first).unwrap();
+        // Restored: the guest writes pages that are holes in the file it was mapped from.
+        let restored = map_private(&first, size).unwrap();
+        restored.write_obj(0xbeef_u64, GuestAddress(0x3000)).unwrap();
+        restored.write_obj(0xcafe_u64, GuestAddress(size - 8)).unwrap();
+        assert_eq!(dump(&restored, size, &second).unwrap(), 3 * PAGE as u64, "every written page");
+        let again = map_private(&second, size).unwrap();
+        assert_eq!(again.read_obj::<u64>(GuestAddress(0x1000)).unwrap(), 0xfeed);
+        assert_eq!(again.read_obj::<u64>(GuestAddress(0x3000)).unwrap(), 0xbeef, "not the old file's hole");
+        assert_eq!(again.read_obj::<u64>(GuestAddress(size - 8)).unwrap(), 0xcafe);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
