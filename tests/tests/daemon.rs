@@ -291,6 +291,27 @@ async fn hostile_and_slow_clients_hurt_neither_the_daemon_nor_other_clients() {
     let r = raw.response().await;
     assert_eq!((r["id"].as_i64(), r["result"]["pid"].as_u64()), (Some(3), Some(daemon.pid() as u64)), "{r}");
 
+    // A response follows the events sent before it: a start that fails (no such bundle) has
+    // its `failed` status queued ahead of the error that answers it.
+    raw.send(b"{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"events.subscribe\"}\n").await;
+    assert!(raw.response().await["result"]["subscription"].is_u64());
+    raw.send(
+        b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"session.start\",\
+          \"params\":{\"name\":\"nobundle\",\"bundle\":\"/no/such/bundle\"}}\n",
+    )
+    .await;
+    let mut before = Vec::new();
+    let answer = loop {
+        let line = raw.response().await;
+        if line["id"].as_i64() == Some(5) {
+            break line;
+        }
+        before.push(line);
+    };
+    assert!(answer["error"]["message"].as_str().unwrap_or("").contains("/no/such/bundle"), "{answer}");
+    let failed = |n: &serde_json::Value| n["params"]["event"] == "status" && n["params"]["status"] == "failed";
+    assert!(before.iter().any(failed), "the failed status came first: {before:?} then {answer}");
+
     // A subscriber that never reads does not stall a 100 MiB stream to another client.
     let mut stuck = RawClient::connect(&daemon).await;
     stuck.send(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"events.subscribe\"}\n").await;

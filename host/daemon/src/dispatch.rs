@@ -311,8 +311,8 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
         EventsUnsubscribe::NAME => {
             call::<EventsUnsubscribe, _, _>(params, |p| async move {
                 match conn.subscriptions.lock().unwrap().remove(&p.subscription) {
-                    Some(task) => {
-                        task.abort();
+                    Some(subscription) => {
+                        subscription.task.abort();
                         Ok(Done {})
                     }
                     None => Err(ApiError::new(ErrorCode::NotFound, format!("no subscription {}", p.subscription))),
@@ -374,9 +374,12 @@ async fn spawn(conn: &Arc<Connection>, params: Option<Value>) -> Outcome {
 /// goes away. A client that reads too slowly loses the oldest events and is told how many.
 fn subscribe(conn: &Arc<Connection>, p: SubscribeParams) -> Subscribed {
     let id = conn.new_subscription_id();
-    let mut rx = conn.daemon.manager.subscribe();
+    let (mut rx, start) = conn.daemon.manager.subscribe_counted();
+    // How far it has got: responses to this client wait for it (`Connection::respond`).
+    let (position, position_rx) = tokio::sync::watch::channel(start);
     let weak = Arc::downgrade(conn);
     let task = tokio::spawn(async move {
+        let mut at = start;
         loop {
             let event: SessionEvent = match rx.recv().await {
                 Ok(e) => e,
@@ -385,19 +388,23 @@ fn subscribe(conn: &Arc<Connection>, p: SubscribeParams) -> Subscribed {
                     if !conn.notify(NOTIFY_LOST, umbra_api::rpc::EventsLost { count }).await {
                         return;
                     }
+                    at += count;
+                    position.send_replace(at);
                     continue;
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             };
-            if p.session.as_ref().is_some_and(|s| event.session.as_ref() != Some(s)) {
-                continue;
+            at += 1;
+            if p.session.as_ref().is_none_or(|s| event.session.as_ref() == Some(s)) {
+                let Some(conn) = weak.upgrade() else { return };
+                if !conn.notify(NOTIFY_EVENT, &event).await {
+                    return;
+                }
             }
-            let Some(conn) = weak.upgrade() else { return };
-            if !conn.notify(NOTIFY_EVENT, &event).await {
-                return;
-            }
+            position.send_replace(at);
         }
     });
-    conn.subscriptions.lock().unwrap().insert(id, task.abort_handle());
+    let subscription = crate::connection::Subscription { task: task.abort_handle(), position: position_rx };
+    conn.subscriptions.lock().unwrap().insert(id, subscription);
     Subscribed { subscription: id }
 }

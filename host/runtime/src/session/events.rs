@@ -209,6 +209,9 @@ fn write_logs(dir: &std::path::Path, rx: mpsc::Receiver<LogOp>) {
 
 pub struct EventBus {
     tx: broadcast::Sender<SessionEvent>,
+    /// Events sent so far, counted under this lock with the send itself, so a subscriber can
+    /// know exactly which events it will receive (see [`Self::subscribe_counted`]).
+    sent: Mutex<u64>,
     recent: Mutex<HashMap<String, VecDeque<SessionEvent>>>,
     /// Where each session's events are appended (`<name>.events`), if anywhere.
     log_dir: Option<PathBuf>,
@@ -219,7 +222,7 @@ impl EventBus {
     pub fn new(log_dir: Option<PathBuf>) -> Self {
         let (tx, _) = broadcast::channel(BUS_CAPACITY);
         let writer = log_dir.clone().map(LogWriter::start);
-        Self { tx, recent: Mutex::new(HashMap::new()), log_dir, writer }
+        Self { tx, sent: Mutex::new(0), recent: Mutex::new(HashMap::new()), log_dir, writer }
     }
 
     /// Waits until every event emitted so far is in its log (the owner is going away).
@@ -237,12 +240,27 @@ impl EventBus {
                 self.record(&session, &event);
             }
         }
+        let mut sent = self.sent.lock().unwrap();
         // No subscribers is not an error.
         let _ = self.tx.send(event);
+        *sent += 1;
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<SessionEvent> {
         self.tx.subscribe()
+    }
+
+    /// A receiver, and how many events were sent before it: the receiver gets every later
+    /// one (or is told how many it lost), so that count plus what it received (lost ones
+    /// included) is how far it has got, comparable with [`Self::sent`].
+    pub fn subscribe_counted(&self) -> (broadcast::Receiver<SessionEvent>, u64) {
+        let sent = self.sent.lock().unwrap();
+        (self.tx.subscribe(), *sent)
+    }
+
+    /// How many events were sent so far.
+    pub fn sent(&self) -> u64 {
+        *self.sent.lock().unwrap()
     }
 
     fn record(&self, session: &str, event: &SessionEvent) {

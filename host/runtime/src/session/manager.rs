@@ -90,6 +90,18 @@ impl SessionManager {
         self.ctx.bus.subscribe()
     }
 
+    /// [`Self::subscribe`], with how many events were sent before (see
+    /// [`EventBus::subscribe_counted`]): a front end uses it to send a response only after
+    /// the events that preceded it.
+    pub fn subscribe_counted(&self) -> (broadcast::Receiver<SessionEvent>, u64) {
+        self.ctx.bus.subscribe_counted()
+    }
+
+    /// How many lifecycle events were sent so far.
+    pub fn events_sent(&self) -> u64 {
+        self.ctx.bus.sent()
+    }
+
     /// Publishes an event that is not about a session's VM (a bundle download).
     pub fn emit(&self, event: SessionEvent) {
         self.ctx.bus.emit(event);
