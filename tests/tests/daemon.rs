@@ -197,7 +197,8 @@ async fn an_idle_session_stops_and_resumes_with_its_outputs_and_disk() {
     assert_eq!(info.status, SessionStatus::Stopped);
     assert!(info.vm.is_none());
 
-    let info = client.call::<SessionResume>(SessionRef { name: "idle".into() }).await.unwrap();
+    let info =
+        client.call::<SessionResume>(ResumeParams { name: "idle".into(), discard_snapshot: false }).await.unwrap();
     assert_eq!(info.status, SessionStatus::Ready);
     let p = client
         .call::<ProcessSpawn>(sh("idle", "cat /sessions/idle/mnt/outputs/report.md /root/on-disk"))

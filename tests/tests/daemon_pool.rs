@@ -94,7 +94,7 @@ async fn a_start_takes_a_pooled_vm_and_the_pool_refills() {
 
     // The session's disk is its own: a resume boots a fresh VM (never the pool's) on it.
     client.call::<SessionStop>(SessionRef { name: "a".into() }).await.unwrap();
-    let a = client.call::<SessionResume>(SessionRef { name: "a".into() }).await.unwrap();
+    let a = client.call::<SessionResume>(ResumeParams { name: "a".into(), discard_snapshot: false }).await.unwrap();
     assert!(!vm(&a).from_pool, "a resume has a disk: it boots");
     assert_eq!(run(&client, &mut inbox, "a", "cat /root/marker").await, "kept\n");
 

@@ -394,7 +394,10 @@ fn umbrad_sigkill(daemon_dir: PathBuf) -> Case {
         if k.status != SessionStatus::Stopped || !k.last_error.as_deref().unwrap_or("").contains("daemon") {
             return Err(format!("after the restart: {:?} {:?}", k.status, k.last_error));
         }
-        let info = client.call::<SessionResume>(SessionRef { name: "k".into() }).await.map_err(|e| e.to_string())?;
+        let info = client
+            .call::<SessionResume>(ResumeParams { name: "k".into(), discard_snapshot: false })
+            .await
+            .map_err(|e| e.to_string())?;
         let (code, out) = run(&client, &mut notes, "k", "cat /root/mark /sessions/k/mnt/work/seen.txt").await;
         if info.status != SessionStatus::Ready || code != Some(0) || out != "before\nhost\n" {
             return Err(format!("the resumed session lost data: {:?} {code:?} {out:?}", info.status));

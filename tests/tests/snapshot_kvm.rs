@@ -525,10 +525,11 @@ async fn the_warm_pool_restores_its_vms_from_a_snapshot_and_sessions_take_them()
 }
 
 /// Sessions on kvm: `snapshot` pauses a session into its storage and stops it; `resume`
-/// restores it with its processes still running, its disk and its shadow folder's unapplied
-/// change; `fork` (of the running session: snapshotted and resumed first) starts a new session
-/// with its own hostname, entropy and disk, whose shadow change applies to the host folder; and
-/// a manager started again on the same directories (a daemon restart) resumes a paused session.
+/// restores it with its detached process still running (the host's ended), its disk and its
+/// shadow folder's unapplied change; `fork` (of the running session: snapshotted and resumed
+/// first) starts a new session with its own hostname, entropy and disk, whose shadow change
+/// applies to the host folder; a manager started again on the same directories (a daemon
+/// restart) resumes a paused session; a stale snapshot is refused to a fork, and discarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_pauses_into_a_snapshot_resumes_with_its_processes_and_forks() {
     use umbra_api::methods::StartParams;
@@ -673,5 +674,19 @@ async fn a_session_pauses_into_a_snapshot_resumes_with_its_processes_and_forks()
     m.resume("b").await.unwrap();
     let out = b.spawn(script("cat /root/mine; hostname")).await.unwrap().output().await;
     assert_eq!(String::from_utf8_lossy(&out.stdout), "b\nb\n");
+
+    // It ran on after the restore and stopped: its snapshot is older than its disk, so a fork
+    // of it is refused (and leaves nothing); discarded, the session boots from its disk.
+    m.stop("b").await.unwrap();
+    let Err(e) = m.fork("b", "c").await else { panic!("a stale snapshot is refused") };
+    let e = e.to_string();
+    assert!(e.contains("older than its disk"), "{e}");
+    assert!(m.get("c").is_err() && !dir.0.join("data/c").exists(), "nothing left of the fork");
+    m.resume_with("b", true).await.unwrap();
+    assert!(b.info().snapshot.is_none() && !dir.0.join("data/b/snapshot").exists(), "{:?}", b.info());
+    let vm = b.info().vm.expect("running");
+    assert!(!vm.backend_reason.contains("restored"), "booted: {vm:?}");
+    let out = b.spawn(script("cat /root/mine; hostname")).await.unwrap().output().await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "b\numbra\n", "its disk, a booted guest's name");
     m.shutdown().await;
 }

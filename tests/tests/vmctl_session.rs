@@ -71,6 +71,9 @@ fn session_commands_drive_umbrad() {
         assert_eq!(out.status.code(), Some(1), "{args:?}");
         assert!(text(&out.stderr).contains("qemu backend, which cannot snapshot"), "{}", text(&out.stderr));
     }
+    let out = vmctl(&daemon).args(["resume", "--discard-snapshot", "dev"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("cannot discard its snapshot (stop it first)"), "{}", text(&out.stderr));
     let out = vmctl(&daemon).args(["ls", "--json"]).output().unwrap();
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((list.as_array().unwrap().len(), &list[0]["status"]), (1, &serde_json::json!("ready")));

@@ -48,4 +48,4 @@ pub use event::{Data, Encoding, EventKind, ProcessExit, SessionEvent};
 pub use session::{BackendChoice, FolderInfo, FolderSpec, SessionInfo, SessionSettings, SessionStatus, VmInfo};
 
 /// The IPC contract's version: a new minor adds methods, fields or events; a new major breaks.
-pub const API_VERSION: &str = "1.4";
+pub const API_VERSION: &str = "1.5";

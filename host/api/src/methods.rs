@@ -139,6 +139,18 @@ pub struct SessionRef {
     pub name: String,
 }
 
+/// Params of `session.resume`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ResumeParams {
+    pub name: String,
+    /// Deletes the session's snapshot and boots it from its disk instead: for a snapshot this
+    /// host cannot restore (another umbra version, another CPU, its bundle gone). What the
+    /// snapshot's memory held (processes, shadow changes not yet applied) is lost; the disk,
+    /// outputs, uploads and folders stay.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub discard_snapshot: bool,
+}
+
 /// Params of `session.fork`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ForkParams {
@@ -482,16 +494,18 @@ methods! {
     /// already starting waits for that start.
     SessionStart = "session.start" (StartParams) -> SessionInfo;
     /// Boots a stopped or failed session again, with its folders, outputs and disk; a session
-    /// paused by `session.snapshot` is restored instead, its processes still running.
-    SessionResume = "session.resume" (SessionRef) -> SessionInfo;
+    /// paused by `session.snapshot` is restored instead (with `discard_snapshot`, booted).
+    SessionResume = "session.resume" (ResumeParams) -> SessionInfo;
     /// Ends a session's processes and destroys its VM; its folders, outputs and disk stay.
     SessionStop = "session.stop" (SessionRef) -> SessionInfo;
     /// Pauses a running session into a snapshot in its storage (memory, devices, disk, folder
-    /// table) and stops it; `session.resume` restores it with its processes. The kvm backend
-    /// only: elsewhere the error is `unsupported`.
+    /// table) and stops it; `session.resume` restores it. Its processes get a `lost` exit now
+    /// and are ended at the restore; detached ones run on. The kvm backend only: elsewhere the
+    /// error is `unsupported`.
     SessionSnapshot = "session.snapshot" (SessionRef) -> SessionInfo;
     /// A new session restored from another's snapshot, with its own disk, outputs, uploads,
-    /// entropy and hostname; a running source is snapshotted and resumed first.
+    /// entropy and hostname; a running source is snapshotted and resumed first (so its
+    /// processes end as at a snapshot; detached ones run on).
     SessionFork = "session.fork" (ForkParams) -> SessionInfo;
     /// Stops a session and removes it with its outputs, uploads and disk.
     SessionDelete = "session.delete" (SessionRef) -> Done;

@@ -257,8 +257,8 @@ pub struct SnapshotInfo {
     pub memory_bytes: u64,
     /// How long the guest was paused while its state and memory were written.
     pub pause_ms: u64,
-    /// Whether the next `session.resume` restores it (processes and all) rather than booting:
-    /// true from the snapshot until a resume restored it.
+    /// Whether the next `session.resume` restores it (memory, detached processes, disk) rather
+    /// than booting: true from the snapshot until a resume restored it.
     pub resumes: bool,
 }
 

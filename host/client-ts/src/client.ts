@@ -25,7 +25,7 @@ import {
 } from "./generated/types";
 import { type CamelCased, toWire } from "./options";
 import { UmbraProcess } from "./process";
-import { type FolderOptions, Session, type SpawnOptions, folderSpec } from "./session";
+import { type FolderOptions, type ResumeOptions, Session, type SpawnOptions, folderSpec, resumeParams } from "./session";
 import { defaultSocketPath } from "./paths";
 
 /** How {@link Umbra} reconnects after losing umbrad. */
@@ -131,14 +131,19 @@ export class Sessions {
     return new Session(this.client, name, await this.client.call("session.stop", { name }));
   }
 
-  /** Boots a stopped or failed session again; resolves once it is ready (aborting cancels the boot). */
-  async resume(name: string, options: { signal?: AbortSignal } = {}): Promise<Session> {
-    return new Session(this.client, name, await this._boot("session.resume", { name }, name, options.signal));
+  /**
+   * Boots a stopped or failed session again (a snapshotted one is restored); resolves once it
+   * is ready (aborting cancels the boot). `discardSnapshot` deletes its snapshot and boots it
+   * from its disk instead: for a snapshot this host cannot restore.
+   */
+  async resume(name: string, options: ResumeOptions = {}): Promise<Session> {
+    return new Session(this.client, name, await this._boot("session.resume", resumeParams(name, options), name, options.signal));
   }
 
   /**
-   * Pauses a running session into a snapshot in its storage and stops it; `resume` restores it
-   * with its processes. The kvm backend only: elsewhere it rejects with an `UnsupportedError`.
+   * Pauses a running session into a snapshot in its storage and stops it; `resume` restores it.
+   * Its processes exit now (`lost`) and are ended at the restore; detached ones run on. The kvm
+   * backend only: elsewhere it rejects with an `UnsupportedError`.
    */
   async snapshot(name: string): Promise<Session> {
     return new Session(this.client, name, await this.client.call("session.snapshot", { name }));
@@ -146,7 +151,8 @@ export class Sessions {
 
   /**
    * Starts session `name` from the snapshot of `source` (a running source is snapshotted and
-   * resumed first): the same settings and folders, its own disk, outputs, uploads and hostname.
+   * resumed first, its processes ending as at a snapshot): the same settings and folders, its
+   * own disk, outputs, uploads and hostname.
    */
   async fork(source: string, name: string): Promise<Session> {
     return new Session(this.client, name, await this.client.call("session.fork", { source, name }));

@@ -32,6 +32,7 @@ export {
   SessionFolders,
   SessionShadow,
   type SpawnOptions,
+  type ResumeOptions,
   type ExecOptions,
   type ExecResult,
   type PathOptions,

@@ -12,6 +12,7 @@ import type {
   FolderInfo,
   FolderSpec,
   NetworkPolicy,
+  ResumeParams,
   SessionInfo,
   SessionLogs,
   SessionStatus,
@@ -22,6 +23,23 @@ import type {
 } from "./generated/types";
 import { MAX_FILE_CHUNK } from "./generated/types";
 import { decodeData, type ExitInfo, type Signal, signalNumber, UmbraProcess } from "./process";
+
+/** Options of {@link Session.resume} and `Sessions.resume`. */
+export interface ResumeOptions {
+  /** Aborting stops waiting and cancels the boot (`session.stop`). */
+  signal?: AbortSignal;
+  /**
+   * Deletes the session's snapshot and boots it from its disk instead: for a snapshot this host
+   * cannot restore (another umbra version, another CPU). What its memory held is lost; the
+   * disk, outputs, uploads and folders stay.
+   */
+  discardSnapshot?: boolean;
+}
+
+/** @internal The `session.resume` params for `options`. */
+export function resumeParams(name: string, options: ResumeOptions): ResumeParams {
+  return options.discardSnapshot ? { name, discard_snapshot: true } : { name };
+}
 
 /** Options of {@link Session.spawn}. */
 export interface SpawnOptions {
@@ -301,12 +319,13 @@ export class Session {
   }
 
   /**
-   * Boots it again (a stopped or failed session; a snapshotted one is restored, its processes
-   * still running) and resolves once it is ready. With `signal`,
-   * aborting stops waiting and cancels the boot (`session.stop`).
+   * Boots it again (a stopped or failed session; a snapshotted one is restored) and resolves
+   * once it is ready. With `signal`, aborting stops waiting and cancels the boot
+   * (`session.stop`); `discardSnapshot` boots it from its disk instead of its snapshot.
    */
-  async resume(options: { signal?: AbortSignal } = {}): Promise<SessionInfo> {
-    this.current = await this.client.sessions._boot("session.resume", { name: this.name }, this.name, options.signal);
+  async resume(options: ResumeOptions = {}): Promise<SessionInfo> {
+    const params = resumeParams(this.name, options);
+    this.current = await this.client.sessions._boot("session.resume", params, this.name, options.signal);
     return this.current;
   }
 

@@ -362,6 +362,10 @@ test("snapshot and fork on qemu: refused by name, and the session runs on", asyn
   const f = await session.fork("branch").catch((x) => x);
   assert.ok(f instanceof UnsupportedError, String(f));
   await assert.rejects(client.sessions.get("branch"), SessionNotFoundError);
+  // A snapshot is discarded only from a stopped session.
+  const d = await session.resume({ discardSnapshot: true }).catch((x) => x);
+  assert.equal(d.code, "invalid_state", String(d));
+  assert.match(d.message, /cannot discard its snapshot \(stop it first\)/);
 });
 
 test("lifecycle: list, stop, resume, logs, delete", async () => {
@@ -372,7 +376,8 @@ test("lifecycle: list, stop, resume, logs, delete", async () => {
   await stopped;
   const e = await session.exec(["true"]).catch((x) => x);
   assert.equal(e.code, "invalid_state");
-  assert.equal((await session.resume()).status, "ready");
+  // With no snapshot to discard, `discardSnapshot` boots it as any resume does.
+  assert.equal((await session.resume({ discardSnapshot: true })).status, "ready");
   assert.equal((await session.exec(["cat", "/root/big.bin"])).stdout.length, 2.5 * (1 << 20), "the disk survived");
   const logs = await session.logs({ lines: 500 });
   assert.ok(logs.events.some((ev) => ev.event === "status" && ev.status === "stopped"));

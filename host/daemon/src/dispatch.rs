@@ -151,7 +151,10 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
             call::<SessionStart, _, _>(params, |p| async move { Ok(manager.start(p).await?.info()) }).await
         }
         SessionResume::NAME => {
-            call::<SessionResume, _, _>(params, |p| async move { Ok(manager.resume(&p.name).await?.info()) }).await
+            call::<SessionResume, _, _>(params, |p| async move {
+                Ok(manager.resume_with(&p.name, p.discard_snapshot).await?.info())
+            })
+            .await
         }
         SessionSnapshot::NAME => {
             call::<SessionSnapshot, _, _>(params, |p| async move { Ok(manager.snapshot(&p.name).await?.info()) }).await

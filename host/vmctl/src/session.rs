@@ -27,9 +27,10 @@ pub enum SessionCommand {
     Ls(LsArgs),
     /// Stop a session (its folders, outputs and disk stay).
     Stop(NameArgs),
-    /// Boot a stopped session again (a snapshotted one is restored, its processes running).
-    Resume(NameArgs),
-    /// Pause a running session into a snapshot in its storage and stop it (kvm backend).
+    /// Boot a stopped session again (a snapshotted one is restored).
+    Resume(ResumeArgs),
+    /// Pause a running session into a snapshot in its storage and stop it (kvm backend). Its
+    /// processes end (detached ones run on).
     Snapshot(NameArgs),
     /// Start a new session from another's snapshot (a running source is snapshotted and
     /// resumed first): its own disk, outputs, uploads and hostname.
@@ -97,6 +98,15 @@ pub struct NameArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ResumeArgs {
+    name: String,
+    /// Delete the session's snapshot and boot it from its disk (a snapshot this host cannot
+    /// restore): what its memory held is lost; the disk, outputs and folders stay.
+    #[arg(long)]
+    discard_snapshot: bool,
+}
+
+#[derive(Args, Debug)]
 pub struct ForkArgs {
     /// The session to fork.
     source: String,
@@ -129,7 +139,9 @@ pub async fn run(command: SessionCommand) -> i32 {
         SessionCommand::Start(args) => start(args).await,
         SessionCommand::Ls(args) => ls(args).await,
         SessionCommand::Stop(a) => simple::<SessionStop>(SessionRef { name: a.name }, "stopped").await,
-        SessionCommand::Resume(a) => simple::<SessionResume>(SessionRef { name: a.name }, "ready").await,
+        SessionCommand::Resume(a) => {
+            simple::<SessionResume>(ResumeParams { name: a.name, discard_snapshot: a.discard_snapshot }, "ready").await
+        }
         SessionCommand::Snapshot(a) => simple::<SessionSnapshot>(SessionRef { name: a.name }, "paused").await,
         SessionCommand::Fork(a) => simple::<SessionFork>(ForkParams { source: a.source, name: a.name }, "ready").await,
         SessionCommand::Rm(a) => rm(a).await,

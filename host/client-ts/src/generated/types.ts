@@ -4,7 +4,7 @@
 // The wire protocol and what every field means: docs/ipc.md.
 
 /** The IPC contract's version (`major.minor`) these types describe. */
-export const API_VERSION = "1.4";
+export const API_VERSION = "1.5";
 
 /** Bytes of each output stream umbrad sends before it waits for `process.ack`. */
 export const OUTPUT_WINDOW = 1048576;
@@ -850,6 +850,18 @@ export interface RespondPermissionParams {
   approved: boolean;
 }
 
+/** Params of `session.resume`. */
+export interface ResumeParams {
+  name: string;
+  /**
+   * Deletes the session's snapshot and boots it from its disk instead: for a snapshot this
+   * host cannot restore (another umbra version, another CPU, its bundle gone). What the
+   * snapshot's memory held (processes, shadow changes not yet applied) is lost; the disk,
+   * outputs, uploads and folders stay.
+   */
+  discard_snapshot?: boolean;
+}
+
 /**
  * A sandbox policy as one source writes it. JSON example:
  * `{"type": "workspace_readwrite", "block_git_writes": true, "ignore": [".env"]}`.
@@ -1388,8 +1400,8 @@ export interface SnapshotInfo {
   /** How long the guest was paused while its state and memory were written. */
   pause_ms: number;
   /**
-   * Whether the next `session.resume` restores it (processes and all) rather than booting:
-   * true from the snapshot until a resume restored it.
+   * Whether the next `session.resume` restores it (memory, detached processes, disk) rather
+   * than booting: true from the snapshot until a resume restored it.
    */
   resumes: boolean;
 }
@@ -1570,17 +1582,17 @@ export interface Methods {
    */
   "session.start": { params: StartParams; result: SessionInfo };
   /**
-   * Boots a stopped or failed session again, with its folders, outputs and disk; a session paused by `session.snapshot` is restored instead, its processes still running.
+   * Boots a stopped or failed session again, with its folders, outputs and disk; a session paused by `session.snapshot` is restored instead (with `discard_snapshot`, booted).
    */
-  "session.resume": { params: SessionRef; result: SessionInfo };
+  "session.resume": { params: ResumeParams; result: SessionInfo };
   /** Ends a session's processes and destroys its VM; its folders, outputs and disk stay. */
   "session.stop": { params: SessionRef; result: SessionInfo };
   /**
-   * Pauses a running session into a snapshot in its storage (memory, devices, disk, folder table) and stops it; `session.resume` restores it with its processes. The kvm backend only: elsewhere the error is `unsupported`.
+   * Pauses a running session into a snapshot in its storage (memory, devices, disk, folder table) and stops it; `session.resume` restores it. Its processes get a `lost` exit now and are ended at the restore; detached ones run on. The kvm backend only: elsewhere the error is `unsupported`.
    */
   "session.snapshot": { params: SessionRef; result: SessionInfo };
   /**
-   * A new session restored from another's snapshot, with its own disk, outputs, uploads, entropy and hostname; a running source is snapshotted and resumed first.
+   * A new session restored from another's snapshot, with its own disk, outputs, uploads, entropy and hostname; a running source is snapshotted and resumed first (so its processes end as at a snapshot; detached ones run on).
    */
   "session.fork": { params: ForkParams; result: SessionInfo };
   /** Stops a session and removes it with its outputs, uploads and disk. */

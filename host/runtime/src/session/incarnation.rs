@@ -192,13 +192,29 @@ impl Incarnation {
             true => {
                 let (from, to) = (snapshot.disk(), storage.join(DISK_FILE));
                 // Copied beside the session's disk, then renamed over it: a failed copy leaves
-                // the disk as it was.
-                let tmp = storage.join(format!(".{DISK_FILE}.restore"));
-                let _ = std::fs::remove_file(&tmp);
+                // the disk as it was. A stop cancels a restore but not its copy, which then must
+                // not replace the disk a later restore's VM has opened: the copy is put in
+                // place only while its restore is wanted, one copy at a time.
+                static SWAP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+                static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let tmp = storage.join(format!(".{DISK_FILE}.restore-{}-{n}", std::process::id()));
+                let wanted = Wanted::default();
+                let still_wanted = wanted.0.clone();
                 tokio::task::spawn_blocking(move || {
                     crate::backend::disk::copy_sparse(&from, &tmp)?;
-                    std::fs::rename(&tmp, &to)
-                        .map_err(|source| VmError::Io { what: format!("rename {}", tmp.display()), source })?;
+                    let _swap = SWAP.lock().unwrap_or_else(|e| e.into_inner());
+                    if !still_wanted.load(std::sync::atomic::Ordering::SeqCst) {
+                        let _ = std::fs::remove_file(&tmp);
+                        return Err(VmError::Io {
+                            what: "the restore was cancelled".into(),
+                            source: std::io::ErrorKind::Interrupted.into(),
+                        });
+                    }
+                    std::fs::rename(&tmp, &to).map_err(|source| {
+                        let _ = std::fs::remove_file(&tmp);
+                        VmError::Io { what: format!("rename {}", tmp.display()), source }
+                    })?;
                     Ok::<_, VmError>(to)
                 })
                 .await
@@ -435,5 +451,21 @@ fn failure(e: VmError) -> Failure {
     match e {
         VmError::GuestDied { reason, console } => Failure { reason, console },
         other => Failure { reason: other.to_string(), console: String::new() },
+    }
+}
+
+/// True until dropped: a restore's future holds it while its blocking disk copy runs, so a
+/// cancelled restore's copy knows not to put itself in place.
+struct Wanted(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Default for Wanted {
+    fn default() -> Self {
+        Self(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)))
+    }
+}
+
+impl Drop for Wanted {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }

@@ -436,17 +436,30 @@ impl Session {
 
     /// Gives `dest` (a new fork's storage) this session's snapshot, by hard links, while no
     /// snapshot of this session can replace it; with its outputs and uploads copied.
-    pub(super) async fn fork_into(&self, dest: &Path) -> Result<umbra_api::session::SnapshotInfo, SessionError> {
+    /// `just_taken`: the caller snapshotted this session for the fork; otherwise its snapshot
+    /// must still be the one it resumes from, as a session that ran on after its restore has
+    /// outputs and a disk newer than the snapshot's memory.
+    pub(super) async fn fork_into(
+        &self,
+        dest: &Path,
+        just_taken: bool,
+    ) -> Result<umbra_api::session::SnapshotInfo, SessionError> {
         let _lifecycle = self.lifecycle.lock().await;
         let Some(storage) = self.storage_dir() else {
             return Err(SessionError::Unsupported(format!("session {:?} has no storage", self.name)));
         };
-        if self.state.lock().unwrap().record.snapshot.is_none() {
-            return Err(self.invalid_state("fork it: it has no snapshot (fork it while it runs, or take one)"));
+        match self.state.lock().unwrap().record.snapshot.as_ref().map(|s| s.resumes) {
+            None => return Err(self.invalid_state("fork it: it has no snapshot (fork it while it runs, or take one)")),
+            Some(false) if !just_taken => {
+                return Err(self.invalid_state(
+                    "fork it from its snapshot: it ran on after the snapshot was restored, so the snapshot is \
+                     older than its disk and outputs; a fork of the running session takes a new one",
+                ))
+            }
+            Some(_) => {}
         }
         let dest = dest.to_path_buf();
         tokio::task::spawn_blocking(move || {
-            std::fs::create_dir_all(&dest).map_err(SessionError::io(format!("create {}", dest.display())))?;
             let meta = super::snapshot::link(&storage, &dest)?;
             for dir in [crate::share::paths::OUTPUTS, crate::share::paths::UPLOADS] {
                 if storage.join(dir).is_dir() {
@@ -458,6 +471,26 @@ impl Session {
         })
         .await
         .map_err(|e| SessionError::InvalidArgument(format!("the fork's copy panicked: {e}")))?
+    }
+
+    /// Deletes a stopped or failed session's snapshot, so its next start boots from its disk.
+    pub(super) async fn discard_snapshot(&self) -> Result<(), SessionError> {
+        let _lifecycle = self.lifecycle.lock().await;
+        if self.status().is_active() {
+            return Err(self.invalid_state("discard its snapshot (stop it first)"));
+        }
+        if self.state.lock().unwrap().record.snapshot.take().is_none() {
+            return Ok(());
+        }
+        self.persist();
+        if let Some(storage) = self.storage_dir() {
+            let dir = storage.join(super::snapshot::SNAPSHOT_DIR);
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).map_err(SessionError::io(format!("remove {}", dir.display())))?;
+            }
+        }
+        tracing::info!(session = %self.name, "snapshot discarded");
+        Ok(())
     }
 
     /// The record a fork of this session starts with: its settings and folders.

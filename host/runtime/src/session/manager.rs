@@ -187,7 +187,16 @@ impl SessionManager {
     /// Boots a stopped or failed session again with its folders, outputs and disk; waits for
     /// one that is already starting or running.
     pub async fn resume(&self, name: &str) -> Result<Arc<Session>, SessionError> {
+        self.resume_with(name, false).await
+    }
+
+    /// [`Self::resume`]; with `discard_snapshot`, a stopped or failed session's snapshot is
+    /// deleted first, so it boots from its disk (a snapshot this host cannot restore).
+    pub async fn resume_with(&self, name: &str, discard_snapshot: bool) -> Result<Arc<Session>, SessionError> {
         let session = self.get(name)?;
+        if discard_snapshot {
+            session.discard_snapshot().await?;
+        }
         if session.begin_resume()? {
             session.boot().await?;
         } else {
@@ -217,7 +226,8 @@ impl SessionManager {
         if let Ok(existing) = self.get(name) {
             return Err(SessionError::Exists { name: name.into(), status: existing.status() });
         }
-        if src.status().is_active() {
+        let just_taken = src.status().is_active();
+        if just_taken {
             src.wait_ready().await?;
             src.snapshot().await?;
             self.resume(source).await?;
@@ -227,11 +237,24 @@ impl SessionManager {
             if let Some(existing) = sessions.get(name) {
                 return Err(SessionError::Exists { name: name.into(), status: existing.status() });
             }
+            // Its storage is new: a directory there is some session's data this manager could
+            // not load, never to be merged into or removed by a failed fork.
+            if let Some(parent) = dest.parent() {
+                std::fs::create_dir_all(parent).map_err(SessionError::io(format!("create {}", parent.display())))?;
+            }
+            std::fs::create_dir(&dest).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => SessionError::InvalidArgument(format!(
+                    "{} exists already, holding data of no session this daemon knows: move it away or fork under \
+                     another name",
+                    dest.display()
+                )),
+                _ => SessionError::io(format!("create {}", dest.display()))(e),
+            })?;
             let session = Session::new(self.ctx.clone(), src.fork_record(name));
             sessions.insert(name.into(), session.clone());
             session
         };
-        match src.fork_into(&dest).await {
+        match src.fork_into(&dest, just_taken).await {
             Ok(snapshot) => session.set_snapshot(snapshot),
             Err(e) => {
                 self.sessions.lock().unwrap().remove(name);

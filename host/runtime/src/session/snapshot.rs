@@ -81,6 +81,12 @@ impl SessionSnapshot {
     /// files present.
     pub fn load(storage: &Path) -> Result<Self, SessionError> {
         let dir = storage.join(SNAPSHOT_DIR);
+        // A commit cut off between its two renames left the earlier snapshot aside: it is
+        // still the session's snapshot.
+        let old = storage.join(OLD_DIR);
+        if !dir.exists() && old.join(META_FILE).is_file() {
+            std::fs::rename(&old, &dir).map_err(SessionError::io(format!("put {} back", old.display())))?;
+        }
         let path = dir.join(META_FILE);
         let bytes = std::fs::read(&path).map_err(SessionError::io(format!("read {}", path.display())))?;
         let meta: SnapshotMeta = serde_json::from_slice(&bytes)
@@ -149,13 +155,22 @@ impl PendingSnapshot {
             &serde_json::to_vec_pretty(meta)
                 .map_err(|e| SessionError::InvalidArgument(format!("the folder table cannot be saved: {e}")))?,
         )?;
+        // Its files are durable before its name is: a crash never leaves a `snapshot/` whose
+        // directory entries were lost.
+        for d in [dir.join(VM_DIR), dir.clone()] {
+            sync_dir(&d)?;
+        }
         let (current, old) = (self.storage.join(SNAPSHOT_DIR), self.storage.join(OLD_DIR));
         let _ = std::fs::remove_dir_all(&old);
         if current.exists() {
             std::fs::rename(&current, &old).map_err(SessionError::io(format!("move {} aside", current.display())))?;
         }
-        std::fs::rename(&dir, &current).map_err(SessionError::io(format!("rename {}", dir.display())))?;
-        let _ = std::fs::File::open(&self.storage).and_then(|d| d.sync_all());
+        if let Err(e) = std::fs::rename(&dir, &current) {
+            // The earlier snapshot goes back: the session's record still names it.
+            let _ = std::fs::rename(&old, &current);
+            return Err(SessionError::io(format!("rename {}", dir.display()))(e));
+        }
+        sync_dir(&self.storage)?;
         let _ = std::fs::remove_dir_all(&old);
         self.committed = true;
         Ok(())
@@ -168,6 +183,10 @@ impl Drop for PendingSnapshot {
             let _ = std::fs::remove_dir_all(self.dir());
         }
     }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), SessionError> {
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(SessionError::io(format!("sync {}", dir.display())))
 }
 
 fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), SessionError> {
@@ -289,6 +308,11 @@ mod tests {
         assert_eq!(std::fs::read_to_string(forked.disk()).unwrap(), "one");
         assert_eq!(SessionSnapshot::load(&a).unwrap().meta.taken_ms, 3);
         assert!(link(&a, &b).is_err(), "a fork's snapshot is never replaced by a link");
+
+        // A commit cut off between its renames: the earlier snapshot, set aside, is found.
+        std::fs::rename(a.join(SNAPSHOT_DIR), a.join(OLD_DIR)).unwrap();
+        assert_eq!(SessionSnapshot::load(&a).unwrap().meta.taken_ms, 3);
+        assert!(!a.join(OLD_DIR).exists());
         assert_eq!(SessionSnapshot::load(&b).unwrap().meta.taken_ms, 1);
 
         // A meta file of another version, or missing VM files, is refused by name.
