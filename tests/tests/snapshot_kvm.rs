@@ -104,6 +104,31 @@ impl Vmm {
 }
 
 /// The minimal bundle as a 256 MiB guest, where this host runs the kvm backend.
+/// A session manager's options in `dir`: kvm sessions of the minimal bundle (256 MiB, a
+/// 256 MiB disk, never idle), and a warm pool of `pool_size`.
+fn kvm_manager(dir: &Path, pool_size: u32) -> umbra_runtime::session::ManagerOptions {
+    let session = umbra_api::SessionSettings {
+        bundle: test_bundle("minimal").display().to_string(),
+        backend: umbra_api::BackendChoice::Kvm,
+        memory_mib: 256,
+        disk_size_mib: 256,
+        idle_timeout_secs: 0,
+        ..Default::default()
+    };
+    let config = umbra_api::DaemonConfig {
+        session,
+        pool_size,
+        boot_timeout_secs: umbra_tests::daemon::boot_timeout_secs(),
+        ..Default::default()
+    };
+    umbra_runtime::session::ManagerOptions {
+        config,
+        state_dir: Some(dir.join("state")),
+        storage_root: Some(dir.join("data")),
+        bundles: umbra_bundle::Store::new(dir.join("bundles")),
+    }
+}
+
 fn kvm_spec() -> Option<VmSpec> {
     if !backends().contains(&BackendKind::Kvm) {
         eprintln!("skipped: this host does not run the kvm backend (the nested lane's snapshot step does)");
@@ -394,33 +419,14 @@ async fn the_runtime_resumes_a_session_vm_twice_with_its_own_disk_folder_and_nam
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_warm_pool_restores_its_vms_from_a_snapshot_and_sessions_take_them() {
     use umbra_api::methods::StartParams;
-    use umbra_runtime::session::{ExecRequest, ManagerOptions, SessionManager};
+    use umbra_runtime::session::{ExecRequest, SessionManager};
 
     if kvm_spec().is_none() {
         return;
     }
     let dir = umbra_tests::TempDir::new("pool-kvm");
-    let session = umbra_api::SessionSettings {
-        bundle: test_bundle("minimal").display().to_string(),
-        backend: umbra_api::BackendChoice::Kvm,
-        memory_mib: 256,
-        disk_size_mib: 256,
-        idle_timeout_secs: 0,
-        ..Default::default()
-    };
-    let config = umbra_api::DaemonConfig {
-        session,
-        pool_size: 2,
-        boot_timeout_secs: umbra_tests::daemon::boot_timeout_secs(),
-        ..Default::default()
-    };
     let started = Instant::now();
-    let m = SessionManager::new(ManagerOptions {
-        config,
-        state_dir: Some(dir.0.join("state")),
-        storage_root: Some(dir.0.join("data")),
-        bundles: umbra_bundle::Store::new(dir.0.join("bundles")),
-    });
+    let m = SessionManager::new(kvm_manager(&dir.0, 2));
     let wait_ready = |what: &'static str, taken: u64| {
         let m = &m;
         async move {
@@ -534,34 +540,13 @@ async fn the_warm_pool_restores_its_vms_from_a_snapshot_and_sessions_take_them()
 async fn a_session_pauses_into_a_snapshot_resumes_with_its_processes_and_forks() {
     use umbra_api::methods::StartParams;
     use umbra_api::SessionStatus;
-    use umbra_runtime::session::{ExecRequest, ManagerOptions, SessionManager};
+    use umbra_runtime::session::{ExecRequest, SessionManager};
 
     if kvm_spec().is_none() {
         return;
     }
     let dir = umbra_tests::TempDir::new("session-snapshot");
-    let options = || {
-        let session = umbra_api::SessionSettings {
-            bundle: test_bundle("minimal").display().to_string(),
-            backend: umbra_api::BackendChoice::Kvm,
-            memory_mib: 256,
-            disk_size_mib: 256,
-            idle_timeout_secs: 0,
-            ..Default::default()
-        };
-        let config = umbra_api::DaemonConfig {
-            session,
-            pool_size: 0,
-            boot_timeout_secs: umbra_tests::daemon::boot_timeout_secs(),
-            ..Default::default()
-        };
-        ManagerOptions {
-            config,
-            state_dir: Some(dir.0.join("state")),
-            storage_root: Some(dir.0.join("data")),
-            bundles: umbra_bundle::Store::new(dir.0.join("bundles")),
-        }
-    };
+    let options = || kvm_manager(&dir.0, 0);
     let script = |s: &str| ExecRequest { argv: vec!["sh".into(), "-c".into(), s.into()], ..Default::default() };
     let m = SessionManager::new(options());
     let work = dir.0.join("work");
