@@ -170,9 +170,11 @@ impl PendingSnapshot {
             let _ = std::fs::rename(&old, &current);
             return Err(SessionError::io(format!("rename {}", dir.display()))(e));
         }
-        sync_dir(&self.storage)?;
-        let _ = std::fs::remove_dir_all(&old);
+        // In place: from here on it is the session's snapshot, so a failed sync of the new name
+        // (which a crash could only turn back into the earlier snapshot) is not an error.
         self.committed = true;
+        let _ = sync_dir(&self.storage);
+        let _ = std::fs::remove_dir_all(&old);
         Ok(())
     }
 }
