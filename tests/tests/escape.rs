@@ -213,6 +213,81 @@ for batch in range(20):
 print("ATTEMPTS", 10000, "REFUSED", refused, "CONNECTED", done, "OTHER", other, "SECONDS", round(time.time() - t0, 1), dict(errors))
 "#;
 
+const PRIVILEGES_PY: &str = r#"
+import os
+for name, value in (("security.capability", b"\x01\x00\x00\x02\xff\xff\xff\xff" + b"\x00" * 12), ("trusted.x", b"1"), ("security.x", b"1"), ("user.x", b"1")):
+    try:
+        os.setxattr("sh", name, value)
+        print("XATTR", name, "set")
+    except OSError as e:
+        print("XATTR", name, e.strerror)
+for mode in (0o4755, 0o2755, 0o6777):
+    try:
+        os.close(os.open("created-%o" % mode, os.O_CREAT | os.O_WRONLY, mode))
+        print("CREATE", oct(mode), oct(os.stat("created-%o" % mode).st_mode))
+    except OSError as e:
+        print("CREATE", oct(mode), e.strerror)
+"#;
+
+/// Set-id files, device nodes and privileged extended attributes below `root` on the host.
+fn privileges_found(root: &Path) -> Vec<String> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+            let kind = meta.file_type();
+            if meta.mode() & 0o6000 != 0 {
+                found.push(format!("{} mode {:o}", path.display(), meta.mode()));
+            }
+            if kind.is_block_device() || kind.is_char_device() {
+                found.push(format!("{} a device {:x}", path.display(), meta.rdev()));
+            }
+            let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+            for name in [c"security.capability", c"trusted.x", c"security.x"] {
+                // SAFETY: a size query (null buffer, size 0) on NUL-terminated strings.
+                if unsafe { libc::lgetxattr(c.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) } >= 0 {
+                    found.push(format!("{} has {name:?}", path.display()));
+                }
+            }
+            if kind.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// Hands the folders to the user a root runtime acts for (`UMBRA_SHARE_OWNER`, as
+/// `scripts/escape-suite root` sets it): the guest writes as that user, so the folders must be
+/// theirs, as a user's own folders are.
+fn give_to_share_owner(root: &Path) {
+    let Some((uid, gid)) = umbra_runtime::backend::fsd::share_owner() else { return };
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        std::os::unix::fs::lchown(&path, Some(uid), Some(gid)).unwrap();
+        if std::fs::symlink_metadata(&path).unwrap().is_dir() {
+            stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+}
+
+/// The (uid, gid) pairs of everything below `root`.
+fn owners_in(root: &Path) -> std::collections::BTreeSet<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut owners = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        if let Ok(meta) = std::fs::symlink_metadata(entry.path()) {
+            owners.insert((meta.uid(), meta.gid()));
+        }
+    }
+    owners
+}
+
 async fn run_suite(backend: BackendKind) {
     let dir = TempDir::new("escape");
     let canary = format!("HOST-CANARY-{}-{}", std::process::id(), backend.name());
@@ -228,6 +303,8 @@ async fn run_suite(backend: BackendKind) {
     std::os::unix::fs::symlink(&secret, rw.join("abs-link")).unwrap();
     std::os::unix::fs::symlink("../secret", rw.join("rel-link")).unwrap();
     std::os::unix::fs::symlink("/etc/shadow", rw.join("shadow-link")).unwrap();
+    give_to_share_owner(&ro);
+    give_to_share_owner(&rw);
     let (ro_before, rw_before) = (snapshot(&ro), snapshot(&rw));
 
     let m = umbra_tests::session_manager_for(&dir, "standard", MEMORY_MIB);
@@ -399,6 +476,90 @@ async fn run_suite(backend: BackendKind) {
                 return Err(format!("a delete or rename went through:\n{out}"));
             }
             Ok("deletes and renames refused, edits land".into())
+        }),
+    ));
+    cases.push((
+        "no host privilege through a share: set-id files, devices, capabilities",
+        Box::pin(async {
+            let (_, out) = g
+                .sh(&format!(
+                    "mkdir -p /sessions/esc/mnt/rw/priv && cd /sessions/esc/mnt/rw/priv && {{ \
+                     cp /bin/busybox sh 2>/dev/null || cp /bin/sh sh; chown 0:0 sh; echo chown=$?; \
+                     chmod 4755 sh; echo suid=$?; chmod 2755 sh; echo sgid=$?; chmod u+s,g+s sh; \
+                     cp -a /bin/su su-copy; echo cp-a=$?; install -m 4755 /bin/true installed; echo install=$?; \
+                     mknod disk b 7 0; echo block=$?; chmod 666 disk; mknod null c 1 3; echo char=$?; \
+                     mknod whiteout c 0 0; echo whiteout=$?; mkfifo fifo; echo fifo=$?; \
+                     mkdir setgid-dir; chmod g+s setgid-dir; echo dir-sgid=$?; \
+                     {}; }} 2>&1; true",
+                    python(PRIVILEGES_PY)
+                ))
+                .await;
+            g.clean("privileges", &out)?;
+            if !out.contains("fifo=0") || !out.contains("XATTR") {
+                return Err(format!("the probe did not run:\n{out}"));
+            }
+            let found = privileges_found(&rw.join("priv"));
+            if !found.is_empty() {
+                return Err(format!("the host folder holds {found:?}:\n{out}"));
+            }
+            let owner = umbra_runtime::backend::fsd::share_owner();
+            let owners = owners_in(&rw.join("priv"));
+            if let Some((uid, gid)) = owner {
+                if owners.iter().any(|o| *o != (uid, gid)) {
+                    return Err(format!("files belong to {owners:?}, not the invoking user {uid}:{gid}"));
+                }
+            }
+            Ok(format!("no set-id bit, device or capability on the host; owners {owners:?}"))
+        }),
+    ));
+    cases.push((
+        "a read-only folder nested in a writable one, and a folder swapped while unshared",
+        Box::pin(async {
+            let outer = dir.0.join("outer");
+            let hostonly = dir.0.join("hostonly");
+            std::fs::create_dir_all(outer.join("inner")).unwrap();
+            std::fs::create_dir_all(&hostonly).unwrap();
+            std::fs::write(outer.join("inner/data"), "inner\n").unwrap();
+            std::fs::write(hostonly.join("leak"), format!("{canary}\n")).unwrap();
+            give_to_share_owner(&outer);
+            let mount = |path: PathBuf, name: &str, mode| {
+                g.s.mount(FolderSpec { path, name: Some(name.into()), mode })
+            };
+            mount(outer.clone(), "outer", ShareMode::Rwd).await.map_err(|e| format!("mount outer: {e}"))?;
+            mount(outer.join("inner"), "inner", ShareMode::Ro).await.map_err(|e| format!("mount inner: {e}"))?;
+            let (_, out) = g
+                .sh("cd /sessions/esc/mnt/outer; echo pwned > inner/data; echo new > inner/new; \
+                     chmod 777 inner/data; rm -f inner/data; mv inner moved; rm -rf inner; \
+                     mount -o remount,rw /sessions/esc/mnt/outer/inner; echo pwned > inner/data; \
+                     ls -la inner 2>&1; true")
+                .await;
+            g.clean("nested", &out)?;
+            let data = std::fs::read_to_string(outer.join("inner/data")).unwrap_or_default();
+            if data != "inner\n" || outer.join("inner/new").exists() || outer.join("moved").exists() {
+                return Err(format!("the ro folder was written through its writable parent ({data:?}):\n{out}"));
+            }
+            // Unshared, the folder is the guest's to replace through its parent: a later share of
+            // the same path must refuse what is there now, a link to the host or another folder.
+            g.s.unmount("inner").await.map_err(|e| format!("unmount inner: {e}"))?;
+            let mut refusals = Vec::new();
+            for swap in [format!("ln -s {} inner", hostonly.display()), "mkdir inner".to_string()] {
+                let (code, out) =
+                    g.sh(&format!("cd /sessions/esc/mnt/outer && rm -rf inner.old && mv inner inner.old 2>/dev/null; rm -rf inner; {swap}")).await;
+                if code != 0 {
+                    return Err(format!("the guest could not swap the folder ({swap}):\n{out}"));
+                }
+                match mount(outer.join("inner"), "inner", ShareMode::Ro).await {
+                    Ok(info) => {
+                        let (_, out) = g.sh(&format!("cat {}/leak 2>&1", info.guest_path)).await;
+                        g.clean("swapped folder", &out)?;
+                        return Err(format!("a swapped folder was shared again ({swap}) at {}", info.guest_path));
+                    }
+                    Err(e) if e.to_string().contains("inner") => refusals.push(e.to_string()),
+                    Err(e) => return Err(format!("refused without naming the folder: {e}")),
+                }
+            }
+            g.s.unmount("outer").await.map_err(|e| format!("unmount outer: {e}"))?;
+            Ok(format!("writes refused on the host; re-shares refused: {}", refusals.join(" / ")))
         }),
     ));
     cases.push((
@@ -632,5 +793,75 @@ async fn run_suite(backend: BackendKind) {
 async fn nothing_a_guest_root_tries_reaches_the_host() {
     for backend in umbra_tests::backends() {
         run_suite(backend).await;
+    }
+}
+
+/// A nested folder found again by path after a restart showed the host (issue 28, fourth
+/// reproduction): two sessions over one repository; while the first is stopped, the second's
+/// guest root replaces the first's read-only folder with a link to a host directory outside
+/// every share, then with another directory. The resume refuses, naming the folder, until the
+/// folder is back; no host byte reaches either guest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_replaced_while_its_session_is_stopped_is_refused_at_resume() {
+    for backend in umbra_tests::backends() {
+        let dir = TempDir::new("escape-pinned");
+        let canary = format!("HOST-CANARY-PINNED-{}", std::process::id());
+        let (outer, hostonly) = (dir.0.join("outer"), dir.0.join("hostonly"));
+        std::fs::create_dir_all(outer.join("inner")).unwrap();
+        std::fs::create_dir_all(&hostonly).unwrap();
+        std::fs::write(outer.join("inner/data"), "inner\n").unwrap();
+        std::fs::write(hostonly.join("leak"), format!("{canary}\n")).unwrap();
+        give_to_share_owner(&outer);
+        let m = umbra_tests::session_manager(&dir);
+        let start = |name: &str, folders: Vec<FolderSpec>| StartParams {
+            name: name.into(),
+            folders,
+            settings: SettingsPatch {
+                backend: Some(backend.choice()),
+                disk_size_mib: Some(DISK_MIB),
+                ..Default::default()
+            },
+        };
+        let folder =
+            |path: &Path, name: &str, mode| FolderSpec { path: path.to_path_buf(), name: Some(name.into()), mode };
+        let pinned = m
+            .start(start(
+                "pinned",
+                vec![folder(&outer, "outer", ShareMode::Rwd), folder(&outer.join("inner"), "inner", ShareMode::Ro)],
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{backend:?}: start: {e}"));
+        let g = Guest { s: pinned.clone(), canary: canary.clone() };
+        let (_, out) = g.sh("echo pwned > /sessions/pinned/mnt/outer/inner/data; mv /sessions/pinned/mnt/outer/inner /sessions/pinned/mnt/outer/x; true").await;
+        assert_eq!(std::fs::read_to_string(outer.join("inner/data")).unwrap(), "inner\n", "{out}");
+        m.stop("pinned").await.unwrap();
+
+        let other = m.start(start("other", vec![folder(&outer, "repo", ShareMode::Rwd)])).await.unwrap();
+        let og = Guest { s: other.clone(), canary: canary.clone() };
+        for swap in [format!("ln -s {} inner", hostonly.display()), "mkdir inner".to_string()] {
+            let (code, out) = og
+                .sh(&format!("cd /sessions/other/mnt/repo && {{ [ -e inner.old ] || mv inner inner.old; }} && rm -rf inner && {swap}"))
+                .await;
+            assert_eq!(code, 0, "{backend:?}: the other guest could not swap the folder ({swap}): {out}");
+            let refused = match m.resume("pinned").await {
+                Ok(s) => {
+                    let (_, out) =
+                        g.sh("cat /sessions/pinned/mnt/inner/leak 2>&1; ls /sessions/pinned/mnt/inner").await;
+                    g.clean("resumed", &out).unwrap();
+                    panic!("{backend:?}: resumed over a swapped folder ({swap}): {:?}", s.info().folders);
+                }
+                Err(e) => e.to_string(),
+            };
+            assert!(refused.contains("inner"), "{backend:?}: the refusal does not name the folder: {refused}");
+            eprintln!("escape [{}] pinned folder, {swap}: refused: {refused}", backend.name());
+        }
+        // The folder put back, the session resumes with it.
+        let (code, out) = og.sh("cd /sessions/other/mnt/repo && rm -rf inner && mv inner.old inner").await;
+        assert_eq!(code, 0, "{out}");
+        m.delete("other").await.unwrap();
+        let s = m.resume("pinned").await.unwrap_or_else(|e| panic!("{backend:?}: resume with the folder back: {e}"));
+        let (code, out) = Guest { s, canary: canary.clone() }.sh("cat /sessions/pinned/mnt/inner/data").await;
+        assert_eq!((code, out.as_str()), (0, "inner\n"));
+        m.delete("pinned").await.unwrap();
     }
 }

@@ -46,7 +46,7 @@ async fn a_read_only_folder_stays_read_only_even_for_guest_root_remounting_it() 
         std::fs::create_dir(&folder).unwrap();
         std::fs::write(folder.join("README"), b"from the host\n").unwrap();
         let mut vm = boot_sharing(backend).await;
-        vm.add_folder("proj", &folder, true, &Default::default()).await.unwrap();
+        vm.add_folder("proj", &folder, true, &Default::default(), None).await.unwrap();
         mount_share_root(&vm).await;
 
         let (code, out, _) = run(&vm, "cat /umbra/shares/proj/README").await;
@@ -72,7 +72,7 @@ async fn a_read_write_folder_carries_bytes_both_ways_and_folders_can_be_added_wh
         std::fs::create_dir(&a).unwrap();
         std::fs::create_dir(&b).unwrap();
         let mut vm = boot_sharing(backend).await;
-        vm.add_folder("a", &a, false, &Default::default()).await.unwrap();
+        vm.add_folder("a", &a, false, &Default::default(), None).await.unwrap();
         mount_share_root(&vm).await;
 
         // Guest → host, byte-identical (binary content, 1 MiB).
@@ -91,7 +91,7 @@ async fn a_read_write_folder_carries_bytes_both_ways_and_folders_can_be_added_wh
 
         // A second folder appears in the running VM.
         std::fs::write(b.join("late"), b"added later\n").unwrap();
-        vm.add_folder("b", &b, false, &Default::default()).await.unwrap();
+        vm.add_folder("b", &b, false, &Default::default(), None).await.unwrap();
         let (_, out, _) = run(&vm, "cat /umbra/shares/b/late").await;
         assert_eq!(out, "added later\n", "{backend:?}");
         vm.shutdown().await;
@@ -109,7 +109,7 @@ async fn escapes_never_reveal_host_files_outside_the_share() {
         std::os::unix::fs::symlink(&secret, folder.join("abs-link")).unwrap();
         std::os::unix::fs::symlink("../secret", folder.join("rel-link")).unwrap();
         let mut vm = boot_sharing(backend).await;
-        vm.add_folder("proj", &folder, false, &Default::default()).await.unwrap();
+        vm.add_folder("proj", &folder, false, &Default::default(), None).await.unwrap();
         mount_share_root(&vm).await;
         let script = "cd /umbra/shares/proj; \
             cat abs-link rel-link ../../secret /umbra/shares/proj/../secret /umbra/shares/../secret 2>/dev/null; \

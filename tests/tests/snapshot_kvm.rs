@@ -343,7 +343,7 @@ async fn the_runtime_resumes_a_session_vm_twice_with_its_own_disk_folder_and_nam
     spec.folder_sharing = true;
 
     let mut vm = Vm::launch(BackendKind::Kvm, &spec).await.unwrap();
-    vm.add_folder("work", &root.join("work"), false, &Protection::default()).await.unwrap();
+    vm.add_folder("work", &root.join("work"), false, &Protection::default(), None).await.unwrap();
     let mount = MountRequest {
         source: fsd::FS_TAG.into(),
         target: "/mnt/share".into(),
@@ -373,8 +373,13 @@ async fn the_runtime_resumes_a_session_vm_twice_with_its_own_disk_folder_and_nam
         let copied = disk::copy_sparse(&disk_path, &fork_disk).unwrap();
         let mut fork = spec.clone();
         fork.disk = Some(fork_disk);
-        let folder =
-            SharedFolder { name: "work".into(), source: work, read_only: false, protection: Protection::default() };
+        let folder = SharedFolder {
+            name: "work".into(),
+            source: work,
+            read_only: false,
+            protection: Protection::default(),
+            identity: None,
+        };
         fork.restore = Some(Restore { snapshot: snap.clone(), hostname: format!("fork-{i}"), folders: vec![folder] });
         let vm = Vm::launch(BackendKind::Kvm, &fork).await.unwrap();
         eprintln!(

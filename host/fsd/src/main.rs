@@ -18,8 +18,10 @@
 //! Closing stdin ends it (and virtiofsd with it).
 
 mod hide;
+mod mounts;
 mod namespace;
 mod pins;
+mod privileges;
 mod seccomp;
 mod shares;
 
@@ -31,7 +33,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::json;
 
-const USAGE: &str = "usage: umbra-fsd --staging DIR --socket PATH [--virtiofsd BIN] [--log FILE]";
+const USAGE: &str = "usage: umbra-fsd --staging DIR --socket PATH [--virtiofsd BIN] [--log FILE] [--owner UID:GID]";
 
 #[derive(Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
@@ -44,6 +46,9 @@ enum Request {
         protect_git: bool,
         #[serde(default)]
         hide: Vec<String>,
+        /// The folder's identity when it was first shared: anything else there is refused.
+        #[serde(default)]
+        identity: Option<mounts::Identity>,
     },
     Remove {
         name: String,
@@ -55,11 +60,13 @@ struct Args {
     socket: PathBuf,
     virtiofsd: PathBuf,
     log: Option<PathBuf>,
+    /// Who the guest's files belong to when this runs as root for a user.
+    owner: Option<privileges::Owner>,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
-    let (mut staging, mut socket, mut virtiofsd, mut log) = (None, None, None, None);
+    let (mut staging, mut socket, mut virtiofsd, mut log, mut owner) = (None, None, None, None, None);
     while let Some(flag) = it.next() {
         let mut value = || it.next().map(PathBuf::from).ok_or_else(|| format!("{flag} needs a value; {USAGE}"));
         match flag.as_str() {
@@ -67,6 +74,7 @@ fn parse_args() -> Result<Args, String> {
             "--socket" => socket = Some(value()?),
             "--virtiofsd" => virtiofsd = Some(value()?),
             "--log" => log = Some(value()?),
+            "--owner" => owner = Some(value()?.to_string_lossy().parse()?),
             _ => return Err(format!("unknown argument {flag:?}; {USAGE}")),
         }
     }
@@ -75,6 +83,7 @@ fn parse_args() -> Result<Args, String> {
         socket: socket.ok_or(USAGE)?,
         virtiofsd: virtiofsd.unwrap_or_else(|| PathBuf::from("virtiofsd")),
         log,
+        owner,
     })
 }
 
@@ -94,11 +103,41 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
         Some(p) => Stdio::from(std::fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?),
         None => Stdio::inherit(),
     };
-    let mut cmd = Command::new(&args.virtiofsd);
+    // As the owner, virtiofsd may not reach its own binary (root's ~/.cargo/bin is 0700): it
+    // execs it through a descriptor of its directory opened here, as root. The kernel lets a
+    // process follow its own /proc/self/fd links whatever its user.
+    let bin_dir = match (&args.owner, args.virtiofsd.parent(), args.virtiofsd.file_name()) {
+        (Some(_), Some(dir), Some(name)) if args.virtiofsd.is_absolute() => {
+            let dir = std::fs::File::open(dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
+            Some((dir, name.to_owned()))
+        }
+        _ => None,
+    };
+    let mut cmd = match &bin_dir {
+        Some((dir, name)) => {
+            use std::os::fd::AsRawFd;
+            let mut cmd = Command::new(PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name));
+            std::os::unix::process::CommandExt::arg0(&mut cmd, name);
+            cmd
+        }
+        None => Command::new(&args.virtiofsd),
+    };
+    // As the owner, virtiofsd cannot create its socket in the VM's run directory (root's,
+    // 0700): the socket is bound here and handed over as descriptor 3.
+    let listener = match args.owner {
+        Some(_) => Some(
+            std::os::unix::net::UnixListener::bind(&args.socket)
+                .map_err(|e| format!("bind {}: {e}", args.socket.display()))?,
+        ),
+        None => None,
+    };
+    let listener_fd = listener.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+    match listener_fd {
+        Some(_) => cmd.arg("--fd=3"),
+        None => cmd.arg("--socket-path").arg(&args.socket),
+    };
     cmd.arg("--shared-dir")
         .arg(&args.staging)
-        .arg("--socket-path")
-        .arg(&args.socket)
         // This process already isolates the mounts; virtiofsd's own namespace sandbox would
         // hide the folders bound in after it starts.
         .args(["--sandbox", "none", "--inode-file-handles=never", "--announce-submounts"])
@@ -109,17 +148,46 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr);
-    // SAFETY: the pre_exec closure only calls prctl, which is async-signal-safe.
+    // Built before the fork: the child may only make async-signal-safe calls.
+    let no_privileges = privileges::filter()?;
+    let userns = match args.owner {
+        Some(_) => Some(privileges::user_namespace().map_err(|e| format!("pipes for virtiofsd: {e}"))?),
+        None => None,
+    };
+    let child_side = userns.as_ref().map(|(child, _)| *child);
+    // SAFETY: the pre_exec closure only makes async-signal-safe calls (prctl, dup2, unshare,
+    // read, write, close, set*id, seccomp) on data prepared before the fork.
     unsafe {
         use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            Ok(())
+            // dup2 leaves the copy without close-on-exec.
+            if let Some(fd) = listener_fd {
+                if libc::dup2(fd, 3) != 3 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if let Some(child) = &child_side {
+                child.enter()?;
+            }
+            privileges::install(&no_privileges)
         });
     }
-    let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", args.virtiofsd.display()))?;
+    let guard = match (userns, args.owner) {
+        (Some((_, parent)), Some(owner)) => {
+            Some(parent.map_in_background(owner).map_err(|e| format!("cannot map virtiofsd's user: {e}"))?)
+        }
+        _ => None,
+    };
+    let spawned = cmd.spawn();
+    if let Some(guard) = guard {
+        guard.finish();
+    }
+    // virtiofsd has its own copy of the listening socket now.
+    drop(listener);
+    let mut child = spawned.map_err(|e| format!("cannot start {}: {e}", args.virtiofsd.display()))?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !umbra_sys::unix_socket_listening(&args.socket) {
         if let Ok(Some(status)) = child.try_wait() {
@@ -136,15 +204,18 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
 
 /// Binds a share, then protects it: pins for `.git` and ignored entries, the open check for
 /// ignored paths. Any failure undoes the share: it is never served less protected than asked.
+#[allow(clippy::too_many_arguments)]
 fn add(
     staging: &std::path::Path,
+    shares: &mut shares::Shares,
     hiding: &mut hide::Hiding,
     name: &str,
     source: &std::path::Path,
     read_only: bool,
     protect_git: bool,
     patterns: &[String],
-) -> Result<(), String> {
+    expected: Option<mounts::Identity>,
+) -> Result<mounts::Identity, String> {
     let root = staging.join(name);
     let set = match patterns.is_empty() {
         true => None,
@@ -154,7 +225,7 @@ fn add(
         Some(_) => Some(hiding.activate()?),
         None => None,
     };
-    shares::add(staging, name, source, read_only)?;
+    let identity = shares.add(staging, name, source, read_only, expected)?;
     let protect = || -> Result<(), String> {
         // A read-only share's .git is read-only already.
         let rules = pins::PinRules { git: protect_git && !read_only, hide: set.as_ref() };
@@ -167,8 +238,9 @@ fn add(
         Ok(())
     };
     protect().inspect_err(|_| {
-        let _ = shares::remove(staging, name);
-    })
+        let _ = shares.remove(staging, name);
+    })?;
+    Ok(identity)
 }
 
 fn main() -> ExitCode {
@@ -198,6 +270,7 @@ fn main() -> ExitCode {
     }
     reply(json!({"ready": true}));
 
+    let mut shares = shares::Shares::default();
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         if line.trim().is_empty() {
@@ -205,18 +278,19 @@ fn main() -> ExitCode {
         }
         let result = match serde_json::from_str::<Request>(&line) {
             Err(e) => Err(format!("bad request: {e}")),
-            Ok(Request::Add { name, source, read_only, protect_git, hide }) => {
-                add(&args.staging, &mut hiding, &name, &source, read_only, protect_git, &hide)
+            Ok(Request::Add { name, source, read_only, protect_git, hide, identity }) => {
+                add(&args.staging, &mut shares, &mut hiding, &name, &source, read_only, protect_git, &hide, identity)
+                    .map(|found| json!({"ok": true, "identity": found}))
             }
             Ok(Request::Remove { name }) => {
                 if let Some(h) = hiding.active() {
                     h.forget(&args.staging.join(&name));
                 }
-                shares::remove(&args.staging, &name)
+                shares.remove(&args.staging, &name).map(|()| json!({"ok": true}))
             }
         };
         match result {
-            Ok(()) => reply(json!({"ok": true})),
+            Ok(answer) => reply(answer),
             Err(e) => reply(json!({"ok": false, "error": e})),
         }
     }

@@ -73,3 +73,12 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// What a shared folder is, whatever its path: its device and inode when it was first shared.
+/// The runtime records it with the session; umbra-fsd opens the folder without following links
+/// and refuses to serve anything else under that path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FolderIdentity {
+    pub dev: u64,
+    pub ino: u64,
+}

@@ -78,7 +78,7 @@ pub async fn fs(args: FsBenchArgs) -> anyhow::Result<()> {
             args.files,
             args.read_mib
         );
-        vm.add_folder("bench", &shared, false, &Default::default()).await?;
+        vm.add_folder("bench", &shared, false, &Default::default(), None).await?;
         let mount = MountRequest {
             source: "umbra".into(),
             target: "/umbra/shares".into(),

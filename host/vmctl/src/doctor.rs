@@ -179,6 +179,11 @@ pub fn run(args: DoctorArgs) -> i32 {
             ),
         ),
     ];
+    // And what the kernel shows for every helper process running now (any session's VMs).
+    #[cfg(target_os = "linux")]
+    let helpers = umbra_runtime::backend::confinement::Confinement::helpers();
+    #[cfg(not(target_os = "linux"))]
+    let helpers: Vec<umbra_runtime::backend::confinement::Confinement> = Vec::new();
     if args.json {
         let confinement: serde_json::Map<String, serde_json::Value> =
             confinement.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
@@ -186,7 +191,7 @@ pub fn run(args: DoctorArgs) -> i32 {
             checks.iter().map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix})).collect();
         let doc = json!({"kvm": format!("{kvm:?}").to_lowercase(), "checks": items,
             "auto_backend": backend, "why": why, "can_run": runnable, "can_run_sessions": sessions,
-            "confinement": confinement});
+            "confinement": confinement, "helpers": helpers});
         println!("{doc}");
     } else {
         for c in &checks {
@@ -198,6 +203,22 @@ pub fn run(args: DoctorArgs) -> i32 {
         println!("\nconfinement");
         for (part, what) in &confinement {
             println!("     {part:<20} {what}");
+        }
+        if !helpers.is_empty() {
+            println!("\nrunning helpers (pid, name, uid:gid, capabilities, seccomp, own namespaces)");
+            for h in &helpers {
+                println!(
+                    "     {:<8} {:<16} {}:{} cap {} seccomp {}{} ns [{}]",
+                    h.pid,
+                    h.name,
+                    h.uid,
+                    h.gid,
+                    if h.no_capabilities() { "none".to_string() } else { h.cap_eff.clone() },
+                    h.seccomp,
+                    if h.no_new_privs { " no_new_privs" } else { "" },
+                    h.own_namespaces.join(" ")
+                );
+            }
         }
         println!("\nbackend auto -> {backend}: {why}");
         println!(

@@ -9,6 +9,8 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdin, ChildStdout};
 
+use umbra_sys::FolderIdentity;
+
 use super::rundir::RunDir;
 use super::{Supervised, VmError};
 
@@ -39,6 +41,25 @@ fn failed(status: impl Into<String>, log: &Path) -> VmError {
     }
 }
 
+/// Who files the guest creates in a share belong to, when the runtime runs as root on someone's
+/// behalf: `UMBRA_SHARE_OWNER=UID:GID`, else the user `sudo` ran it for (`SUDO_UID`,
+/// `SUDO_GID`). Without root the runtime's own user owns them already (umbra-fsd's user
+/// namespace maps only it).
+pub fn share_owner() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let parse = |u: &str, g: &str| -> Option<(u32, u32)> {
+        let ids = (u.trim().parse().ok()?, g.trim().parse().ok()?);
+        (ids.0 != 0 && ids.1 != 0).then_some(ids)
+    };
+    if let Ok(owner) = std::env::var("UMBRA_SHARE_OWNER") {
+        return owner.split_once(':').and_then(|(u, g)| parse(u, g));
+    }
+    parse(&std::env::var("SUDO_UID").ok()?, &std::env::var("SUDO_GID").ok()?)
+}
+
 impl FolderServer {
     /// Starts umbra-fsd + virtiofsd for the VM in `run`; returns once virtiofsd listens.
     pub async fn start(run: &RunDir) -> Result<(Self, Supervised), VmError> {
@@ -58,6 +79,9 @@ impl FolderServer {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
+        if let Some((uid, gid)) = share_owner() {
+            cmd.arg("--owner").arg(format!("{uid}:{gid}"));
+        }
         let mut child = Supervised::spawn("umbra-fsd", cmd)
             .map_err(|source| VmError::Io { what: format!("start {}", fsd.display()), source })?;
         let io = |e: std::io::Error| VmError::Io { what: "talk to umbra-fsd".into(), source: e };
@@ -84,7 +108,7 @@ impl FolderServer {
         }
     }
 
-    async fn request(&mut self, req: serde_json::Value) -> Result<(), VmError> {
+    async fn request(&mut self, req: serde_json::Value) -> Result<serde_json::Value, VmError> {
         let line = format!("{req}\n");
         let log = self.socket.with_file_name("virtiofsd.log");
         self.stdin
@@ -93,36 +117,39 @@ impl FolderServer {
             .map_err(|e| VmError::Io { what: "talk to umbra-fsd".into(), source: e })?;
         let reply = self.reply(&log).await?;
         match reply.get("ok") {
-            Some(serde_json::Value::Bool(true)) => Ok(()),
+            Some(serde_json::Value::Bool(true)) => Ok(reply),
             _ => Err(VmError::FolderServer(reply["error"].as_str().unwrap_or("unknown error").to_string())),
         }
     }
 
-    /// Binds `source` into the share root as `name`; read-only on the host if `read_only`.
-    pub async fn add(&mut self, name: &str, source: &Path, read_only: bool) -> Result<(), VmError> {
-        self.add_protected(name, source, read_only, &Protection::default()).await
-    }
-
-    /// [`Self::add`], with every `.git` read-only and/or ignored files hidden, on the host.
-    pub async fn add_protected(
+    /// Binds `source` into the share root as `name`; read-only on the host if `read_only`,
+    /// with every `.git` read-only and/or ignored files hidden as `protection` asks. umbra-fsd
+    /// opens `source` without following links and, given `expected`, refuses anything but that
+    /// folder; it returns the identity it found.
+    pub async fn add(
         &mut self,
         name: &str,
         source: &Path,
         read_only: bool,
         protection: &Protection,
-    ) -> Result<(), VmError> {
-        self.request(serde_json::json!({
-            "op": "add",
-            "name": name,
-            "source": source,
-            "read_only": read_only,
-            "protect_git": protection.protect_git,
-            "hide": protection.hide,
-        }))
-        .await
+        expected: Option<FolderIdentity>,
+    ) -> Result<FolderIdentity, VmError> {
+        let reply = self
+            .request(serde_json::json!({
+                "op": "add",
+                "name": name,
+                "source": source,
+                "read_only": read_only,
+                "protect_git": protection.protect_git,
+                "hide": protection.hide,
+                "identity": expected,
+            }))
+            .await?;
+        serde_json::from_value(reply["identity"].clone())
+            .map_err(|_| VmError::FolderServer(format!("umbra-fsd shared {name} without saying what it shared")))
     }
 
     pub async fn remove(&mut self, name: &str) -> Result<(), VmError> {
-        self.request(serde_json::json!({"op": "remove", "name": name})).await
+        self.request(serde_json::json!({"op": "remove", "name": name})).await.map(drop)
     }
 }

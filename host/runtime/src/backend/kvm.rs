@@ -210,7 +210,7 @@ async fn share_before_restore(restore: &super::Restore, folders: Option<&mut Fol
         None => Ok(()),
         Some(server) => {
             for f in &restore.folders {
-                server.add_protected(&f.name, &f.source, f.read_only, &f.protection).await?;
+                server.add(&f.name, &f.source, f.read_only, &f.protection, f.identity).await?;
             }
             Ok(())
         }

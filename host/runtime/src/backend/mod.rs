@@ -7,6 +7,7 @@
 #[cfg(test)]
 mod boot_wait_tests;
 mod children;
+pub mod confinement;
 pub mod console;
 pub mod disk;
 pub mod fsd;
@@ -31,6 +32,7 @@ use umbra_bundle::{Arch, ArtifactRole, BundleError, ExtractedBundle};
 pub use children::Supervised;
 pub use host::KvmKind;
 pub use rundir::{open_to_vmm, vsock_port_socket, vsock_socket, RunDir};
+pub use umbra_sys::FolderIdentity;
 
 use crate::agent::AgentClient;
 
@@ -188,6 +190,23 @@ pub struct SharedFolder {
     pub source: PathBuf,
     pub read_only: bool,
     pub protection: fsd::Protection,
+    /// The folder as it was first shared: a restore refuses anything else at `source`.
+    pub identity: Option<FolderIdentity>,
+}
+
+/// The identity of folder `path`, refusing a path with a symbolic link anywhere in it. Where
+/// umbra-fsd serves the folders it repeats the check race-free on the descriptor it mounts;
+/// the vz backend, which hands paths to the framework, has this check alone.
+pub fn folder_identity(path: &Path) -> std::io::Result<FolderIdentity> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path)?;
+    if !meta.is_dir() || path.canonicalize()? != path {
+        return Err(std::io::Error::other(format!(
+            "{} is not a directory reached without symbolic links",
+            path.display()
+        )));
+    }
+    Ok(FolderIdentity { dev: meta.dev(), ino: meta.ino() })
 }
 
 /// What [`Vm::snapshot`] wrote.
@@ -368,19 +387,22 @@ impl Vm {
     /// Puts the host directory `source` into the VM's folder share as `name`, read-only on the
     /// host if `read_only`; the guest mounts it from there. Linux: the folder server binds it
     /// (with `protection` applied on the host). vz: the framework's share set is replaced.
+    /// `source` is opened without following links; given `expected` (the folder's identity
+    /// when first shared), anything else there is refused. Returns the identity shared.
     pub async fn add_folder(
         &mut self,
         name: &str,
         source: &Path,
         read_only: bool,
         protection: &fsd::Protection,
-    ) -> Result<(), VmError> {
+        expected: Option<FolderIdentity>,
+    ) -> Result<FolderIdentity, VmError> {
         #[cfg(target_os = "macos")]
         if let (Some(machine), Some(shares)) = (&self.vz, &mut self.vz_shares) {
-            return vz::add_folder(machine, shares, name, source, read_only, protection).await;
+            return vz::add_folder(machine, shares, name, source, read_only, protection, expected).await;
         }
         let server = self.folders.as_mut().ok_or(VmError::NoFolderSharing)?;
-        server.add_protected(name, source, read_only, protection).await
+        server.add(name, source, read_only, protection, expected).await
     }
 
     /// Takes folder `name` out of the VM's folder share.

@@ -37,6 +37,8 @@ pub(super) struct BootPlan {
     pub boot_timeout: Duration,
     /// The session's network policy, which the session may replace while the VM runs.
     pub network: crate::egress::SharedPolicy,
+    /// The folders the session shared before, which must still be what they were.
+    pub pins: crate::share::FolderPins,
 }
 
 /// The VM and the folders shared with it, changed together.
@@ -96,7 +98,7 @@ impl Incarnation {
             None => Self::launch(plan, ctx, &report, resolved.image.clone(), backend, disk_path).await?,
         };
         let policy = plan.settings.policy.effective();
-        let mut folders = SharedFolders::with_policy(FolderPolicy::from_policy(&policy));
+        let mut folders = SharedFolders::with_policy(FolderPolicy::from_policy(&policy)).with_pins(plan.pins.clone());
         let mut infos = Vec::new();
         for f in &plan.folders {
             folders.share(&mut vm, &plan.session, &f.path, f.name.as_deref(), f.mode).await?;
@@ -182,10 +184,15 @@ impl Incarnation {
             if f.name == READONLY_TMP || f.name == OUTPUTS || f.name == UPLOADS {
                 std::fs::create_dir_all(&f.host_path)
                     .map_err(SessionError::io(format!("create {}", f.host_path.display())))?;
+                // The session's own storage, not the snapshotted session's.
+                f.identity = None;
+            } else {
+                // The user's folders must still be what they were when first shared.
+                f.identity = f.identity.or_else(|| plan.pins.get(&f.host_path).copied());
             }
         }
         let policy = FolderPolicy::from_policy(&plan.settings.policy.effective());
-        let folders = SharedFolders::restored(policy, saved);
+        let folders = SharedFolders::restored(policy, saved).with_pins(plan.pins.clone());
 
         let slot = ctx.admission.enter(|position| report(EventKind::BootQueued { position })).await;
         let disk = match meta.disk {

@@ -277,10 +277,10 @@ impl Session {
     /// Boots the session's next VM, or restores its snapshot if it was paused by one (or is a
     /// fork not yet started): the restore is used once, and later VMs of the session boot.
     async fn boot_incarnation(self: &Arc<Self>) -> Result<Arc<Incarnation>, SessionError> {
-        let (settings, folders, resumes) = {
+        let (settings, folders, resumes, pins) = {
             let state = self.state.lock().unwrap();
             let resumes = state.record.snapshot.as_ref().is_some_and(|s| s.resumes);
-            (state.record.settings.clone(), state.record.folders.clone(), resumes)
+            (state.record.settings.clone(), state.record.folders.clone(), resumes, state.record.pinned.clone())
         };
         let plan = BootPlan {
             session: self.name.clone(),
@@ -289,9 +289,12 @@ impl Session {
             storage_dir: self.storage_dir(),
             boot_timeout: Duration::from_secs(self.ctx.config().boot_timeout_secs),
             network: self.network.clone(),
+            pins,
         };
         if !resumes {
-            return Ok(Arc::new(Incarnation::boot(&plan, &self.ctx, self.report()).await?));
+            let inc = Arc::new(Incarnation::boot(&plan, &self.ctx, self.report()).await?);
+            self.keep_pins(&inc).await;
+            return Ok(inc);
         }
         let storage = self.storage_dir().ok_or_else(|| SessionError::Unsupported("no storage".into()))?;
         let snapshot = tokio::task::spawn_blocking(move || SessionSnapshot::load(&storage))
@@ -303,6 +306,7 @@ impl Session {
             false => self.name.clone(),
         };
         let inc = Incarnation::restore(&plan, &self.ctx, self.report(), &snapshot, &hostname).await?;
+        self.keep_pins(&inc).await;
         {
             // From now on the disk moves on from the snapshot's: a later VM boots.
             let mut state = self.state.lock().unwrap();
@@ -493,10 +497,27 @@ impl Session {
         Ok(())
     }
 
-    /// The record a fork of this session starts with: its settings and folders.
+    /// The record a fork of this session starts with: its settings and folders (which must
+    /// be what they were when this session first shared them).
     pub(super) fn fork_record(&self, name: &str) -> SessionRecord {
         let state = self.state.lock().unwrap();
-        SessionRecord::new(name, state.record.settings.clone(), state.record.folders.clone())
+        let mut record = SessionRecord::new(name, state.record.settings.clone(), state.record.folders.clone());
+        record.pinned = state.record.pinned.clone();
+        record
+    }
+
+    /// Records what the folders the VM shares are, for the session's next VM.
+    async fn keep_pins(&self, inc: &Incarnation) {
+        let pins = inc.machine.lock().await.folders.pins().clone();
+        let changed = {
+            let mut state = self.state.lock().unwrap();
+            let changed = state.record.pinned != pins;
+            state.record.pinned = pins;
+            changed
+        };
+        if changed {
+            self.persist();
+        }
     }
 
     /// A fork's snapshot, once linked into its storage: its first start restores it.
@@ -824,6 +845,7 @@ impl Session {
                 name: Some(info.name.clone()),
                 mode: spec.mode,
             });
+            state.record.pinned = machine.folders.pins().clone();
         }
         self.persist();
         self.emit(folder_mounted(&info));

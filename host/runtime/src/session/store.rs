@@ -37,6 +37,10 @@ pub struct SessionRecord {
     /// The snapshot in the session's storage (see [`super::snapshot`]), if any.
     #[serde(default)]
     pub snapshot: Option<umbra_api::session::SnapshotInfo>,
+    /// What each folder the session shared was when first shared (see
+    /// [`crate::share::FolderPins`]); a fork keeps its source's.
+    #[serde(default)]
+    pub pinned: crate::share::FolderPins,
 }
 
 impl SessionRecord {
@@ -50,6 +54,7 @@ impl SessionRecord {
             status: SessionStatus::Starting,
             last_error: None,
             snapshot: None,
+            pinned: Default::default(),
         }
     }
 }

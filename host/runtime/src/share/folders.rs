@@ -7,6 +7,7 @@
 //! nothing of folders beyond its folder server, so this module depends on `backend` and never
 //! the other way round.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -18,7 +19,7 @@ use super::paths::{
 use super::shadow::{self, ApplyReport, Baseline, ShadowError};
 use crate::agent::ClientError;
 use crate::backend::fsd::Protection;
-use crate::backend::{Vm, VmError};
+use crate::backend::{FolderIdentity, Vm, VmError};
 
 /// Why sharing (or a shadow operation) failed, with its cause kept whole so a caller can tell
 /// a bad name from a missing folder from a guest that refused.
@@ -68,7 +69,15 @@ pub struct Shared {
     protected: bool,
     /// The host folder as it was when a shadow share started.
     baseline: Option<Baseline>,
+    /// What the folder server shared (device, inode).
+    identity: Option<FolderIdentity>,
 }
+
+/// The folders a session has shared and what each was, by the path it asked for (for its own
+/// folders, already without links). A later boot, resume, restore or fork shares the same path only if it is
+/// still the same folder: a guest that replaced it (with a link to elsewhere on the host, or
+/// another directory) through a writable folder gets a refusal naming it.
+pub type FolderPins = BTreeMap<PathBuf, FolderIdentity>;
 
 /// A [`Shared`] as a session snapshot keeps it: what a restored VM's folder server must serve
 /// again under the same name, and what the host needs to go on (guest path, shadow baseline).
@@ -82,6 +91,9 @@ pub struct SavedFolder {
     pub guest_path: String,
     pub protected: bool,
     pub baseline: Option<Baseline>,
+    /// What the folder was (absent in snapshots taken before it was recorded).
+    #[serde(default)]
+    pub identity: Option<FolderIdentity>,
 }
 
 /// What a sandbox policy asks of the folders a session shares (see `docs/policy.md`).
@@ -132,6 +144,7 @@ impl Shared {
 pub struct SharedFolders {
     shared: Vec<Shared>,
     policy: FolderPolicy,
+    pins: FolderPins,
 }
 
 impl SharedFolders {
@@ -142,7 +155,36 @@ impl SharedFolders {
     /// Folders shared under `policy` (user folders and extra paths; never the session's own
     /// `outputs` and `uploads`).
     pub fn with_policy(policy: FolderPolicy) -> Self {
-        Self { shared: Vec::new(), policy }
+        Self { shared: Vec::new(), policy, pins: FolderPins::new() }
+    }
+
+    /// With the folders the session shared before, which must still be what they were.
+    pub fn with_pins(mut self, pins: FolderPins) -> Self {
+        self.pins = pins;
+        self
+    }
+
+    /// Every folder shared so far (with the ones given to [`Self::with_pins`]): what the
+    /// session keeps for its next VM.
+    pub fn pins(&self) -> &FolderPins {
+        &self.pins
+    }
+
+    /// Where the folder asked for as `asked` is, and what it must be: a folder shared before
+    /// is taken as recorded (never resolved again: a link there now is refused by the folder
+    /// server), a new one is resolved once, here.
+    fn locate(&self, asked: &Path) -> Result<(PathBuf, Option<FolderIdentity>), ShareError> {
+        if let Some(identity) = self.pins.get(asked) {
+            return Ok((asked.to_path_buf(), Some(*identity)));
+        }
+        let path = asked.canonicalize().map_err(|source| ShareError::HostPath { path: asked.to_path_buf(), source })?;
+        if !path.is_dir() {
+            return Err(PathError::NotADirectory(path).into());
+        }
+        if let Some(identity) = self.pins.get(&path) {
+            return Ok((path, Some(*identity)));
+        }
+        Ok((path, None))
     }
 
     /// Shares a host path the policy adds beyond the workspace (`additional_*_paths`): `Rwd`
@@ -154,12 +196,8 @@ impl SharedFolders {
         host_path: &Path,
         read_only: bool,
     ) -> Result<String, ShareError> {
-        let host_path = host_path
-            .canonicalize()
-            .map_err(|source| ShareError::HostPath { path: host_path.to_path_buf(), source })?;
-        if !host_path.is_dir() {
-            return Err(PathError::NotADirectory(host_path).into());
-        }
+        let asked = host_path;
+        let (host_path, expected) = self.locate(asked)?;
         let base = default_folder_name(&host_path)?;
         let name = (1..)
             .map(|i| if i == 1 { base.clone() } else { format!("{base}-{i}") })
@@ -167,7 +205,17 @@ impl SharedFolders {
             .expect("some suffix is free");
         validate_folder_name(&name)?;
         let mode = if read_only { ShareMode::Ro } else { ShareMode::Rwd };
-        self.share_as(vm, session, &host_path, &name, mode, true).await
+        let guest_path = self.share_as(vm, session, &host_path, &name, mode, true, expected).await?;
+        self.pin(asked, &host_path);
+        Ok(guest_path)
+    }
+
+    /// Records the folder just shared from `host_path` (asked for as `asked`).
+    fn pin(&mut self, asked: &Path, host_path: &Path) {
+        let Some(identity) = self.shared.last().and_then(|s| s.identity) else { return };
+        for key in [asked, host_path] {
+            self.pins.entry(key.to_path_buf()).or_insert(identity);
+        }
     }
 
     /// Makes the guest's `/tmp` read-only on the host (`disable_tmp_write`): an empty host
@@ -176,7 +224,7 @@ impl SharedFolders {
     pub async fn readonly_tmp(&mut self, vm: &mut Vm, session: &str) -> Result<(), ShareError> {
         let empty = vm.run_dir().join("readonly-tmp");
         std::fs::create_dir_all(&empty).map_err(io(format!("create {}", empty.display())))?;
-        let guest_path = self.share_as(vm, session, &empty, READONLY_TMP, ShareMode::Ro, false).await?;
+        let guest_path = self.share_as(vm, session, &empty, READONLY_TMP, ShareMode::Ro, false, None).await?;
         let bind = umbra_proto::MountRequest {
             source: guest_path,
             target: "/tmp".into(),
@@ -198,19 +246,17 @@ impl SharedFolders {
         mode: ShareMode,
     ) -> Result<String, ShareError> {
         validate_session_name(session)?;
-        let host_path = host_path
-            .canonicalize()
-            .map_err(|source| ShareError::HostPath { path: host_path.to_path_buf(), source })?;
-        if !host_path.is_dir() {
-            return Err(PathError::NotADirectory(host_path).into());
-        }
+        let asked = host_path;
+        let (host_path, expected) = self.locate(asked)?;
         let name = match name {
             Some(n) => n.to_string(),
             None => default_folder_name(&host_path)?,
         };
         validate_folder_name(&name)?;
         let mode = self.policy.workspace_mode(mode);
-        self.share_as(vm, session, &host_path, &name, mode, true).await
+        let guest_path = self.share_as(vm, session, &host_path, &name, mode, true, expected).await?;
+        self.pin(asked, &host_path);
+        Ok(guest_path)
     }
 
     /// Shares the session's own `outputs` (read-write-delete) and `uploads` (read-only) folders
@@ -226,11 +272,12 @@ impl SharedFolders {
         for (name, mode) in [(OUTPUTS, ShareMode::Rwd), (UPLOADS, ShareMode::Ro)] {
             let dir = storage_dir.join(name);
             std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
-            guest_paths.push(self.share_as(vm, session, &dir, name, mode, false).await?);
+            guest_paths.push(self.share_as(vm, session, &dir, name, mode, false, None).await?);
         }
         Ok(guest_paths)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn share_as(
         &mut self,
         vm: &mut Vm,
@@ -239,6 +286,7 @@ impl SharedFolders {
         name: &str,
         mode: ShareMode,
         protect: bool,
+        expected: Option<FolderIdentity>,
     ) -> Result<String, ShareError> {
         if self.shared.iter().any(|s| s.name == name) {
             return Err(ShareError::AlreadyShared(name.into()));
@@ -257,7 +305,14 @@ impl SharedFolders {
             true => Protection { protect_git: self.policy.protect_git, hide: self.policy.hide.clone() },
             false => Protection::default(),
         };
-        vm.add_folder(name, host_path, !mode.host_writable(), &protection).await.map_err(ShareError::Server)?;
+        let identity = vm.add_folder(name, host_path, !mode.host_writable(), &protection, expected).await.map_err(
+            |e| match e {
+                VmError::FolderServer(why) => {
+                    ShareError::Server(VmError::FolderServer(format!("folder {name}: {why}")))
+                }
+                e => ShareError::Server(e),
+            },
+        )?;
         let request = ShareRequest { session: session.into(), name: name.into(), mode };
         let guest_path = match vm.agent().share(request).await {
             Ok(p) => p,
@@ -274,6 +329,7 @@ impl SharedFolders {
             guest_path: guest_path.clone(),
             protected: protect,
             baseline,
+            identity: Some(identity),
         });
         Ok(guest_path)
     }
@@ -307,6 +363,7 @@ impl SharedFolders {
                 guest_path: s.guest_path.clone(),
                 protected: s.protected,
                 baseline: s.baseline.clone(),
+                identity: s.identity,
             })
             .collect()
     }
@@ -323,6 +380,7 @@ impl SharedFolders {
                     true => Protection { protect_git: self.policy.protect_git, hide: self.policy.hide.clone() },
                     false => Protection::default(),
                 },
+                identity: s.identity,
             })
             .collect()
     }
@@ -340,9 +398,10 @@ impl SharedFolders {
                 guest_path: f.guest_path,
                 protected: f.protected,
                 baseline: f.baseline,
+                identity: f.identity,
             })
             .collect();
-        Self { shared, policy }
+        Self { shared, policy, pins: FolderPins::new() }
     }
 
     fn shadow(&self, name: &str) -> Result<&Shared, ShareError> {

@@ -11,4 +11,4 @@ pub mod folders;
 pub mod paths;
 pub mod shadow;
 
-pub use folders::{FolderPolicy, ShareError, Shared, SharedFolders};
+pub use folders::{FolderPins, FolderPolicy, ShareError, Shared, SharedFolders};

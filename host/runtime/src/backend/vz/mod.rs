@@ -139,7 +139,16 @@ mod launch {
         source: &Path,
         read_only: bool,
         protection: &Protection,
-    ) -> Result<(), VmError> {
+        expected: Option<crate::backend::FolderIdentity>,
+    ) -> Result<crate::backend::FolderIdentity, VmError> {
+        let found = crate::backend::folder_identity(source)
+            .map_err(|e| VmError::FolderServer(format!("folder {name}: {e}")))?;
+        if expected.is_some_and(|e| e != found) {
+            return Err(VmError::FolderServer(format!(
+                "folder {name}: {} is no longer the folder that was shared; refusing to share what replaced it",
+                source.display()
+            )));
+        }
         // umbra-fsd pins .git only in shares the host lets the guest write.
         if (protection.protect_git && !read_only) || !protection.hide.is_empty() {
             return Err(VmError::FolderServer(format!(
@@ -154,7 +163,7 @@ mod launch {
         next.push(VzShare { name: name.into(), path: source.to_path_buf(), read_only });
         set(machine, &next).await?;
         *shares = next;
-        Ok(())
+        Ok(found)
     }
 
     pub async fn remove_folder(machine: &Arc<VzMachine>, shares: &mut Vec<VzShare>, name: &str) -> Result<(), VmError> {
