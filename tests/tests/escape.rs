@@ -725,6 +725,11 @@ async fn run_suite(backend: BackendKind) {
         }),
     ));
 
+    cases.push((
+        "outputs: links the guest plants are not followed by the host",
+        Box::pin(outputs_links_case(&g, &m, &s, &dir.0, &secret)),
+    ));
+
     // UMBRA_ESCAPE_ONLY=<text> runs the cases whose name contains it (for debugging one).
     if let Ok(only) = std::env::var("UMBRA_ESCAPE_ONLY") {
         cases.retain(|(name, _)| name.contains(only.as_str()));
@@ -787,6 +792,77 @@ async fn run_suite(backend: BackendKind) {
         total - held
     );
     assert!(failed.is_empty(), "{backend:?}: failed cases: {failed:?}");
+}
+
+/// The guest plants, in its `outputs/`, a link to the host secret, a link to the host
+/// directory holding it, and a directory it swaps for such a link. The host's outputs watcher
+/// must report none of them (only the marker file written after them), and a fork's copy of
+/// the folder (the beneath-only copy, run here as a fork would; forks need KVM) must carry the
+/// links as links and no host byte.
+async fn outputs_links_case(
+    g: &Guest,
+    m: &umbra_runtime::session::SessionManager,
+    s: &Session,
+    host_dir: &Path,
+    secret: &Path,
+) -> Outcome {
+    use umbra_api::event::EventKind;
+    use umbra_runtime::share::tree;
+    let mut events = m.subscribe();
+    let script = format!(
+        "set -e; cd /sessions/{SESSION}/mnt/outputs; ln -s {secret} planted-secret.txt; ln -s {host} planted-dir; \
+         mkdir swapped; mv swapped swapped.real; ln -s {host} swapped; echo ok > planted-marker.txt; \
+         cat planted-secret.txt planted-dir/secret 2>&1 || true",
+        secret = secret.display(),
+        host = host_dir.display(),
+    );
+    let (code, out) = g.sh(&script).await;
+    g.clean("following the planted links in the guest", &out)?;
+    if code != 0 {
+        return Err(format!("planting the links failed ({code}): {out}"));
+    }
+    // The marker's event says the watcher has handled everything written before it.
+    let mut reported = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, events.recv()).await {
+            Ok(Ok(e)) => {
+                if let EventKind::OutputsFileCreated { path, host_path } = e.kind {
+                    if path == "planted-marker.txt" {
+                        break;
+                    }
+                    reported.push((path, host_path));
+                }
+            }
+            Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
+            Ok(Err(e)) => return Err(format!("the event bus ended: {e}")),
+            Err(_) => return Err("no outputs_file_created for the marker within 30 s".into()),
+        }
+    }
+    if let Some(r) = reported.iter().find(|(p, _)| p.starts_with("planted") || p.starts_with("swapped")) {
+        return Err(format!("the outputs watcher reported a planted link: {r:?}"));
+    }
+    let outputs = s.storage_dir().ok_or("the session has no storage")?.join("outputs");
+    let copy_to = host_dir.join("outputs-fork-copy");
+    let root = tree::open_root(&outputs).map_err(|e| e.to_string())?;
+    let copied = tree::copy(&root, &outputs, &copy_to, tree::TreeLimits::GUEST_TREE).map_err(|e| e.to_string())?;
+    let canary = std::fs::read(secret).map_err(|e| e.to_string())?;
+    for (path, (bytes, _)) in snapshot(&copy_to) {
+        if !bytes.is_empty() && bytes.windows(canary.len()).any(|w| w == canary.as_slice()) {
+            return Err(format!("the fork copy holds host bytes in {}", path.display()));
+        }
+    }
+    for link in ["planted-secret.txt", "planted-dir", "swapped"] {
+        let meta = std::fs::symlink_metadata(copy_to.join(link)).map_err(|e| format!("{link}: {e}"))?;
+        if !meta.file_type().is_symlink() {
+            return Err(format!("the fork copy made {link} a {:?}, not a link", meta.file_type()));
+        }
+    }
+    Ok(format!(
+        "watcher reported only the marker; fork copy: {} entries, {} bytes, links kept as links",
+        copied.entries, copied.bytes
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

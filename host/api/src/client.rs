@@ -57,11 +57,45 @@ fn unavailable(socket: &Path, e: impl std::fmt::Display) -> ApiError {
     )
 }
 
+/// Refuses a server that is not the user we expect, before a byte is sent to it: the socket's
+/// peer credentials (`SO_PEERCRED`; `getpeereid` on macOS) name the uid that created the
+/// listening socket, which no one can fake.
+fn check_server(stream: &UnixStream, socket: &Path, expected: u32) -> Result<(), ApiError> {
+    let cred = stream.peer_cred().map_err(|e| {
+        ApiError::new(
+            ErrorCode::Unauthorized,
+            format!("cannot tell who serves {} ({e}); refusing to talk to it", socket.display()),
+        )
+    })?;
+    if cred.uid() != expected {
+        return Err(ApiError::new(
+            ErrorCode::Unauthorized,
+            format!(
+                "{} is served by uid {}, not by uid {expected}: refusing to talk to it (another user's process \
+                 may be posing as umbrad)",
+                socket.display(),
+                cred.uid()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Client {
-    /// Connects to umbrad at `socket` (default: [`crate::paths::default_socket`]).
+    /// Connects to umbrad at `socket` (default: [`crate::paths::default_socket`]). The server
+    /// must run as this process's effective uid ([`Client::connect_to_uid`] names another).
     pub async fn connect(socket: Option<&Path>) -> Result<(Self, Notifications), ApiError> {
+        Self::connect_to_uid(socket, crate::paths::euid()).await
+    }
+
+    /// Connects to umbrad at `socket`, which must be served by `server_uid`: for a root client
+    /// talking to a user's `umbrad --allow-root`. No uid is trusted implicitly, root included:
+    /// umbrad serves only its own uid (and root, when allowed), so a root umbrad never serves
+    /// another user and a root-owned socket answering one is not their daemon.
+    pub async fn connect_to_uid(socket: Option<&Path>, server_uid: u32) -> Result<(Self, Notifications), ApiError> {
         let socket = socket.map(Path::to_path_buf).unwrap_or_else(crate::paths::default_socket);
         let stream = UnixStream::connect(&socket).await.map_err(|e| unavailable(&socket, e))?;
+        check_server(&stream, &socket, server_uid)?;
         let (read, write) = stream.into_split();
         let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
         let (tx, rx) = mpsc::channel(NOTIFICATION_QUEUE);
@@ -169,4 +203,122 @@ fn deliver(pending: &Pending, r: Response) {
         (None, None) => Ok(Value::Null),
     };
     let _ = tx.send(result);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::methods::{EventsUnsubscribe, UnsubscribeParams};
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+
+    #[tokio::test]
+    async fn a_server_of_our_uid_is_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let (client, _notes) = Client::connect(Some(&path)).await.expect("our own uid serves");
+        let (mut server, _) = listener.accept().unwrap();
+        client.notify::<EventsUnsubscribe>(UnsubscribeParams { subscription: 1 }).await.unwrap();
+        let mut first = [0u8; 1];
+        server.read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"{");
+    }
+
+    /// A listener forked off as uid 65534 (we are root): the client must refuse it, and the
+    /// listener must read end-of-file without a single byte.
+    #[tokio::test]
+    async fn a_server_of_another_uid_is_refused_before_a_byte_is_sent() {
+        if crate::paths::euid() != 0 {
+            eprintln!("skipped: listening as another uid needs root");
+            return;
+        }
+        const NOBODY: libc::uid_t = 65534;
+        let dir = tempfile::tempdir().unwrap();
+        // The other user must be able to create its socket here.
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let path = dir.path().join("s.sock");
+        // Everything the child needs is prepared before the fork: after it, the child makes
+        // only raw system calls (async-signal-safe) and exits.
+        // SAFETY: sockaddr_un is plain data; all-zero is a valid value.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
+        for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+            *dst = *src as libc::c_char;
+        }
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let (report_r, report_w) = (fds[0], fds[1]);
+        // SAFETY: the child runs only async-signal-safe system calls below, then _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: the forked child is single-threaded; each call is a plain system call on
+            // memory prepared before the fork, and the child leaves by _exit.
+            unsafe {
+                libc::alarm(20); // never outlives a stuck test
+                if libc::syscall(libc::SYS_setgid, NOBODY) != 0 || libc::syscall(libc::SYS_setuid, NOBODY) != 0 {
+                    libc::_exit(2);
+                }
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+                if fd < 0
+                    || libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len) != 0
+                    || libc::listen(fd, 1) != 0
+                {
+                    libc::_exit(3);
+                }
+                libc::write(report_w, b"r".as_ptr().cast(), 1);
+                // Two clients: the refusing one, then one that names our uid. Each one's byte
+                // count is reported once it closes.
+                for _ in 0..2 {
+                    let conn = libc::accept(fd, std::ptr::null_mut(), std::ptr::null_mut());
+                    let mut total: u64 = 0;
+                    let mut buf = [0u8; 256];
+                    loop {
+                        let n = libc::read(conn, buf.as_mut_ptr().cast(), buf.len());
+                        if n <= 0 {
+                            break;
+                        }
+                        total += n as u64;
+                    }
+                    libc::write(report_w, (&total as *const u64).cast(), 8);
+                    libc::close(conn);
+                }
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: the parent owns its ends of the pipe; the write end is closed so the read
+        // end sees end-of-file if the child dies early.
+        let mut report = unsafe {
+            libc::close(report_w);
+            std::fs::File::from_raw_fd(report_r)
+        };
+        let mut ready = [0u8; 1];
+        report.read_exact(&mut ready).expect("the listener is up");
+        let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::symlink_metadata(&path).unwrap());
+        assert_eq!(owner, NOBODY, "the socket is the other user's");
+
+        let err = Client::connect(Some(&path)).await.err().expect("refused");
+        assert_eq!(err.code, ErrorCode::Unauthorized, "{err:?}");
+        assert!(err.message.contains("served by uid 65534, not by uid 0"), "{}", err.message);
+        // The refused stream is closed: the listener saw end-of-file and counted its bytes.
+        let mut total = [0u8; 8];
+        report.read_exact(&mut total).expect("the listener reports");
+        assert_eq!(u64::from_ne_bytes(total), 0, "bytes sent to a refused server");
+
+        // Naming that uid explicitly (root talking to a user's umbrad) is accepted, and the
+        // same listener then does receive bytes: the zero above was the refusal.
+        let (client, _notes) = Client::connect_to_uid(Some(&path), NOBODY).await.expect("the named uid serves");
+        client.notify::<EventsUnsubscribe>(UnsubscribeParams { subscription: 1 }).await.unwrap();
+        drop(client); // shuts the write half: the listener sees end-of-file
+        report.read_exact(&mut total).expect("the listener reports");
+        assert!(u64::from_ne_bytes(total) > 0, "the accepted client's request arrived");
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status}");
+    }
 }

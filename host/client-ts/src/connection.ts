@@ -5,9 +5,11 @@
  * {@link Umbra}.
  */
 
+import * as fs from "node:fs";
 import * as net from "node:net";
+import * as path from "node:path";
 
-import { AbortError, UmbraError, UnavailableError, errorFromRpc } from "./errors";
+import { AbortError, UmbraError, UnauthorizedError, UnavailableError, errorFromRpc } from "./errors";
 
 /** Longest line accepted from umbrad (a 1 MiB file read is about 1.4 MiB of base64). */
 const MAX_LINE = 8 << 20;
@@ -55,6 +57,58 @@ export function unreachable(socketPath: string, why: string, cause?: unknown): U
   );
 }
 
+/**
+ * Who serves `socketPath`, as far as Node can tell without a native addon: Node exposes no
+ * `SO_PEERCRED`, so the server's uid cannot be read from the connection. Instead the socket's
+ * directory must be a real directory (not a symlink) owned by our uid with mode 0700, and the
+ * socket a socket (not a symlink) owned by our uid. No other user (root aside) can then have
+ * put a socket there, nor swap it before the connect. Resolves when the checks pass; rejects
+ * with an {@link UnauthorizedError} saying what failed, or an {@link UnavailableError} when there
+ * is no socket. Where the platform has no uids (`process.geteuid` missing), checks nothing.
+ */
+export async function checkSocket(socketPath: string): Promise<void> {
+  const uid = typeof process.geteuid === "function" ? process.geteuid() : undefined;
+  if (uid === undefined) {
+    return;
+  }
+  const refuse = (why: string) =>
+    new UnauthorizedError(`refusing to connect to ${socketPath}: ${why} (another user could pose as umbrad)`);
+  const dir = path.dirname(path.resolve(socketPath));
+  let dirStat: fs.Stats;
+  try {
+    dirStat = await fs.promises.lstat(dir);
+  } catch (error) {
+    throw unreachable(socketPath, describe(error), error);
+  }
+  if (dirStat.isSymbolicLink()) {
+    throw refuse(`its directory ${dir} is a symlink`);
+  }
+  if (!dirStat.isDirectory()) {
+    throw refuse(`${dir} is not a directory`);
+  }
+  if (dirStat.uid !== uid) {
+    throw refuse(`its directory ${dir} belongs to uid ${dirStat.uid}, not to uid ${uid}`);
+  }
+  if ((dirStat.mode & 0o777) !== 0o700) {
+    throw refuse(`its directory ${dir} has mode ${(dirStat.mode & 0o7777).toString(8).padStart(4, "0")}, not 0700`);
+  }
+  let sockStat: fs.Stats;
+  try {
+    sockStat = await fs.promises.lstat(socketPath);
+  } catch (error) {
+    throw unreachable(socketPath, describe(error), error);
+  }
+  if (sockStat.isSymbolicLink()) {
+    throw refuse("it is a symlink");
+  }
+  if (!sockStat.isSocket()) {
+    throw refuse("it is not a socket");
+  }
+  if (sockStat.uid !== uid) {
+    throw refuse(`it belongs to uid ${sockStat.uid}, not to uid ${uid}`);
+  }
+}
+
 export class Connection {
   private readonly pending = new Map<number, Pending>();
   private nextId = 1;
@@ -81,8 +135,13 @@ export class Connection {
     socket.on("close", () => this.finish());
   }
 
-  /** Connects to `socketPath`; rejects with an {@link UnavailableError} saying how to start umbrad. */
-  static open(socketPath: string, handlers: ConnectionHandlers): Promise<Connection> {
+  /**
+   * Connects to `socketPath` once {@link checkSocket} passes; rejects with an
+   * {@link UnavailableError} saying how to start umbrad, or an {@link UnauthorizedError}.
+   */
+  static async open(socketPath: string, handlers: ConnectionHandlers): Promise<Connection> {
+    // Before a byte goes out: who could have made this socket.
+    await checkSocket(socketPath);
     return new Promise((resolve, reject) => {
       const socket = net.createConnection({ path: socketPath });
       const onError = (error: NodeJS.ErrnoException) => {

@@ -44,13 +44,14 @@ let n = 0;
  * A fake umbrad: answers `daemon.info` and `events.subscribe` itself, hands every other
  * request (and notification) to `handler(message, conn)`, and records what it received.
  */
-async function fakeDaemon({ apiVersion = API_VERSION, handler = () => {}, onConnect } = {}) {
-  const socketPath = path.join(dir, `d${n++}.sock`);
-  const fake = { socketPath, received: [], conns: new Set(), server: null };
+async function fakeDaemon({ apiVersion = API_VERSION, handler = () => {}, onConnect, socketPath } = {}) {
+  socketPath ??= path.join(dir, `d${n++}.sock`);
+  const fake = { socketPath, received: [], conns: new Set(), server: null, accepted: 0 };
   fake.send = (conn, message) => conn.write(JSON.stringify(message) + "\n");
   fake.listen = () =>
     new Promise((resolve) => {
       fake.server = net.createServer((conn) => {
+        fake.accepted++;
         fake.conns.add(conn);
         conn.on("close", () => fake.conns.delete(conn));
         if (onConnect?.(conn, fake) === false) return;
@@ -100,6 +101,45 @@ test("the socket path follows umbrad's rule", () => {
   assert.equal(defaultSocketPath({ UMBRA_SOCKET: "/x/u.sock", XDG_RUNTIME_DIR: "/run/user/5" }), "/x/u.sock");
   assert.equal(defaultSocketPath({ XDG_RUNTIME_DIR: "/run/user/5" }), "/run/user/5/umbra/umbrad.sock");
   assert.equal(defaultSocketPath({ UMBRA_SOCKET: "", XDG_RUNTIME_DIR: "" }), `/tmp/umbra-${process.getuid()}/umbrad.sock`);
+});
+
+test("before connecting, the client checks who could have made the socket", async () => {
+  // Node has no SO_PEERCRED: the socket and its directory must be ours, the directory 0700,
+  // neither a symlink. Refusals happen before the connect, so the daemon never sees them.
+  const sub = fs.mkdtempSync(path.join(dir, "private-"));
+  const fake = await fakeDaemon({ socketPath: path.join(sub, "umbrad.sock") });
+  const refused = async (socketPath, pattern) => {
+    const e = await Umbra.connect({ socketPath, reconnect: false }).catch((x) => x);
+    assert.ok(e instanceof UnauthorizedError, String(e));
+    assert.match(e.message, pattern);
+  };
+  // The control: as made (mkdtemp is 0700), it is accepted.
+  const client = track(await Umbra.connect({ socketPath: fake.socketPath, reconnect: false, subscribe: false }));
+  await client.close();
+  assert.equal(fake.accepted, 1);
+
+  fs.chmodSync(sub, 0o755);
+  await refused(fake.socketPath, /its directory .* has mode 0755, not 0700/);
+  fs.chmodSync(sub, 0o700);
+  const linkedDir = path.join(dir, `linked-${n++}`);
+  fs.symlinkSync(sub, linkedDir);
+  await refused(path.join(linkedDir, "umbrad.sock"), /its directory .* is a symlink/);
+  const linkedSocket = path.join(sub, "link.sock");
+  fs.symlinkSync(fake.socketPath, linkedSocket);
+  await refused(linkedSocket, /: it is a symlink/);
+  const notASocket = path.join(sub, "file.sock");
+  fs.writeFileSync(notASocket, "");
+  await refused(notASocket, /it is not a socket/);
+  if (process.geteuid() === 0) {
+    // Another user's directory (we are root: hand it to nobody).
+    fs.chownSync(sub, 65534, 65534);
+    await refused(fake.socketPath, /belongs to uid 65534, not to uid 0/);
+    fs.chownSync(sub, 0, 0);
+    fs.chownSync(fake.socketPath, 65534, 65534);
+    await refused(fake.socketPath, /: it belongs to uid 65534, not to uid 0/);
+  }
+  assert.equal(fake.accepted, 1, "no refused client reached the daemon");
+  await fake.close();
 });
 
 test("camelCase options map to the wire's snake_case", () => {

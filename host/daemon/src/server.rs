@@ -6,7 +6,7 @@
 //! client gets one JSON-RPC error and the connection closes; the refusal is logged.
 
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -63,33 +63,13 @@ pub struct Listening {
 
 /// Creates the socket's private directory, takes the lock, removes a stale socket and listens.
 ///
-/// The directory must be private to this user: umbrad creates it 0700; an existing one that
-/// others can enter is made private only when it is Umbra's own (`<runtime dir>/umbra`) — any
-/// other directory (`--socket /tmp/x.sock`) is refused rather than changed.
+/// The directory must be private to this user ([`umbra_api::paths::ensure_private_dir`]):
+/// umbrad creates it 0700; an existing one is used only if it is a real directory (not a
+/// symlink), ours and mode 0700 — anything else (another user's `/tmp/umbra-<uid>`, a
+/// `--socket /tmp/x.sock`) is refused with the reason, never repaired.
 pub fn bind(socket: &Path) -> anyhow::Result<Listening> {
     let dir = socket.parent().filter(|d| !d.as_os_str().is_empty()).context("the socket path has no directory")?;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("cannot create {}", dir.display()))?;
-    let meta = std::fs::metadata(dir).with_context(|| format!("cannot stat {}", dir.display()))?;
-    // SAFETY: getuid cannot fail and has no memory effects.
-    let uid = unsafe { libc::getuid() };
-    if std::os::unix::fs::MetadataExt::uid(&meta) != uid {
-        bail!("{} belongs to another user; refusing to put the socket there", dir.display());
-    }
-    let mode = meta.permissions().mode() & 0o7777;
-    if mode & 0o077 != 0 {
-        if dir != umbra_api::paths::runtime_dir() {
-            bail!(
-                "{} is open to other users (mode {mode:o}); put the socket in a directory of its own (mode 0700)",
-                dir.display()
-            );
-        }
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("cannot make {} private", dir.display()))?;
-    }
+    umbra_api::paths::ensure_private_dir(dir).context("refusing to put umbrad's socket there")?;
     let lock_path = socket.with_extension("lock");
     let lock = std::fs::OpenOptions::new()
         .create(true)
@@ -185,8 +165,19 @@ mod tests {
         let shared = dir.path().join("shared");
         std::fs::create_dir(&shared).unwrap();
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
-        let e = bind(&shared.join("umbrad.sock")).err().expect("refused").to_string();
-        assert!(e.contains("open to other users"), "{e}");
+        let e = format!("{:#}", bind(&shared.join("umbrad.sock")).err().expect("refused"));
+        assert!(e.contains("mode 1777, not 0700"), "{e}");
         assert_eq!(mode(&shared), 0o777, "left as it was");
+
+        // Umbra's own directory is no exception: 0755 is refused, not repaired.
+        let loose = dir.path().join("loose");
+        std::fs::create_dir(&loose).unwrap();
+        std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = format!("{:#}", bind(&loose.join("umbrad.sock")).err().expect("refused"));
+        assert!(e.contains("mode 0755, not 0700"), "{e}");
+        // Nor is a symlink to a good directory.
+        std::os::unix::fs::symlink(socket.parent().unwrap(), dir.path().join("link")).unwrap();
+        let e = format!("{:#}", bind(&dir.path().join("link/umbrad.sock")).err().expect("refused"));
+        assert!(e.contains("is a symlink"), "{e}");
     }
 }

@@ -11,7 +11,9 @@ pub struct RunDir {
 
 impl RunDir {
     pub fn create(id: &str) -> std::io::Result<Self> {
-        let vms = crate::paths::runtime_dir().join("vms");
+        // The runtime directory must be ours and private (in the /tmp fallback another user
+        // could have made it first); below it, everything is ours.
+        let vms = umbra_api::paths::private_runtime_dir().map_err(std::io::Error::other)?.join("vms");
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&vms)?;
         sweep_dead(&vms);
         let path = vms.join(id);

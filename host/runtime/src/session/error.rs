@@ -6,6 +6,7 @@ use crate::agent::ClientError;
 use crate::backend::VmError;
 use crate::image::ImageError;
 use crate::share::paths::PathError;
+use crate::share::tree::TreeError;
 use crate::share::ShareError;
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +46,9 @@ pub enum SessionError {
     NoSuchProcess(u64),
     #[error("cannot {what}: {source}")]
     Io { what: String, source: std::io::Error },
+    /// A walk or copy of a tree the guest writes (outputs, uploads) failed or hit a bound.
+    #[error("cannot {what}: {source}")]
+    Tree { what: String, source: TreeError },
 }
 
 impl SessionError {
@@ -72,6 +76,14 @@ impl SessionError {
             },
             SessionError::NoSuchProcess(_) => ErrorCode::NotFound,
             SessionError::Io { source, .. } => io_code(source),
+            SessionError::Tree { source, .. } => match source {
+                TreeError::TooManyEntries { .. } | TreeError::TooLarge { .. } | TreeError::TooDeep { .. } => {
+                    ErrorCode::TooLarge
+                }
+                // The guest changed the tree while it was read: trying again may well succeed.
+                TreeError::Changed { .. } | TreeError::Vanished { .. } => ErrorCode::Busy,
+                TreeError::Io { source, .. } => io_code(source),
+            },
         }
     }
 

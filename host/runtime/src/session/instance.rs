@@ -28,6 +28,7 @@ use super::snapshot::{PendingSnapshot, SessionSnapshot, SnapshotMeta};
 use super::store::SessionRecord;
 use crate::backend::console::ERROR_CONTEXT_LINES;
 use crate::share::paths::validate_session_name;
+use crate::share::tree;
 
 /// How often the supervisor checks that the VM's processes are alive.
 const ALIVE_EVERY: Duration = Duration::from_millis(500);
@@ -465,10 +466,15 @@ impl Session {
         let dest = dest.to_path_buf();
         tokio::task::spawn_blocking(move || {
             let meta = super::snapshot::link(&storage, &dest)?;
+            // The guest writes these trees (and may still, if the source runs): they are
+            // copied beneath-only, following no symlink, within the guest-tree bounds.
             for dir in [crate::share::paths::OUTPUTS, crate::share::paths::UPLOADS] {
-                if storage.join(dir).is_dir() {
-                    super::snapshot::copy_tree(&storage.join(dir), &dest.join(dir))
-                        .map_err(SessionError::io(format!("copy {}", storage.join(dir).display())))?;
+                let src = storage.join(dir);
+                if src.is_dir() {
+                    let what = || format!("copy {} into the fork", src.display());
+                    let root = tree::open_root(&src).map_err(|source| SessionError::Tree { what: what(), source })?;
+                    tree::copy(&root, &src, &dest.join(dir), tree::TreeLimits::GUEST_TREE)
+                        .map_err(|source| SessionError::Tree { what: what(), source })?;
                 }
             }
             Ok(meta.info(true))

@@ -228,26 +228,6 @@ fn link_files(source: &SessionSnapshot, dest: &Path) -> std::io::Result<()> {
     std::fs::hard_link(source.dir.join(META_FILE), dest.join(META_FILE))
 }
 
-/// Copies the directory tree `src` to `dst` (files, directories, symlinks as symlinks; other
-/// kinds skipped): a fork's outputs and uploads.
-pub(super) fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<u64> {
-    std::fs::create_dir_all(dst)?;
-    let mut bytes = 0;
-    for entry in std::fs::read_dir(src)? {
-        let entry = entry?;
-        let (from, to) = (entry.path(), dst.join(entry.file_name()));
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            bytes += copy_tree(&from, &to)?;
-        } else if kind.is_file() {
-            bytes += std::fs::copy(&from, &to)?;
-        } else if kind.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(&from)?, &to)?;
-        }
-    }
-    Ok(bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,18 +306,5 @@ mod tests {
         std::fs::remove_file(a.join(SNAPSHOT_DIR).join(VM_DIR).join("state")).unwrap();
         let e = SessionSnapshot::load(&a).err().unwrap().to_string();
         assert!(e.contains("lacks") && e.contains("state"), "{e}");
-    }
-
-    #[test]
-    fn copy_tree_copies_files_directories_and_symlinks() {
-        let root = tempfile::tempdir().unwrap();
-        let src = root.path().join("src");
-        std::fs::create_dir_all(src.join("d")).unwrap();
-        std::fs::write(src.join("d/f"), "data").unwrap();
-        std::os::unix::fs::symlink("d/f", src.join("l")).unwrap();
-        let dst = root.path().join("dst");
-        assert_eq!(copy_tree(&src, &dst).unwrap(), 4);
-        assert_eq!(std::fs::read_to_string(dst.join("d/f")).unwrap(), "data");
-        assert_eq!(std::fs::read_link(dst.join("l")).unwrap(), Path::new("d/f"));
     }
 }

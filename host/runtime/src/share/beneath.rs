@@ -12,6 +12,8 @@
 //!
 //! The `*_at` helpers take a single name component (no `/`) and never follow a final symlink;
 //! [`super::shadow`] builds its strict "no symlinks at all" walk for writes out of them.
+//! [`open_strict`] is that rule for one path (`RESOLVE_NO_SYMLINKS`), and [`super::tree`]
+//! walks and copies a whole guest-written tree by it.
 
 use std::collections::VecDeque;
 use std::ffi::{CStr, CString, OsStr, OsString};
@@ -92,16 +94,18 @@ pub fn open_beneath(root: &File, rel: &Path, flags: libc::c_int, mode: u32) -> i
 
 #[cfg(target_os = "linux")]
 fn openat2_beneath(root: &File, rel: &Path, flags: libc::c_int, mode: u32) -> io::Result<File> {
+    openat2(root, rel, flags, mode, libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS)
+}
+
+/// `openat2(root, rel, {flags | O_CLOEXEC, mode, resolve})`, retried on `EAGAIN`/`EINTR`.
+#[cfg(target_os = "linux")]
+fn openat2(root: &File, rel: &Path, flags: libc::c_int, mode: u32, resolve: u64) -> io::Result<File> {
     let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
     let path = CString::new(rel.as_os_str().as_bytes()).map_err(|_| einval())?;
     let flags = flags | libc::O_CLOEXEC;
     // openat2 rejects a mode unless the call may create a file.
     let creates = flags & libc::O_CREAT != 0 || flags & libc::O_TMPFILE == libc::O_TMPFILE;
-    let how = OpenHow {
-        flags: flags as u32 as u64,
-        mode: if creates { u64::from(mode) } else { 0 },
-        resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
-    };
+    let how = OpenHow { flags: flags as u32 as u64, mode: if creates { u64::from(mode) } else { 0 }, resolve };
     for _ in 0..EAGAIN_RETRIES {
         // SAFETY: `path` is NUL-terminated and `how` is a fully initialised `open_how`; both
         // outlive the call, and the size passed is exactly the struct the kernel reads.
@@ -124,6 +128,50 @@ fn openat2_beneath(root: &File, rel: &Path, flags: libc::c_int, mode: u32) -> io
         }
     }
     Err(io::Error::from_raw_os_error(libc::EAGAIN))
+}
+
+/// Opens `rel` beneath `root` following no symlink at all, not even one that stays inside:
+/// the strict resolution for a tree the guest writes, where a link is the guest's to swap at
+/// any moment. A symlink anywhere on the way (the final component included) fails with
+/// `ELOOP`, `..` and absolute paths with `EXDEV`. Kernel-enforced with `openat2`
+/// (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`), else a walk opening each directory `O_NOFOLLOW`.
+pub fn open_strict(root: &File, rel: &Path, flags: libc::c_int) -> io::Result<File> {
+    #[cfg(target_os = "linux")]
+    if !OPENAT2_UNSUPPORTED.load(Ordering::Relaxed) {
+        let resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS;
+        match openat2(root, rel, flags & !libc::O_NOFOLLOW, 0, resolve) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => OPENAT2_UNSUPPORTED.store(true, Ordering::Relaxed),
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+            other => return other,
+        }
+    }
+    walk_strict(root, rel, flags)
+}
+
+/// The `openat2`-less fallback of [`open_strict`] (public to the module for its tests).
+pub(super) fn walk_strict(root: &File, rel: &Path, flags: libc::c_int) -> io::Result<File> {
+    let bytes = rel.as_os_str().as_bytes();
+    if bytes.first() == Some(&b'/') {
+        return Err(io::Error::from_raw_os_error(libc::EXDEV));
+    }
+    let names: Vec<&[u8]> = bytes.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").collect();
+    if names.iter().any(|n| *n == b"..") {
+        return Err(io::Error::from_raw_os_error(libc::EXDEV));
+    }
+    let Some((last, parents)) = names.split_last() else {
+        return openat(root, OsStr::new("."), flags, 0);
+    };
+    let mut dir: Option<File> = None;
+    for name in parents {
+        dir = Some(open_subdir(dir.as_ref().unwrap_or(root), OsStr::from_bytes(name))?);
+    }
+    let dir = dir.as_ref().unwrap_or(root);
+    let file = openat(dir, OsStr::from_bytes(last), flags | libc::O_NOFOLLOW, 0)?;
+    // With O_PATH, O_NOFOLLOW opens a final symlink itself instead of failing: refuse it.
+    if file.metadata()?.file_type().is_symlink() {
+        return Err(io::Error::from_raw_os_error(libc::ELOOP));
+    }
+    Ok(file)
 }
 
 /// The `openat2`-less fallback of [`open_beneath`], with the same rules (public to the module
@@ -273,6 +321,12 @@ pub fn rename_at(dir: &File, from: &OsStr, to: &OsStr) -> io::Result<()> {
 
 /// The names in `dir`, without `.` and `..`.
 pub fn read_dir(dir: &File) -> io::Result<Vec<OsString>> {
+    read_dir_at_most(dir, usize::MAX)
+}
+
+/// The names in `dir`, without `.` and `..`, stopping after `limit + 1` of them: a result
+/// longer than `limit` says the directory holds more (and costs no more memory than that).
+pub fn read_dir_at_most(dir: &File, limit: usize) -> io::Result<Vec<OsString>> {
     // fdopendir takes over its descriptor and moves its offset: give it a fresh one.
     let fd = openat(dir, OsStr::new("."), libc::O_RDONLY | libc::O_DIRECTORY, 0)?.into_raw_fd();
     // SAFETY: `fd` is an open directory descriptor we own; on success the stream owns it.
@@ -299,6 +353,9 @@ pub fn read_dir(dir: &File) -> io::Result<Vec<OsString>> {
         let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) }.to_bytes();
         if name != b"." && name != b".." {
             names.push(OsStr::from_bytes(name).to_owned());
+            if names.len() > limit {
+                return Ok(names);
+            }
         }
     }
 }
@@ -396,6 +453,44 @@ mod tests {
     #[test]
     fn userspace_walk_matches_openat2() {
         check(walk_beneath);
+    }
+
+    /// Both strict resolvers refuse every symlink, inner ones included.
+    fn check_strict(open: fn(&File, &Path, libc::c_int) -> io::Result<File>) {
+        let (_tmp, root) = fixture();
+        let o = |p: &str| read(open(&root, Path::new(p), libc::O_RDONLY));
+        assert_eq!(o("inside.txt").unwrap(), "inside");
+        assert_eq!(o("sub/deep.txt").unwrap(), "deep");
+        let links = ["rel_in", "sub/up_in", "subdir_link/deep.txt", "abs", "rel_out", "sneaky", "loop"];
+        for escape in links.into_iter().chain(["../outside.txt", "sub/../../outside.txt", "/etc/passwd"]) {
+            let err = o(escape).unwrap_err();
+            assert!(is_escape(&err), "{escape}: {err}");
+        }
+        // O_PATH describes a final symlink elsewhere; here it is refused all the same.
+        for flags in [O_PATH, O_PATH | libc::O_NOFOLLOW] {
+            let err = open(&root, Path::new("rel_in"), flags).unwrap_err();
+            assert!(is_escape(&err), "{err}");
+        }
+        assert!(open(&root, Path::new("sub"), libc::O_RDONLY | libc::O_DIRECTORY).is_ok());
+        assert!(open(&root, Path::new(""), libc::O_RDONLY | libc::O_DIRECTORY).is_ok());
+        assert_eq!(o("missing").unwrap_err().kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn open_strict_follows_no_symlink_at_all() {
+        check_strict(open_strict);
+    }
+
+    #[test]
+    fn strict_userspace_walk_matches_openat2() {
+        check_strict(walk_strict);
+    }
+
+    #[test]
+    fn read_dir_at_most_stops_one_past_the_limit() {
+        let (_tmp, root) = fixture();
+        assert_eq!(read_dir_at_most(&root, 3).unwrap().len(), 4);
+        assert_eq!(read_dir_at_most(&root, 100).unwrap().len(), 8);
     }
 
     #[test]
