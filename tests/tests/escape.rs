@@ -582,7 +582,8 @@ async fn run_suite(backend: BackendKind) {
                     "sh".into(),
                     "-c".into(),
                     format!(
-                        "while [ ! -e /tmp/go ]; do sleep 0.1; done; echo malicious > {at}/f.txt; \
+                        "for i in $(seq 600); do [ -e /tmp/go ] && break; sleep 0.1; done; \
+                         echo malicious > {at}/f.txt; \
                          printf '\\tfsmonitor = touch /tmp/pwned\\n' >> {at}/.git/config; touch /tmp/done"
                     ),
                 ],
