@@ -419,7 +419,17 @@ async fn bundles_config_folders_files_and_shadows_through_the_daemon() {
         .await
         .unwrap();
     assert!(exported.bytes > 0 && exported.path.exists(), "{exported:?}");
-    let report = client.call::<ShadowApply>(ShadowParams { session: "f".into(), folder: "proj".into() }).await.unwrap();
+    // An apply names the change-set the diff captured: without one it is refused.
+    let apply = |changeset: Option<&str>| ShadowApplyParams {
+        session: "f".into(),
+        folder: "proj".into(),
+        changeset: changeset.map(str::to_owned),
+        paths: None,
+    };
+    let refused = client.call::<ShadowApply>(apply(None)).await.unwrap_err();
+    assert_eq!(refused.code, ErrorCode::InvalidParams, "{refused:?}");
+    assert!(refused.message.contains("changeset"), "{refused:?}");
+    let report = client.call::<ShadowApply>(apply(Some(&diff.changeset))).await.unwrap();
     assert_eq!(report.applied.len(), 2, "{report:?}");
     assert_eq!(std::fs::read(proj.join("src/lib.rs")).unwrap(), b"new\n");
     client.call::<ShadowReset>(ShadowParams { session: "f".into(), folder: "proj".into() }).await.unwrap();

@@ -729,6 +729,79 @@ async fn run_suite(backend: BackendKind) {
         "outputs: links the guest plants are not followed by the host",
         Box::pin(outputs_links_case(&g, &m, &s, &dir.0, &secret)),
     ));
+    cases.push((
+        "shadow apply: a change after the review, and .git/config",
+        Box::pin(async {
+            // Issue 28: a process left running changes a reviewed file and tells git to run a
+            // command (core.fsmonitor) after the diff; the apply must write the reviewed bytes only.
+            let shadow = dir.0.join("shadow");
+            std::fs::create_dir_all(shadow.join(".git")).unwrap();
+            std::fs::write(shadow.join("f.txt"), "original\n").unwrap();
+            let config = "[core]\n\tbare = false\n";
+            std::fs::write(shadow.join(".git/config"), config).unwrap();
+            let spec = FolderSpec { path: shadow.clone(), name: Some("shadow".into()), mode: ShareMode::Shadow };
+            let info = g.s.mount(spec).await.map_err(|e| format!("mount the shadow folder: {e}"))?;
+            let at = info.guest_path;
+            let attacker = g.s.spawn(ExecRequest {
+                argv: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    format!(
+                        "for i in $(seq 600); do [ -e /tmp/go ] && break; sleep 0.1; done; \
+                         echo malicious > {at}/f.txt; \
+                         printf '\\tfsmonitor = touch /tmp/pwned\\n' >> {at}/.git/config; touch /tmp/done"
+                    ),
+                ],
+                ..Default::default()
+            });
+            let _attacker = attacker.await.map_err(|e| format!("spawn the detached writer: {e}"))?;
+            let (code, out) = g.sh(&format!("echo reviewed > {at}/f.txt")).await;
+            if code != 0 {
+                return Err(format!("the guest could not write its shadow folder:\n{out}"));
+            }
+            let reviewed = g.s.shadow_diff("shadow").await.map_err(|e| format!("diff: {e}"))?;
+            let listed: Vec<&str> = reviewed.changes.iter().map(|c| c.path.as_str()).collect();
+            if listed != ["f.txt"] {
+                return Err(format!("the diff lists {listed:?}"));
+            }
+            let (_, out) = g
+                .sh("touch /tmp/go; for i in $(seq 100); do [ -e /tmp/done ] && break; sleep 0.1; done; \
+                                 cat /tmp/done && echo WROTE")
+                .await;
+            if !out.contains("WROTE") {
+                return Err(format!("the detached writer did not run:\n{out}"));
+            }
+            let report =
+                g.s.shadow_apply("shadow", Some(&reviewed.changeset), None).await.map_err(|e| format!("apply: {e}"))?;
+            let f = std::fs::read_to_string(shadow.join("f.txt")).unwrap_or_default();
+            let git = std::fs::read_to_string(shadow.join(".git/config")).unwrap_or_default();
+            if report.applied != ["f.txt"] || f != "reviewed\n" || git != config {
+                return Err(format!("applied {:?}; f.txt {f:?}; .git/config {git:?}", report.applied));
+            }
+            // Naming .git/config cannot add it to what was reviewed; a new diff marks it, and
+            // it still applies only when named.
+            let named = [".git/config".to_owned()];
+            if g.s.shadow_apply("shadow", Some(&reviewed.changeset), Some(&named)).await.is_ok() {
+                return Err("an apply named a path its change-set does not hold".into());
+            }
+            if g.s.shadow_apply("shadow", None, None).await.is_ok() {
+                return Err("an apply without a change-set went through".into());
+            }
+            let again = g.s.shadow_diff("shadow").await.map_err(|e| format!("diff: {e}"))?;
+            let entry =
+                again.changes.iter().find(|c| c.path == ".git/config").ok_or("the new diff lacks .git/config")?;
+            let report = g.s.shadow_apply("shadow", Some(&again.changeset), None).await.map_err(|e| e.to_string())?;
+            let git = std::fs::read_to_string(shadow.join(".git/config")).unwrap_or_default();
+            if git != config || report.applied.iter().any(|p| p.starts_with(".git")) {
+                return Err(format!(".git/config was applied unnamed: {report:?}"));
+            }
+            g.s.unmount("shadow").await.map_err(|e| format!("unmount: {e}"))?;
+            Ok(format!(
+                "applied only the reviewed f.txt; .git/config marked {:?} ({:?}), skipped",
+                entry.risks, entry.applies
+            ))
+        }),
+    ));
 
     // UMBRA_ESCAPE_ONLY=<text> runs the cases whose name contains it (for debugging one).
     if let Ok(only) = std::env::var("UMBRA_ESCAPE_ONLY") {

@@ -4,7 +4,7 @@
 
 use umbra_proto::{ChangeKind, MountRequest, ShareMode, SpawnRequest};
 use umbra_runtime::backend::{BackendKind, BootImage, Vm, VmSpec};
-use umbra_runtime::share::SharedFolders;
+use umbra_runtime::share::{FolderPolicy, SharedFolders};
 use umbra_tests::{backends, cache_dir, test_bundle, TempDir};
 
 fn sh(script: &str) -> SpawnRequest {
@@ -206,8 +206,9 @@ async fn shadow_changes_stay_in_the_guest_until_applied_and_conflicts_are_kept()
         assert_eq!(code, 0, "{backend:?}: {err}");
         assert_eq!(tree(&proj), before, "{backend:?}: the host folder is untouched");
 
+        let captured = folders.shadow_diff(&vm, "proj").await.unwrap();
         let mut diff: Vec<(String, ChangeKind, Option<u64>)> =
-            folders.shadow_diff(&vm, "proj").await.unwrap().into_iter().map(|c| (c.path, c.kind, c.size)).collect();
+            captured.changes.into_iter().map(|c| (c.path, c.kind, c.size)).collect();
         diff.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(
             diff,
@@ -225,7 +226,7 @@ async fn shadow_changes_stay_in_the_guest_until_applied_and_conflicts_are_kept()
         // The host edits one of those files meanwhile: a conflict, not an overwrite.
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(proj.join("contested"), b"v2-host\n").unwrap();
-        let report = folders.shadow_apply(&vm, "proj").await.unwrap();
+        let report = folders.shadow_apply("proj", Some(&captured.changeset), None).unwrap();
         let conflicts: Vec<&str> = report.conflicts.iter().map(|c| c.path.as_str()).collect();
         assert_eq!(conflicts, vec!["contested"], "{backend:?}: {report:?}");
         assert!(report.errors.is_empty(), "{backend:?}: {report:?}");
@@ -242,6 +243,57 @@ async fn shadow_changes_stay_in_the_guest_until_applied_and_conflicts_are_kept()
         tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
         let (_, out, _) = run(&vm, &format!("cat {g}/contested; ls {g}")).await;
         assert!(out.starts_with("v2-host\n"), "{backend:?}: after reset the guest sees the host: {out}");
+        vm.shutdown().await;
+    }
+}
+
+/// Issue 28: a process left running in the guest changes a reviewed file and appends a
+/// `core.fsmonitor` line to `.git/config` after the diff. The apply writes the reviewed bytes
+/// only; `.git/config` is neither applied by default nor, under `block_git_writes`, when named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_apply_writes_only_what_the_diff_captured() {
+    for backend in backends() {
+        let dir = TempDir::new("share-shadow-exact");
+        let proj = dir.0.join("proj");
+        std::fs::create_dir_all(proj.join(".git")).unwrap();
+        std::fs::write(proj.join("f.txt"), b"original\n").unwrap();
+        std::fs::write(proj.join(".git/config"), b"[core]\n\tbare = false\n").unwrap();
+        let mut vm = boot_sharing(backend).await;
+        let policy = FolderPolicy { protect_git: true, ..Default::default() };
+        let mut folders = SharedFolders::with_policy(policy);
+        let g = folders.share(&mut vm, SESSION, &proj, None, ShareMode::Shadow).await.unwrap();
+
+        let (code, _, err) = run(&vm, &format!("echo reviewed > {g}/f.txt")).await;
+        assert_eq!(code, 0, "{backend:?}: {err}");
+        let reviewed = folders.shadow_diff(&vm, "proj").await.unwrap();
+        let paths: Vec<&str> = reviewed.changes.iter().map(|c| c.path.as_str()).collect();
+        assert_eq!(paths, ["f.txt"], "{backend:?}");
+        assert_eq!(reviewed.changes[0].sha256.as_deref(), Some(sha256_hex(b"reviewed\n").as_str()));
+
+        // After the review: the file changes again and git is told to run a command.
+        let attack =
+            format!("echo 'malicious' > {g}/f.txt && printf '\\tfsmonitor = touch /tmp/pwned\\n' >> {g}/.git/config");
+        let (code, _, err) = run(&vm, &attack).await;
+        assert_eq!(code, 0, "{backend:?}: {err}");
+
+        let report = folders.shadow_apply("proj", Some(&reviewed.changeset), None).unwrap();
+        assert_eq!(report.applied, ["f.txt"], "{backend:?}: {report:?}");
+        assert_eq!(std::fs::read(proj.join("f.txt")).unwrap(), b"reviewed\n", "{backend:?}: the reviewed bytes");
+        assert_eq!(std::fs::read(proj.join(".git/config")).unwrap(), b"[core]\n\tbare = false\n");
+        // Naming a path the diff did not list, or applying with no change-set, writes nothing.
+        let named = [".git/config".to_owned()];
+        assert!(folders.shadow_apply("proj", Some(&reviewed.changeset), Some(&named)).is_err());
+        assert!(folders.shadow_apply("proj", None, None).is_err());
+
+        // A new diff lists .git/config, marked, and it is never applied under block_git_writes.
+        let again = folders.shadow_diff(&vm, "proj").await.unwrap();
+        let config = again.changes.iter().find(|c| c.path == ".git/config").expect("listed");
+        assert!(config.risks.contains(&umbra_api::event::ShadowRisk::Git), "{config:?}");
+        assert_eq!(config.applies, umbra_api::event::ShadowApplies::Never);
+        let err = folders.shadow_apply("proj", Some(&again.changeset), Some(&named)).unwrap_err();
+        assert!(err.to_string().contains("block_git_writes"), "{err}");
+        assert!(folders.shadow_apply("proj", Some(&reviewed.changeset), None).is_err(), "superseded");
+        assert_eq!(std::fs::read(proj.join(".git/config")).unwrap(), b"[core]\n\tbare = false\n");
         vm.shutdown().await;
     }
 }

@@ -620,7 +620,7 @@ async fn a_session_pauses_into_a_snapshot_resumes_with_its_processes_and_forks()
     let out = a.spawn(script("cat /root/kept; hostname; cat /sessions/a/mnt/work/notes")).await.unwrap().output().await;
     assert_eq!(String::from_utf8_lossy(&out.stdout), "on-disk\numbra\nedited\n");
     let diff = a.shadow_diff("work").await.unwrap();
-    assert_eq!(diff.len(), 1, "the shadow change survived: {diff:?}");
+    assert_eq!(diff.changes.len(), 1, "the shadow change survived: {diff:?}");
     assert_eq!(std::fs::read_to_string(work.join("notes")).unwrap(), "host\n", "nothing applied yet");
 
     let took = Instant::now();
@@ -649,7 +649,8 @@ async fn a_session_pauses_into_a_snapshot_resumes_with_its_processes_and_forks()
     let a_text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_ne!(a_text.lines().next(), Some(lines[3]), "the fork draws its own random numbers");
     assert!(!a_text.contains("shared-disk"), "the fork writes its own disk: {a_text}");
-    let applied = b.shadow_apply("work").await.unwrap();
+    let reviewed = b.shadow_diff("work").await.unwrap();
+    let applied = b.shadow_apply("work", Some(&reviewed.changeset), None).await.unwrap();
     assert_eq!((applied.applied.len(), applied.conflicts.len()), (1, 0), "{applied:?}");
     assert_eq!(std::fs::read_to_string(work.join("notes")).unwrap(), "edited\n");
 

@@ -182,16 +182,25 @@ fn mounts_start_the_command_in_the_folder_and_honour_their_mode() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("deleted  a.txt") && err.contains("added    b.txt (4 bytes)"), "{err}");
+    // The line shows the captured size and the first 12 digits of its SHA-256 ("new\n").
+    assert!(err.contains("deleted  a.txt") && err.contains("added    b.txt (4 bytes, sha256 7aa7a5359173)"), "{err}");
     assert!(proj.join("a.txt").exists() && !proj.join("b.txt").exists(), "shadow leaves the host alone");
 
+    // The apply shows what it captured and applies exactly that; `.git` is listed, not applied.
     let out = vmctl_with(&["--mount", &spec, "--shadow-apply"])
-        .args(["sh", "-c", "echo new > b.txt; rm a.txt"])
+        .args(["sh", "-c", "echo new > b.txt; rm a.txt; mkdir .git; echo evil > .git/config"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("added    .git/config (5 bytes, sha256 ") && err.contains("[applied only when named]"),
+        "{err}"
+    );
+    assert!(err.contains("skipped: .git/config"), "{err}");
     assert!(!proj.join("a.txt").exists());
     assert_eq!(std::fs::read(proj.join("b.txt")).unwrap(), b"new\n");
+    assert!(!proj.join(".git").exists(), "{err}");
 
     let out = vmctl_with(&["--mount", "/x:a:b:c"]).arg("true").output().unwrap();
     assert_eq!(out.status.code(), Some(2), "clap rejects a malformed --mount");

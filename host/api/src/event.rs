@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use umbra_proto::{ShadowChange, ShareMode};
+use umbra_proto::{ChangeKind, FileKind, ShareMode};
 
 use crate::error::ApiError;
 use crate::session::SessionStatus;
@@ -118,10 +118,12 @@ pub enum EventKind {
         folder: String,
         reason: String,
     },
-    /// What a shadow folder's guest side changed (`vmctl run --shadow-diff`).
+    /// What a shadow folder's guest side changed (`vmctl run --shadow-diff`), as captured in
+    /// change-set `changeset`.
     ShadowDiff {
         folder: String,
-        changes: Vec<ShadowChange>,
+        changeset: String,
+        changes: Vec<ShadowEntry>,
     },
     /// A shadow folder's changes were written to the host folder (`vmctl run --shadow-apply`).
     ShadowApplied {
@@ -380,6 +382,67 @@ impl Data {
     }
 }
 
+/// One entry of a shadow folder's change-set: what the guest changed, as captured on the host
+/// when the diff was taken. `shadow.apply` writes exactly these bytes (the `sha256`), never
+/// what the guest holds by then.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ShadowEntry {
+    /// Relative to the folder, `/`-separated.
+    pub path: String,
+    pub kind: ChangeKind,
+    /// The entry is (for a deletion: was) a directory.
+    #[serde(default)]
+    pub is_dir: bool,
+    /// What the guest has at `path`: absent for a deletion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_kind: Option<FileKind>,
+    /// Bytes captured, for an added or modified file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// Lowercase hex SHA-256 of the captured bytes, for an added or modified file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Why a reviewer should look twice (empty: nothing special).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub risks: Vec<ShadowRisk>,
+    /// Whether `shadow.apply` writes it without being told to.
+    pub applies: ShadowApplies,
+}
+
+/// What makes a shadow change worth a second look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ShadowRisk {
+    /// In a `.git` directory (any depth): git runs what its config and hooks name.
+    Git,
+    /// A git hook (`.git/hooks/...`).
+    GitHook,
+    /// A path component starts with `.` (shell, editor and tool configuration).
+    Dotfile,
+    /// An executable file: new and executable, made executable, or replacing the contents of
+    /// a host file that is executable (an apply keeps the host file's permissions).
+    Executable,
+    /// A symlink in the guest (never applied).
+    Symlink,
+    /// Neither a regular file, a directory nor a symlink in the guest (never applied).
+    Special,
+    /// Matched by the policy's `ignore` patterns: hidden from the guest, so a guest's version
+    /// would replace a host file it never saw. For a deleted directory: one below it matches.
+    Ignored,
+}
+
+/// When `shadow.apply` writes an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ShadowApplies {
+    /// Applied unless `paths` leaves it out.
+    ByDefault,
+    /// Applied only when `paths` names it (`.git` and ignored paths).
+    WhenNamed,
+    /// Never: a symlink or special file, or `.git` under the policy's `block_git_writes`.
+    Never,
+}
+
 /// What applying a shadow folder's changes did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ShadowApplyReport {
@@ -388,6 +451,16 @@ pub struct ShadowApplyReport {
     /// Paths the host changed since the share started: left alone.
     pub conflicts: Vec<ShadowConflict>,
     pub errors: Vec<ShadowApplyError>,
+    /// Entries of the change-set not applied: not named although they must be, or never
+    /// applied (see [`ShadowApplies`]).
+    #[serde(default)]
+    pub skipped: Vec<ShadowSkipped>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ShadowSkipped {
+    pub path: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -10,10 +10,10 @@ use std::path::PathBuf;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use umbra_proto::{DirEntry, FileStat, ShadowChange, ShareMode, TtySize};
+use umbra_proto::{DirEntry, FileStat, ShareMode, TtySize};
 
 use crate::config::{ConfigPatch, DaemonConfig};
-use crate::event::{Data, SessionEvent, ShadowApplyReport};
+use crate::event::{Data, SessionEvent, ShadowApplyReport, ShadowEntry};
 use crate::session::{FolderInfo, FolderSpec, SessionInfo, SettingsPatch};
 
 /// A method: its wire name and the types of its params and result.
@@ -395,9 +395,27 @@ pub struct ShadowParams {
     pub folder: String,
 }
 
+/// A shadow folder's changes, captured on the host as change-set `changeset`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ShadowDiffResult {
-    pub changes: Vec<ShadowChange>,
+    /// What `shadow.apply` takes: it applies these entries' captured bytes and nothing else.
+    /// Valid until the folder's next `shadow.diff`, `shadow.reset` or unmount, or a restart.
+    pub changeset: String,
+    pub changes: Vec<ShadowEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ShadowApplyParams {
+    pub session: String,
+    /// The shadow folder's name.
+    pub folder: String,
+    /// The change-set `shadow.diff` returned: required (an apply without one is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changeset: Option<String>,
+    /// Apply only these paths of the change-set (each must be in it). `.git` and ignored
+    /// paths are applied only when named here. Default: every entry that applies by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paths: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -547,10 +565,10 @@ methods! {
     FileStatMethod = "file.stat" (PathParams) -> FileStat;
     /// A directory's entries.
     FileList = "file.list" (ListParams) -> DirList;
-    /// What the guest changed in a shadow folder.
+    /// What the guest changed in a shadow folder, captured on the host as a change-set.
     ShadowDiff = "shadow.diff" (ShadowParams) -> ShadowDiffResult;
-    /// Writes a shadow folder's changes to the host folder (conflicts are left alone).
-    ShadowApply = "shadow.apply" (ShadowParams) -> ShadowApplyReport;
+    /// Writes a change-set's captured bytes to the host folder (conflicts are left alone).
+    ShadowApply = "shadow.apply" (ShadowApplyParams) -> ShadowApplyReport;
     /// Writes a shadow folder's changes to a tar on the host.
     ShadowExport = "shadow.export" (ExportParams) -> Exported;
     /// Throws away a shadow folder's changes.

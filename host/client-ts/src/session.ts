@@ -18,7 +18,7 @@ import type {
   SessionStatus,
   WriteParams,
   ShadowApplyReport,
-  ShadowChange,
+  ShadowDiffResult,
   ShareMode,
 } from "./generated/types";
 import { MAX_FILE_CHUNK } from "./generated/types";
@@ -238,14 +238,28 @@ export class SessionShadow {
   /** @internal */
   constructor(private readonly s: Session) {}
 
-  /** What the guest changed in shadow folder `folder`. */
-  async diff(folder: string): Promise<ShadowChange[]> {
-    return (await this.s.client.call("shadow.diff", { session: this.s.name, folder })).changes;
+  /**
+   * What the guest changed in shadow folder `folder`, captured on the host as a change-set:
+   * each entry's kind, size, SHA-256 and risks (`git`, `git_hook`, `dotfile`, `executable`,
+   * `symlink`, `special`, `ignored`), and whether an apply writes it (`applies`).
+   */
+  diff(folder: string): Promise<ShadowDiffResult> {
+    return this.s.client.call("shadow.diff", { session: this.s.name, folder });
   }
 
-  /** Writes the changes to the host folder, file by file; paths the host changed meanwhile are left alone (`conflicts`). */
-  apply(folder: string): Promise<ShadowApplyReport> {
-    return this.s.client.call("shadow.apply", { session: this.s.name, folder });
+  /**
+   * Writes change-set `changeset` (from {@link SessionShadow.diff}) to the host folder: exactly
+   * the bytes the diff captured, file by file; paths the host changed meanwhile are left alone
+   * (`conflicts`). `paths` applies only those entries; `.git` and ignored paths are applied only
+   * when named there (never under the policy's `block_git_writes`), symlinks never (`skipped`).
+   */
+  apply(folder: string, changeset: string, options: { paths?: string[] } = {}): Promise<ShadowApplyReport> {
+    return this.s.client.call("shadow.apply", {
+      session: this.s.name,
+      folder,
+      changeset,
+      ...(options.paths === undefined ? {} : { paths: options.paths }),
+    });
   }
 
   /** Throws the changes away. */

@@ -119,8 +119,8 @@ export async function app(signal: AbortSignal): Promise<void> {
   const bytes: Buffer = await s.files.read("/etc/hostname");
   await s.files.write("/tmp/x", bytes, { createDirs: true });
   await s.folders.mount({ path: "/srv", mode: "shadow", name: "srv" });
-  const changes = await s.shadow.diff("srv");
-  await s.shadow.apply("srv");
+  const { changeset, changes } = await s.shadow.diff("srv");
+  await s.shadow.apply("srv", changeset, { paths: changes.map((c) => c.path) });
   await s.shadow.export("srv", { dest: "/tmp/srv.tar" });
   await s.shadow.reset("srv");
   await client.bundles.download({ url: "file:///b", onProgress: (pr) => console.log(pr.phase), signal });

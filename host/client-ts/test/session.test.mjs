@@ -2,6 +2,7 @@
 // the API on it. Tests in this file run in order and share the session.
 
 import assert from "node:assert/strict";
+import * as crypto from "node:crypto";
 import { randomBytes } from "node:crypto";
 import * as fs from "node:fs";
 import * as path from "node:path";
@@ -235,15 +236,25 @@ test("folders and shadow folders", async () => {
   const r = await session.exec(["sh", "-c", "cd /sessions/main/mnt/proj && echo new > src/lib.rs && echo x > added.txt"]);
   assert.equal(r.exit.code, 0, r.stderr.toString());
   const diff = await session.shadow.diff("proj");
-  assert.deepEqual(diff.map((c) => c.path).sort(), ["added.txt", "src/lib.rs"]);
+  assert.deepEqual(diff.changes.map((c) => c.path).sort(), ["added.txt", "src/lib.rs"]);
+  const lib = diff.changes.find((c) => c.path === "src/lib.rs");
+  assert.equal(lib.size, 4);
+  assert.equal(lib.sha256, crypto.createHash("sha256").update("new\n").digest("hex"));
+  assert.equal(lib.applies, "by_default");
   assert.equal(fs.readFileSync(path.join(proj, "src/lib.rs"), "utf8"), "old\n", "the host is untouched");
   const exported = await session.shadow.export("proj", { dest: path.join(daemon.dir, "proj.tar") });
   assert.ok(exported.bytes > 0 && fs.existsSync(exported.path));
-  const report = await session.shadow.apply("proj");
-  assert.equal(report.applied.length, 2, JSON.stringify(report));
+  // The guest changes the file again after the diff: the apply writes what the diff captured.
+  await session.exec(["sh", "-c", "echo later > /sessions/main/mnt/proj/src/lib.rs"]);
+  await assert.rejects(session.shadow.apply("proj", "cs-not-a-changeset"), NotFoundError);
+  await assert.rejects(session.shadow.apply("proj", diff.changeset, { paths: ["nope.txt"] }), InvalidParamsError);
+  const report = await session.shadow.apply("proj", diff.changeset, { paths: ["src/lib.rs"] });
+  assert.deepEqual(report.applied, ["src/lib.rs"], JSON.stringify(report));
+  assert.deepEqual(report.skipped.map((s) => s.path), ["added.txt"]);
   assert.equal(fs.readFileSync(path.join(proj, "src/lib.rs"), "utf8"), "new\n");
+  assert.ok(!fs.existsSync(path.join(proj, "added.txt")));
   await session.shadow.reset("proj");
-  assert.deepEqual(await session.shadow.diff("proj"), []);
+  assert.deepEqual((await session.shadow.diff("proj")).changes, []);
 
   const unmounted = nextEvent(client, "folder-unmounted", (e) => e.name === "proj");
   await session.folders.unmount("proj");

@@ -279,14 +279,16 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
             .await
         }
         ShadowDiff::NAME => {
-            call::<ShadowDiff, _, _>(params, |p| async move {
-                Ok(ShadowDiffResult { changes: session(conn, &p.session)?.shadow_diff(&p.folder).await? })
-            })
+            call::<ShadowDiff, _, _>(
+                params,
+                |p| async move { Ok(session(conn, &p.session)?.shadow_diff(&p.folder).await?) },
+            )
             .await
         }
         ShadowApply::NAME => {
             call::<ShadowApply, _, _>(params, |p| async move {
-                Ok(session(conn, &p.session)?.shadow_apply(&p.folder).await?)
+                let s = session(conn, &p.session)?;
+                Ok(s.shadow_apply(&p.folder, p.changeset.as_deref(), p.paths.as_deref()).await?)
             })
             .await
         }

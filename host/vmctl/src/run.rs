@@ -67,11 +67,14 @@ pub struct RunArgs {
     /// It appears at /sessions/run/mnt/NAME (NAME defaults to the folder's name). Repeatable.
     #[arg(long = "mount", value_name = "HOST_PATH[:NAME][:MODE]", value_parser = umbra_api::methods::parse_folder_spec)]
     mounts: Vec<FolderSpec>,
-    /// For shadow mounts: print what the command changed (added, modified, deleted) when it ends.
+    /// For shadow mounts: print what the command changed (added, modified, deleted, with sizes,
+    /// hashes and risks) when it ends.
     #[arg(long)]
     shadow_diff: bool,
-    /// For shadow mounts: apply the changes to the host folder when the command ends (files
-    /// changed on the host meanwhile are reported as conflicts and left alone).
+    /// For shadow mounts: apply the changes to the host folder when the command ends. The diff
+    /// is taken (and shown) first and exactly the bytes it captured are applied; `.git` and
+    /// ignored paths, symlinks and special files are not; files changed on the host meanwhile
+    /// are reported as conflicts and left alone.
     #[arg(long)]
     shadow_apply: bool,
     /// Kill the command after this many seconds (exit status 124).
@@ -227,36 +230,34 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
     result
 }
 
-/// After the command: the diff of each shadow mount and, if asked, its application.
+/// After the command: the diff of each shadow mount and, if asked, its application. An apply
+/// writes exactly what the diff captured (one capture, shown first): a process the command
+/// left running cannot slip in a change after it. `.git` and ignored paths, symlinks and
+/// special files are listed but not applied (`vmctl` names no path explicitly).
 async fn shadow_report(session: &Arc<Session>, args: &RunArgs, out: &Output) -> anyhow::Result<()> {
     let shadows = session.info().folders.into_iter().filter(|f| f.mode == ShareMode::Shadow);
     for folder in shadows {
         let name = folder.name.clone();
-        if args.shadow_diff {
-            let changes = session.shadow_diff(&name).await?;
-            if !out.json {
-                eprintln!("shadow {name}: {} change(s)", changes.len());
-                for c in &changes {
-                    let size = c.size.map(|s| format!(" ({s} bytes)")).unwrap_or_default();
-                    let kind = match c.kind {
-                        umbra_proto::ChangeKind::Added => "added",
-                        umbra_proto::ChangeKind::Modified => "modified",
-                        umbra_proto::ChangeKind::Deleted => "deleted",
-                    };
-                    eprintln!("  {kind:<8} {}{}{size}", c.path, if c.is_dir { "/" } else { "" });
-                }
+        let diff = session.shadow_diff(&name).await?;
+        if !out.json {
+            eprintln!("shadow {name}: {} change(s) (changeset {})", diff.changes.len(), diff.changeset);
+            for c in &diff.changes {
+                eprintln!("  {}", describe_entry(c));
             }
-            out.event(&SessionEvent::new(Some(SESSION), EventKind::ShadowDiff { folder: name.clone(), changes }));
         }
+        let event =
+            EventKind::ShadowDiff { folder: name.clone(), changeset: diff.changeset.clone(), changes: diff.changes };
+        out.event(&SessionEvent::new(Some(SESSION), event));
         if args.shadow_apply {
-            let report = session.shadow_apply(&name).await?;
+            let report = session.shadow_apply(&name, Some(&diff.changeset), None).await?;
             if !out.json {
                 eprintln!(
-                    "shadow {name}: applied {} change(s) to {}; {} conflict(s), {} error(s)",
+                    "shadow {name}: applied {} change(s) to {}; {} conflict(s), {} error(s), {} skipped",
                     report.applied.len(),
                     folder.host_path.display(),
                     report.conflicts.len(),
-                    report.errors.len()
+                    report.errors.len(),
+                    report.skipped.len()
                 );
                 for c in &report.conflicts {
                     eprintln!("  not applied: {} ({})", c.path, c.reason);
@@ -264,11 +265,42 @@ async fn shadow_report(session: &Arc<Session>, args: &RunArgs, out: &Output) -> 
                 for e in &report.errors {
                     eprintln!("  not applied: {} ({})", e.path, e.message);
                 }
+                for s in &report.skipped {
+                    eprintln!("  skipped: {} ({})", s.path, s.reason);
+                }
             }
             out.event(&SessionEvent::new(Some(SESSION), EventKind::ShadowApplied { folder: name, report }));
         }
     }
     Ok(())
+}
+
+/// One diff line: kind, path, size and hash, and what makes it risky.
+fn describe_entry(c: &umbra_api::event::ShadowEntry) -> String {
+    use umbra_api::event::ShadowApplies;
+    let kind = match c.kind {
+        umbra_proto::ChangeKind::Added => "added",
+        umbra_proto::ChangeKind::Modified => "modified",
+        umbra_proto::ChangeKind::Deleted => "deleted",
+    };
+    let mut line = format!("{kind:<8} {}{}", c.path, if c.is_dir { "/" } else { "" });
+    if let (Some(size), Some(sha)) = (c.size, &c.sha256) {
+        line.push_str(&format!(" ({size} bytes, sha256 {})", &sha[..sha.len().min(12)]));
+    }
+    if !c.risks.is_empty() {
+        let risks: Vec<String> = c
+            .risks
+            .iter()
+            .map(|r| serde_json::to_value(r).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default())
+            .collect();
+        line.push_str(&format!(" [risk: {}]", risks.join(", ")));
+    }
+    match c.applies {
+        ShadowApplies::ByDefault => {}
+        ShadowApplies::WhenNamed => line.push_str(" [applied only when named]"),
+        ShadowApplies::Never => line.push_str(" [never applied]"),
+    }
+    line
 }
 
 /// Streams one process until it exits; returns vmctl's exit status.

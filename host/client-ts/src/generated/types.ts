@@ -1054,11 +1054,15 @@ export interface ShadowLostEvent {
   reason: string;
 }
 
-/** What a shadow folder's guest side changed (`vmctl run --shadow-diff`). */
+/**
+ * What a shadow folder's guest side changed (`vmctl run --shadow-diff`), as captured in
+ * change-set `changeset`.
+ */
 export interface ShadowDiffEvent {
   event: "shadow_diff";
   folder: string;
-  changes: ShadowChange[];
+  changeset: string;
+  changes: ShadowEntry[];
 }
 
 /** A shadow folder's changes were written to the host folder (`vmctl run --shadow-apply`). */
@@ -1325,9 +1329,31 @@ export interface SetNetworkParams {
   network: NetworkPolicy;
 }
 
+/**
+ * When `shadow.apply` writes an entry.
+ *
+ * - `"by_default"`: Applied unless `paths` leaves it out.
+ * - `"when_named"`: Applied only when `paths` names it (`.git` and ignored paths).
+ * - `"never"`: Never: a symlink or special file, or `.git` under the policy's `block_git_writes`.
+ */
+export type ShadowApplies = "by_default" | "when_named" | "never";
+
 export interface ShadowApplyError {
   path: string;
   message: string;
+}
+
+export interface ShadowApplyParams {
+  session: string;
+  /** The shadow folder's name. */
+  folder: string;
+  /** The change-set `shadow.diff` returned: required (an apply without one is refused). */
+  changeset?: string | null;
+  /**
+   * Apply only these paths of the change-set (each must be in it). `.git` and ignored
+   * paths are applied only when named here. Default: every entry that applies by default.
+   */
+  paths?: string[] | null;
 }
 
 /** What applying a shadow folder's changes did. */
@@ -1337,27 +1363,13 @@ export interface ShadowApplyReport {
   /** Paths the host changed since the share started: left alone. */
   conflicts: ShadowConflict[];
   errors: ShadowApplyError[];
-}
-
-/** One change of a shadow share, relative to the host folder. */
-export interface ShadowChange {
   /**
-   * Relative to the share's root, `/`-separated; never empty, never `..`. Names that are not
-   * UTF-8 are shown lossily (U+FFFD).
-   */
-  path: string;
-  kind: ChangeKind;
-  /**
-   * The entry is (for a deletion: was) a directory. A deleted directory is one entry.
+   * Entries of the change-set not applied: not named although they must be, or never
+   * applied (see {@link ShadowApplies}).
    *
-   * @defaultValue `false`
+   * @defaultValue `[]`
    */
-  is_dir?: boolean;
-  /**
-   * Size in the guest of an added or modified file or symlink; absent for directories and
-   * deletions.
-   */
-  size?: number | null;
+  skipped?: ShadowSkipped[];
 }
 
 export interface ShadowConflict {
@@ -1365,14 +1377,65 @@ export interface ShadowConflict {
   reason: string;
 }
 
+/** A shadow folder's changes, captured on the host as change-set `changeset`. */
 export interface ShadowDiffResult {
-  changes: ShadowChange[];
+  /**
+   * What `shadow.apply` takes: it applies these entries' captured bytes and nothing else.
+   * Valid until the folder's next `shadow.diff`, `shadow.reset` or unmount, or a restart.
+   */
+  changeset: string;
+  changes: ShadowEntry[];
+}
+
+/**
+ * One entry of a shadow folder's change-set: what the guest changed, as captured on the host
+ * when the diff was taken. `shadow.apply` writes exactly these bytes (the `sha256`), never
+ * what the guest holds by then.
+ */
+export interface ShadowEntry {
+  /** Relative to the folder, `/`-separated. */
+  path: string;
+  kind: ChangeKind;
+  /** Whether `shadow.apply` writes it without being told to. */
+  applies: ShadowApplies;
+  /** What the guest has at `path`: absent for a deletion. */
+  file_kind?: FileKind | null;
+  /**
+   * The entry is (for a deletion: was) a directory.
+   *
+   * @defaultValue `false`
+   */
+  is_dir?: boolean;
+  /** Why a reviewer should look twice (empty: nothing special). */
+  risks?: ShadowRisk[];
+  /** Lowercase hex SHA-256 of the captured bytes, for an added or modified file. */
+  sha256?: string | null;
+  /** Bytes captured, for an added or modified file. */
+  size?: number | null;
 }
 
 export interface ShadowParams {
   session: string;
   /** The shadow folder's name. */
   folder: string;
+}
+
+/**
+ * What makes a shadow change worth a second look.
+ *
+ * - `"git"`: In a `.git` directory (any depth): git runs what its config and hooks name.
+ * - `"git_hook"`: A git hook (`.git/hooks/...`).
+ * - `"dotfile"`: A path component starts with `.` (shell, editor and tool configuration).
+ * - `"executable"`: An executable file: new and executable, made executable, or replacing the contents of a host file that is executable (an apply keeps the host file's permissions).
+ * - `"symlink"`: A symlink in the guest (never applied).
+ * - `"special"`: Neither a regular file, a directory nor a symlink in the guest (never applied).
+ * - `"ignored"`: Matched by the policy's `ignore` patterns: hidden from the guest, so a guest's version would replace a host file it never saw. For a deleted directory: one below it matches.
+ */
+export type ShadowRisk = "git" | "git_hook" | "dotfile" | "executable" | "symlink" | "special" | "ignored";
+
+export interface ShadowSkipped {
+  path: string;
+  reason: string;
 }
 
 /**
@@ -1637,10 +1700,10 @@ export interface Methods {
   "file.stat": { params: PathParams; result: FileStat };
   /** A directory's entries. */
   "file.list": { params: ListParams; result: DirList };
-  /** What the guest changed in a shadow folder. */
+  /** What the guest changed in a shadow folder, captured on the host as a change-set. */
   "shadow.diff": { params: ShadowParams; result: ShadowDiffResult };
-  /** Writes a shadow folder's changes to the host folder (conflicts are left alone). */
-  "shadow.apply": { params: ShadowParams; result: ShadowApplyReport };
+  /** Writes a change-set's captured bytes to the host folder (conflicts are left alone). */
+  "shadow.apply": { params: ShadowApplyParams; result: ShadowApplyReport };
   /** Writes a shadow folder's changes to a tar on the host. */
   "shadow.export": { params: ExportParams; result: Exported };
   /** Throws away a shadow folder's changes. */

@@ -6,6 +6,7 @@ use crate::agent::ClientError;
 use crate::backend::VmError;
 use crate::image::ImageError;
 use crate::share::paths::PathError;
+use crate::share::shadow::ShadowError;
 use crate::share::tree::TreeError;
 use crate::share::ShareError;
 
@@ -159,8 +160,15 @@ fn share_code(e: &ShareError) -> ErrorCode {
         ShareError::NoFolderServer => ErrorCode::Unsupported,
         ShareError::Server(_) => ErrorCode::Io,
         ShareError::GuestMount { source, .. } | ShareError::Guest(source) => client_code(source),
-        ShareError::Shadow(_) => ErrorCode::Io,
+        ShareError::Shadow(e) => match e {
+            ShadowError::NotInChangeSet(_) | ShadowError::InvalidPath { .. } => ErrorCode::InvalidParams,
+            ShadowError::NeverApplied { .. } => ErrorCode::PermissionDenied,
+            ShadowError::CaptureTooLarge { .. } => ErrorCode::TooLarge,
+            _ => ErrorCode::Io,
+        },
         ShareError::DiffTooLarge { .. } => ErrorCode::TooLarge,
+        ShareError::NoChangeSet { .. } => ErrorCode::InvalidParams,
+        ShareError::UnknownChangeSet { .. } => ErrorCode::NotFound,
         ShareError::Io { source, .. } => io_code(source),
     }
 }

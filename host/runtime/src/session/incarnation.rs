@@ -417,12 +417,10 @@ impl Incarnation {
                 continue;
             }
             // Nothing to save is not worth a file (or an event).
-            if let Ok(Ok(changes)) =
-                tokio::time::timeout(Duration::from_secs(10), machine.folders.shadow_diff(&machine.vm, &folder)).await
+            if let Ok(Ok(0)) =
+                tokio::time::timeout(Duration::from_secs(10), machine.folders.shadow_count(&machine.vm, &folder)).await
             {
-                if changes.is_empty() {
-                    continue;
-                }
+                continue;
             }
             let path = dir.join(format!("shadow-{folder}-{}.tar", umbra_api::event::now_ms()));
             let exported = async {

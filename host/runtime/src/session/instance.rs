@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use umbra_api::event::ShadowApplyReport;
+use umbra_api::methods::ShadowDiffResult;
 use umbra_api::{
     ApiError, EventKind, FolderInfo, FolderSpec, SessionEvent, SessionInfo, SessionSettings, SessionStatus,
 };
-use umbra_proto::{DirEntry, FileStat, ShadowChange, WriteFileRequest, WriteMode};
+use umbra_proto::{DirEntry, FileStat, WriteFileRequest, WriteMode};
 
 use super::context::Context;
 use super::error::SessionError;
@@ -961,18 +962,28 @@ impl Session {
 
     // ---- shadow folders -------------------------------------------------------------------
 
-    pub async fn shadow_diff(&self, folder: &str) -> Result<Vec<ShadowChange>, SessionError> {
+    /// What the guest changed in shadow folder `folder`, captured on the host as a change-set
+    /// (the folder's latest, replacing any earlier one).
+    pub async fn shadow_diff(&self, folder: &str) -> Result<ShadowDiffResult, SessionError> {
         self.touch();
         let inc = self.running("diff a shadow folder").await?;
-        let machine = inc.machine.lock().await;
+        let mut machine = inc.machine.lock().await;
+        let machine = &mut *machine;
         Ok(machine.folders.shadow_diff(&machine.vm, folder).await?)
     }
 
-    pub async fn shadow_apply(&self, folder: &str) -> Result<ShadowApplyReport, SessionError> {
+    /// Applies change-set `changeset` (required) of shadow folder `folder`, all of it that
+    /// applies by default or only `paths`: exactly the bytes its diff captured.
+    pub async fn shadow_apply(
+        &self,
+        folder: &str,
+        changeset: Option<&str>,
+        paths: Option<&[String]>,
+    ) -> Result<ShadowApplyReport, SessionError> {
         self.touch();
         let inc = self.running("apply a shadow folder").await?;
         let machine = inc.machine.lock().await;
-        let report = machine.folders.shadow_apply(&machine.vm, folder).await?;
+        let report = machine.folders.shadow_apply(folder, changeset, paths)?;
         Ok(ShadowApplyReport {
             applied: report.applied,
             conflicts: report
@@ -984,6 +995,11 @@ impl Session {
                 .errors
                 .into_iter()
                 .map(|e| umbra_api::event::ShadowApplyError { path: e.path, message: e.error.to_string() })
+                .collect(),
+            skipped: report
+                .skipped
+                .into_iter()
+                .map(|s| umbra_api::event::ShadowSkipped { path: s.path, reason: s.reason })
                 .collect(),
         })
     }
@@ -1011,7 +1027,8 @@ impl Session {
     pub async fn shadow_reset(&self, folder: &str) -> Result<(), SessionError> {
         self.touch();
         let inc = self.running("reset a shadow folder").await?;
-        let machine = inc.machine.lock().await;
+        let mut machine = inc.machine.lock().await;
+        let machine = &mut *machine;
         Ok(machine.folders.shadow_reset(&machine.vm, folder).await?)
     }
 

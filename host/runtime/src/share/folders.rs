@@ -11,12 +11,12 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use umbra_proto::{ChangeKind, ShadowChange, ShareMode, ShareRequest, MAX_FILE_CHUNK};
+use umbra_proto::{ChangeKind, ShareMode, ShareRequest, MAX_FILE_CHUNK};
 
 use super::paths::{
     default_folder_name, validate_folder_name, validate_session_name, PathError, OUTPUTS, READONLY_TMP, UPLOADS,
 };
-use super::shadow::{self, ApplyReport, Baseline, ShadowError};
+use super::shadow::{ApplyReport, Baseline, CaptureLimits, ChangeSet, Rules, ShadowError};
 use crate::agent::ClientError;
 use crate::backend::fsd::Protection;
 use crate::backend::{FolderIdentity, Vm, VmError};
@@ -48,6 +48,13 @@ pub enum ShareError {
     Shadow(#[from] ShadowError),
     #[error("the diff of {name} is too large to list ({shown} entries shown)")]
     DiffTooLarge { name: String, shown: usize },
+    #[error(
+        "applying {name} needs the changeset id of a shadow diff: an apply writes exactly what a diff \
+         captured (and showed), never what the guest holds by then"
+    )]
+    NoChangeSet { name: String },
+    #[error("changeset {id:?} is not the latest diff of {name} (superseded, reset or lost in a restart); take the diff again")]
+    UnknownChangeSet { name: String, id: String },
     #[error("cannot {what}: {source}")]
     Io { what: String, source: std::io::Error },
 }
@@ -145,6 +152,8 @@ pub struct SharedFolders {
     shared: Vec<Shared>,
     policy: FolderPolicy,
     pins: FolderPins,
+    /// The latest diff of each shadow folder, captured: what an apply may write.
+    changesets: std::collections::HashMap<String, ChangeSet>,
 }
 
 impl SharedFolders {
@@ -155,7 +164,7 @@ impl SharedFolders {
     /// Folders shared under `policy` (user folders and extra paths; never the session's own
     /// `outputs` and `uploads`).
     pub fn with_policy(policy: FolderPolicy) -> Self {
-        Self { shared: Vec::new(), policy, pins: FolderPins::new() }
+        Self { shared: Vec::new(), policy, pins: FolderPins::new(), changesets: Default::default() }
     }
 
     /// With the folders the session shared before, which must still be what they were.
@@ -344,6 +353,7 @@ impl SharedFolders {
             e => ShareError::Server(e),
         })?;
         self.shared.remove(i);
+        self.changesets.remove(name);
         Ok(())
     }
 
@@ -401,7 +411,7 @@ impl SharedFolders {
                 identity: f.identity,
             })
             .collect();
-        Self { shared, policy, pins: FolderPins::new() }
+        Self { shared, policy, pins: FolderPins::new(), changesets: Default::default() }
     }
 
     fn shadow(&self, name: &str) -> Result<&Shared, ShareError> {
@@ -412,92 +422,105 @@ impl SharedFolders {
         Ok(shared)
     }
 
-    /// What the guest changed in a shadow share (added, modified, deleted, with sizes).
-    pub async fn shadow_diff(&self, vm: &Vm, name: &str) -> Result<Vec<ShadowChange>, ShareError> {
+    /// What the guest changed in a shadow share, captured on the host as the folder's change-set
+    /// (replacing the previous one): the entries with their sizes, hashes and risks.
+    pub async fn shadow_diff(
+        &mut self,
+        vm: &Vm,
+        name: &str,
+    ) -> Result<umbra_api::methods::ShadowDiffResult, ShareError> {
+        let set = self.capture(vm, name).await?;
+        let result = umbra_api::methods::ShadowDiffResult { changeset: set.id().to_owned(), changes: set.report() };
+        self.changesets.insert(name.to_owned(), set);
+        Ok(result)
+    }
+
+    /// Applies change-set `changeset` of a shadow share (all of it that applies by default, or
+    /// only `paths`) to the host folder: the bytes captured by its diff, file by file
+    /// atomically; files the host changed since the share started are conflicts, left alone.
+    /// Without a change-set, or with one that is not the folder's latest, nothing is applied.
+    pub fn shadow_apply(
+        &self,
+        name: &str,
+        changeset: Option<&str>,
+        paths: Option<&[String]>,
+    ) -> Result<ApplyReport, ShareError> {
+        let shared = self.shadow(name)?;
+        let id = changeset.ok_or_else(|| ShareError::NoChangeSet { name: name.into() })?;
+        let set = self
+            .changesets
+            .get(name)
+            .filter(|s| s.id() == id)
+            .ok_or_else(|| ShareError::UnknownChangeSet { name: name.into(), id: id.into() })?;
+        let baseline = shared.baseline.as_ref().expect("shadow shares record a baseline");
+        Ok(set.apply(&shared.host_path, baseline, paths)?)
+    }
+
+    /// Writes a shadow share's changes as a tar (added/modified files plus a deletion list),
+    /// from a capture of its own.
+    pub async fn shadow_export<W: Write>(&self, vm: &Vm, name: &str, out: W) -> Result<W, ShareError> {
+        Ok(self.capture(vm, name).await?.export_tar(out)?)
+    }
+
+    /// The number of changes in a shadow share, without capturing them.
+    pub async fn shadow_count(&self, vm: &Vm, name: &str) -> Result<usize, ShareError> {
         let shared = self.shadow(name)?;
         let (changes, truncated) = vm.agent().shadow_diff(&shared.session, name).await?;
         if truncated {
             return Err(ShareError::DiffTooLarge { name: name.into(), shown: changes.len() });
         }
-        Ok(changes)
+        Ok(changes.len())
     }
 
-    /// Applies a shadow share's changes to the host folder, file by file atomically; files the
-    /// host changed since the share started are reported as conflicts and left alone.
-    pub async fn shadow_apply(&self, vm: &Vm, name: &str) -> Result<ApplyReport, ShareError> {
+    /// Throws away the guest's changes in a shadow share (and its change-set).
+    pub async fn shadow_reset(&mut self, vm: &Vm, name: &str) -> Result<(), ShareError> {
+        let session = self.shadow(name)?.session.clone();
+        self.changesets.remove(name);
+        Ok(vm.agent().shadow_reset(&session, name).await?)
+    }
+
+    /// The guest's diff of a shadow share with every changed file's bytes copied to the VM's run
+    /// directory. What the guest has at a path is asked without following a final symlink; a
+    /// file that changes size while it is read fails the capture.
+    async fn capture(&self, vm: &Vm, name: &str) -> Result<ChangeSet, ShareError> {
         let shared = self.shadow(name)?;
-        let changes = self.shadow_diff(vm, name).await?;
-        let spool = Spool::fetch(vm, &shared.guest_path, &changes).await?;
+        let (changes, truncated) = vm.agent().shadow_diff(&shared.session, name).await?;
+        if truncated {
+            return Err(ShareError::DiffTooLarge { name: name.into(), shown: changes.len() });
+        }
         let baseline = shared.baseline.as_ref().expect("shadow shares record a baseline");
-        Ok(shadow::apply(&shared.host_path, baseline, &changes, spool.opener(&changes)))
-    }
-
-    /// Writes a shadow share's changes as a tar (added/modified files plus a deletion list).
-    pub async fn shadow_export<W: Write>(&self, vm: &Vm, name: &str, out: W) -> Result<W, ShareError> {
-        let shared = self.shadow(name)?;
-        let changes = self.shadow_diff(vm, name).await?;
-        let spool = Spool::fetch(vm, &shared.guest_path, &changes).await?;
-        Ok(shadow::export_tar(&changes, spool.opener(&changes), out)?)
-    }
-
-    /// Throws away the guest's changes in a shadow share.
-    pub async fn shadow_reset(&self, vm: &Vm, name: &str) -> Result<(), ShareError> {
-        let shared = self.shadow(name)?;
-        Ok(vm.agent().shadow_reset(&shared.session, name).await?)
-    }
-}
-
-/// Guest files of a shadow diff copied to the host (file `i` holds change `i`), so the apply
-/// can replace host files atomically. Removed when dropped.
-struct Spool {
-    dir: PathBuf,
-}
-
-impl Spool {
-    /// Fetches every added or modified file of `changes`. The directory is unique per call: two
-    /// applies or exports may run at once (the daemon serves several clients).
-    async fn fetch(vm: &Vm, shared_guest_path: &str, changes: &[ShadowChange]) -> Result<Spool, ShareError> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let dir = vm.run_dir().join(format!("spool-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
-        std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
-        let spool = Spool { dir };
-        for (i, c) in changes.iter().enumerate() {
-            if c.kind != ChangeKind::Deleted && !c.is_dir {
-                let guest = format!("{shared_guest_path}/{}", c.path);
-                fetch_guest_file(vm, &guest, &spool.dir.join(i.to_string())).await?;
+        let ignore = match shared.protected && !self.policy.hide.is_empty() {
+            true => Some(
+                umbra_policy::IgnoreSet::new(&shared.host_path, &self.policy.hide)
+                    .map_err(|e| io("compile the policy's ignore patterns")(std::io::Error::other(e.to_string())))?,
+            ),
+            false => None,
+        };
+        let rules = Rules { block_git: self.policy.protect_git, ignore };
+        let mut set = ChangeSet::create(vm.run_dir(), CaptureLimits::default())?;
+        for change in changes {
+            let guest_path = format!("{}/{}", shared.guest_path, change.path);
+            let guest = match change.kind != ChangeKind::Deleted && !change.is_dir {
+                true => match vm.agent().stat(&guest_path).await {
+                    Ok(stat) => Some(stat),
+                    Err(ClientError::Agent(e)) if e.code == umbra_proto::ErrorCode::NotFound => None,
+                    Err(e) => return Err(e.into()),
+                },
+                false => None,
+            };
+            // Only a regular file's bytes are captured (and read: a guest read follows symlinks).
+            let Some(mut capture) = set.add(change, guest, baseline, &rules)? else { continue };
+            let mut offset = 0u64;
+            loop {
+                let (bytes, eof) = vm.agent().read_file(&guest_path, offset, MAX_FILE_CHUNK as u32).await?;
+                set.write(&mut capture, &bytes)?;
+                offset += bytes.len() as u64;
+                if eof || bytes.is_empty() {
+                    break;
+                }
             }
+            set.finish(capture)?;
         }
-        Ok(spool)
-    }
-
-    fn opener<'a>(&'a self, changes: &'a [ShadowChange]) -> impl FnMut(&str) -> std::io::Result<std::fs::File> + 'a {
-        move |path: &str| {
-            let i = changes
-                .iter()
-                .position(|c| c.path == path && c.kind != ChangeKind::Deleted)
-                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("{path} was not fetched")))?;
-            std::fs::File::open(self.dir.join(i.to_string()))
-        }
-    }
-}
-
-impl Drop for Spool {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Copies a guest file (through the merged shadow view) into `dest`.
-async fn fetch_guest_file(vm: &Vm, guest_path: &str, dest: &Path) -> Result<(), ShareError> {
-    let mut out = std::fs::File::create(dest).map_err(io(format!("create {}", dest.display())))?;
-    let mut offset = 0u64;
-    loop {
-        let (bytes, eof) = vm.agent().read_file(guest_path, offset, MAX_FILE_CHUNK as u32).await?;
-        out.write_all(&bytes).map_err(io(format!("write {}", dest.display())))?;
-        offset += bytes.len() as u64;
-        if eof || bytes.is_empty() {
-            return Ok(());
-        }
+        Ok(set)
     }
 }

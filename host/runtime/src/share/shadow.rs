@@ -12,13 +12,22 @@
 //! file beside the target, fsynced, renamed over it), so a crash leaves each file old or new,
 //! never half-written.
 //!
+//! What is applied is what was reviewed: [`ChangeSet::capture`]-ing a diff copies every
+//! changed file's bytes to host storage the runtime owns (a private spool directory, its files
+//! opened beneath it with no symlink followed), bounded in bytes ([`MAX_CAPTURE_BYTES`]) and
+//! entries ([`MAX_CAPTURE_ENTRIES`]), and records each one's SHA-256. [`ChangeSet::apply`] then
+//! writes those bytes (checked against their hash as they are copied) and nothing else: a guest
+//! that changes a file after the diff, or adds one, changes nothing the apply writes. Entries
+//! carry [`ShadowRisk`]s for the reviewer; `.git` and ignored paths are applied only when named,
+//! `.git` never under `block_git_writes`, symlinks and special files never (see [`Rules`]).
+//!
 //! Change paths come from the guest and are hostile: they must be relative, `/`-separated,
 //! without `.`, `..`, empty components or NUL. Applying walks from the root one directory
 //! descriptor at a time and refuses *any* symlink on the way (even one staying inside — unlike
 //! reads, writes have no reason to go through one), so nothing is written or removed outside
 //! the root, even if the host folder holds symlinks or they are swapped in during the apply.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs::{File, Metadata, Permissions};
@@ -28,6 +37,11 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
+use umbra_api::event::{ShadowApplies, ShadowEntry, ShadowRisk};
+use umbra_policy::IgnoreSet;
+use umbra_proto::FileStat;
 
 use super::beneath;
 
@@ -211,6 +225,16 @@ pub enum ShadowError {
     SizeMismatch { path: String, expected: u64 },
     #[error("{path:?}: {source}")]
     Io { path: String, source: io::Error },
+    #[error("the changes are too large to capture: more than {limit}; apply fewer at a time or export them")]
+    CaptureTooLarge { limit: String },
+    #[error("{0:?} changed in the guest while it was captured; take the diff again")]
+    ChangedWhileCaptured(String),
+    #[error("{0:?} is not in the change-set; name only paths its diff listed")]
+    NotInChangeSet(String),
+    #[error("{path:?} cannot be applied: {reason}")]
+    NeverApplied { path: String, reason: String },
+    #[error("the captured bytes of {0:?} no longer match their SHA-256; nothing of it was written")]
+    HashMismatch(String),
 }
 
 #[derive(Debug)]
@@ -221,11 +245,20 @@ pub struct ApplyError {
 
 /// What [`apply`] did with each change: every change lands in exactly one list. `errors` may
 /// also name a directory whose closing fsync failed (its changes are made, maybe not durable).
+/// `skipped` lists the entries of a [`ChangeSet`] left out by its [`Rules`].
 #[derive(Debug, Default)]
 pub struct ApplyReport {
     pub applied: Vec<String>,
     pub conflicts: Vec<Conflict>,
     pub errors: Vec<ApplyError>,
+    pub skipped: Vec<Skipped>,
+}
+
+/// A change-set entry an apply left out, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    pub path: String,
+    pub reason: String,
 }
 
 impl ApplyReport {
@@ -662,6 +695,419 @@ impl<R: Read> Read for Counted<R> {
     }
 }
 
+/// Most bytes one [`ChangeSet`] captures (files' contents, summed).
+pub const MAX_CAPTURE_BYTES: u64 = 1 << 30;
+/// Most entries one [`ChangeSet`] holds (the guest agent lists at most 100,000 anyway).
+pub const MAX_CAPTURE_ENTRIES: usize = 100_000;
+
+/// Bounds of one capture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CaptureLimits {
+    pub bytes: u64,
+    pub entries: usize,
+}
+
+impl Default for CaptureLimits {
+    fn default() -> Self {
+        Self { bytes: MAX_CAPTURE_BYTES, entries: MAX_CAPTURE_ENTRIES }
+    }
+}
+
+/// What the sandbox policy guards in a shadow folder's changes.
+#[derive(Debug, Default)]
+pub struct Rules {
+    /// `block_git_writes`: nothing under a `.git` is ever applied.
+    pub block_git: bool,
+    /// The policy's `ignore` patterns, for folders served with them.
+    pub ignore: Option<IgnoreSet>,
+}
+
+/// Whether a path component is a `.git` (file or directory, at any depth: a nested
+/// repository's or a submodule's is as dangerous as the top one).
+fn in_git(path: &str) -> bool {
+    path.split('/').any(|c| c == ".git")
+}
+
+/// The risks of a change, judged from its path, what the guest has there (`guest`, an lstat)
+/// and what the host had at the session's start.
+pub fn risks_of(
+    change: &ShadowChange,
+    guest: Option<&FileStat>,
+    baseline: &Baseline,
+    ignore: Option<&IgnoreSet>,
+) -> BTreeSet<ShadowRisk> {
+    let mut risks = BTreeSet::new();
+    let components: Vec<&str> = change.path.split('/').collect();
+    if components.contains(&".git") {
+        risks.insert(ShadowRisk::Git);
+    }
+    if components.windows(2).any(|w| w == [".git", "hooks"]) {
+        risks.insert(ShadowRisk::GitHook);
+    }
+    if components.iter().any(|c| c.starts_with('.')) {
+        risks.insert(ShadowRisk::Dotfile);
+    }
+    match guest.map(|g| g.kind) {
+        Some(umbra_proto::FileKind::Symlink) => {
+            risks.insert(ShadowRisk::Symlink);
+        }
+        Some(umbra_proto::FileKind::Other) => {
+            risks.insert(ShadowRisk::Special);
+        }
+        _ => {}
+    }
+    let base = baseline.get(&change.path);
+    let host_exec = base.is_some_and(|b| b.kind == FileKind::File && b.perm & 0o111 != 0);
+    let guest_exec = guest.is_some_and(|g| g.kind == umbra_proto::FileKind::File && g.mode & 0o111 != 0);
+    let writes_file = change.kind != ChangeKind::Deleted && !change.is_dir;
+    // New or newly executable in the guest, or new contents for a host file that is executable
+    // (an apply keeps its permissions).
+    if writes_file && (guest_exec || host_exec) {
+        risks.insert(ShadowRisk::Executable);
+    }
+    if let Some(ignore) = ignore {
+        if ignore.is_ignored(Path::new(&change.path), change.is_dir) {
+            risks.insert(ShadowRisk::Ignored);
+        }
+    }
+    // Deleting a directory deletes what the host has below it, seen by the guest or not.
+    if change.kind == ChangeKind::Deleted && change.is_dir {
+        for below in baseline.descendants(Path::new(&change.path)) {
+            let rel = below.to_string_lossy();
+            if in_git(&rel) {
+                risks.insert(ShadowRisk::Git);
+            }
+            let is_dir = baseline.entries.get(below).is_some_and(|e| e.kind == FileKind::Dir);
+            if ignore.is_some_and(|i| i.is_ignored(below, is_dir)) {
+                risks.insert(ShadowRisk::Ignored);
+            }
+        }
+    }
+    risks
+}
+
+/// When an entry with `risks` is applied under `rules`, and why not by default.
+fn applies_of(risks: &BTreeSet<ShadowRisk>, rules: &Rules) -> (ShadowApplies, Option<&'static str>) {
+    if risks.contains(&ShadowRisk::Symlink) {
+        (ShadowApplies::Never, Some("a symlink in the guest; symlinks are never applied"))
+    } else if risks.contains(&ShadowRisk::Special) {
+        (ShadowApplies::Never, Some("not a regular file in the guest"))
+    } else if risks.contains(&ShadowRisk::Git) && rules.block_git {
+        (ShadowApplies::Never, Some("in .git, and the policy blocks git writes (block_git_writes)"))
+    } else if risks.contains(&ShadowRisk::Git) {
+        (ShadowApplies::WhenNamed, Some("in .git; applied only when named"))
+    } else if risks.contains(&ShadowRisk::Ignored) {
+        (ShadowApplies::WhenNamed, Some("matches the policy's ignore patterns; applied only when named"))
+    } else {
+        (ShadowApplies::ByDefault, None)
+    }
+}
+
+/// One entry of a [`ChangeSet`].
+#[derive(Debug)]
+pub struct Captured {
+    pub change: ShadowChange,
+    /// What the guest had (an lstat), for an added or modified non-directory.
+    pub guest: Option<FileStat>,
+    /// Bytes captured and their SHA-256, for a regular file.
+    pub size: Option<u64>,
+    pub sha256: Option<[u8; 32]>,
+    pub risks: BTreeSet<ShadowRisk>,
+    pub applies: ShadowApplies,
+    /// Why it does not apply by default.
+    why_not: Option<&'static str>,
+    /// Its file in the spool directory.
+    spooled: Option<OsString>,
+}
+
+impl Captured {
+    /// As `shadow.diff` reports it.
+    pub fn entry(&self) -> ShadowEntry {
+        let file_kind = match (&self.guest, self.change.kind, self.change.is_dir) {
+            (_, ChangeKind::Deleted, _) => None,
+            (Some(g), _, _) => Some(g.kind),
+            (None, _, true) => Some(umbra_proto::FileKind::Dir),
+            (None, _, false) => None,
+        };
+        ShadowEntry {
+            path: self.change.path.clone(),
+            kind: self.change.kind,
+            is_dir: self.change.is_dir,
+            file_kind,
+            size: self.size,
+            sha256: self.sha256.map(|h| hex(&h)),
+            risks: self.risks.iter().copied().collect(),
+            applies: self.applies,
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A file being captured into a [`ChangeSet`] (see [`ChangeSet::add`]).
+pub struct FileCapture {
+    index: usize,
+    file: File,
+    hasher: Sha256,
+    len: u64,
+}
+
+impl fmt::Debug for FileCapture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileCapture").field("index", &self.index).field("len", &self.len).finish()
+    }
+}
+
+/// A shadow diff captured on the host: its entries, their risks, and the bytes of every changed
+/// file, spooled in a directory of its own that is removed when the change-set is dropped.
+pub struct ChangeSet {
+    id: String,
+    dir: PathBuf,
+    spool: File,
+    entries: Vec<Captured>,
+    captured: u64,
+    limits: CaptureLimits,
+}
+
+impl fmt::Debug for ChangeSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChangeSet").field("id", &self.id).field("entries", &self.entries.len()).finish()
+    }
+}
+
+impl ChangeSet {
+    /// An empty change-set spooling into a new private directory in `parent` (storage the
+    /// runtime owns, e.g. the VM's run directory).
+    pub fn create(parent: &Path, limits: CaptureLimits) -> Result<ChangeSet, ShadowError> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let millis = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        let id = format!("cs-{millis:x}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let dir = parent.join(format!("changeset-{id}"));
+        let io_err = |source| ShadowError::Io { path: dir.display().to_string(), source };
+        let parent_dir = beneath::open_dir(parent).map_err(io_err)?;
+        // A fresh directory (mkdirat fails on anything already there, a symlink included).
+        beneath::mkdir_at(&parent_dir, dir.file_name().expect("named above"), 0o700).map_err(io_err)?;
+        let spool = beneath::open_subdir(&parent_dir, dir.file_name().expect("named above")).map_err(io_err)?;
+        Ok(ChangeSet { id, dir, spool, entries: Vec::new(), captured: 0, limits })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn entries(&self) -> &[Captured] {
+        &self.entries
+    }
+
+    /// The entries as `shadow.diff` reports them.
+    pub fn report(&self) -> Vec<ShadowEntry> {
+        self.entries.iter().map(Captured::entry).collect()
+    }
+
+    /// Records `change` (with `guest`, the guest's lstat of an added or modified non-directory).
+    /// For a regular file, returns the capture its bytes go to: [`Self::write`] them, then
+    /// [`Self::finish`].
+    pub fn add(
+        &mut self,
+        change: ShadowChange,
+        guest: Option<FileStat>,
+        baseline: &Baseline,
+        rules: &Rules,
+    ) -> Result<Option<FileCapture>, ShadowError> {
+        parse_relative(&change.path)?;
+        if self.entries.len() >= self.limits.entries {
+            return Err(ShadowError::CaptureTooLarge { limit: format!("{} entries", self.limits.entries) });
+        }
+        let writes_file = change.kind != ChangeKind::Deleted && !change.is_dir;
+        if writes_file && guest.is_none() {
+            return Err(ShadowError::ChangedWhileCaptured(change.path));
+        }
+        let risks = risks_of(&change, guest.as_ref(), baseline, rules.ignore.as_ref());
+        let (applies, why_not) = applies_of(&risks, rules);
+        let regular = writes_file && guest.as_ref().is_some_and(|g| g.kind == umbra_proto::FileKind::File);
+        let index = self.entries.len();
+        let capture = if regular {
+            let name = OsString::from(index.to_string());
+            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+            let file = beneath::openat(&self.spool, &name, flags, 0o600)
+                .map_err(|source| ShadowError::Io { path: change.path.clone(), source })?;
+            Some((name, FileCapture { index, file, hasher: Sha256::new(), len: 0 }))
+        } else {
+            None
+        };
+        let (spooled, capture) = capture.map_or((None, None), |(n, c)| (Some(n), Some(c)));
+        self.entries.push(Captured { change, guest, size: None, sha256: None, risks, applies, why_not, spooled });
+        Ok(capture)
+    }
+
+    /// Appends the next bytes of a file being captured.
+    pub fn write(&mut self, capture: &mut FileCapture, bytes: &[u8]) -> Result<(), ShadowError> {
+        let entry = &self.entries[capture.index];
+        let expected = entry.guest.as_ref().map_or(0, |g| g.size);
+        if capture.len + bytes.len() as u64 > expected {
+            return Err(ShadowError::ChangedWhileCaptured(entry.change.path.clone()));
+        }
+        if self.captured + bytes.len() as u64 > self.limits.bytes {
+            return Err(ShadowError::CaptureTooLarge { limit: format!("{} bytes", self.limits.bytes) });
+        }
+        capture.file.write_all(bytes).map_err(|source| ShadowError::Io { path: entry.change.path.clone(), source })?;
+        capture.hasher.update(bytes);
+        capture.len += bytes.len() as u64;
+        self.captured += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Completes a file's capture: it must hold as many bytes as the guest's lstat said.
+    pub fn finish(&mut self, capture: FileCapture) -> Result<(), ShadowError> {
+        let entry = &mut self.entries[capture.index];
+        if entry.guest.as_ref().map(|g| g.size) != Some(capture.len) {
+            return Err(ShadowError::ChangedWhileCaptured(entry.change.path.clone()));
+        }
+        entry.size = Some(capture.len);
+        entry.sha256 = Some(capture.hasher.finalize().into());
+        Ok(())
+    }
+
+    /// The changes an apply of `paths` (default: every entry that applies by default) writes,
+    /// and the entries it leaves out. Naming a path that is not in the change-set, that was not
+    /// captured whole, or that is never applied refuses the whole apply.
+    pub fn select(&self, paths: Option<&[String]>) -> Result<(Vec<ShadowChange>, Vec<Skipped>), ShadowError> {
+        let named: Option<HashSet<&str>> = paths.map(|p| p.iter().map(String::as_str).collect());
+        if let Some(named) = &named {
+            for path in named {
+                let mut matching = self.entries.iter().filter(|e| e.change.path == *path).peekable();
+                if matching.peek().is_none() {
+                    return Err(ShadowError::NotInChangeSet(path.to_string()));
+                }
+                for entry in matching {
+                    if entry.applies == ShadowApplies::Never {
+                        let reason = entry.why_not.unwrap_or("never applied").to_owned();
+                        return Err(ShadowError::NeverApplied { path: path.to_string(), reason });
+                    }
+                }
+            }
+        }
+        let mut selected = Vec::new();
+        let mut skipped = Vec::new();
+        for entry in &self.entries {
+            let is_named = named.as_ref().is_some_and(|n| n.contains(entry.change.path.as_str()));
+            let chosen = match (&named, entry.applies) {
+                (_, ShadowApplies::Never) => false,
+                (Some(_), _) => is_named,
+                (None, ShadowApplies::ByDefault) => true,
+                (None, ShadowApplies::WhenNamed) => false,
+            };
+            let writes_file = entry.change.kind != ChangeKind::Deleted && !entry.change.is_dir;
+            if chosen && writes_file && entry.sha256.is_none() {
+                // A capture cut short by an error is never applied in part.
+                return Err(ShadowError::ChangedWhileCaptured(entry.change.path.clone()));
+            }
+            if chosen {
+                selected.push(entry.change.clone());
+            } else {
+                let reason = entry.why_not.unwrap_or("not among the paths named").to_owned();
+                skipped.push(Skipped { path: entry.change.path.clone(), reason });
+            }
+        }
+        Ok((selected, skipped))
+    }
+
+    /// Applies `paths` of this change-set (see [`Self::select`]) to the host folder `root` with
+    /// [`apply`]'s rules, writing the captured bytes, each checked against its SHA-256 as it is
+    /// copied. An `Err` means nothing was applied.
+    pub fn apply(
+        &self,
+        root: &Path,
+        baseline: &Baseline,
+        paths: Option<&[String]>,
+    ) -> Result<ApplyReport, ShadowError> {
+        let (selected, skipped) = self.select(paths)?;
+        let spooled: HashMap<&str, &Captured> = self
+            .entries
+            .iter()
+            .filter(|e| e.spooled.is_some() && e.sha256.is_some())
+            .map(|e| (e.change.path.as_str(), e))
+            .collect();
+        let open = |path: &str| -> io::Result<Verified<File>> {
+            let entry = spooled.get(path).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "not captured"))?;
+            let name = entry.spooled.as_ref().expect("filtered above");
+            let file = beneath::openat(&self.spool, name, libc::O_RDONLY | libc::O_NOFOLLOW, 0)?;
+            Ok(Verified { inner: file, hasher: Sha256::new(), expected: entry.sha256.expect("filtered above") })
+        };
+        let mut report = apply(root, baseline, &selected, open);
+        for error in &mut report.errors {
+            if let ShadowError::Fetch { source, .. } | ShadowError::Io { source, .. } = &error.error {
+                if source.get_ref().is_some_and(|e| e.is::<HashMismatch>()) {
+                    error.error = ShadowError::HashMismatch(error.path.clone());
+                }
+            }
+        }
+        report.skipped = skipped;
+        Ok(report)
+    }
+
+    /// Writes the captured changes as a tar (see [`export_tar`]); symlinks and special files,
+    /// which have no captured bytes, are left out.
+    pub fn export_tar<W: Write>(&self, out: W) -> Result<W, ShadowError> {
+        let changes: Vec<ShadowChange> = self
+            .entries
+            .iter()
+            .filter(|e| e.change.kind == ChangeKind::Deleted || e.change.is_dir || e.sha256.is_some())
+            .map(|e| ShadowChange { size: e.size, ..e.change.clone() })
+            .collect();
+        let by_path: HashMap<&str, &OsString> =
+            self.entries.iter().filter_map(|e| Some((e.change.path.as_str(), e.spooled.as_ref()?))).collect();
+        let open = |path: &str| -> io::Result<File> {
+            let name = by_path.get(path).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "not captured"))?;
+            beneath::openat(&self.spool, name, libc::O_RDONLY | libc::O_NOFOLLOW, 0)
+        };
+        export_tar(&changes, open, out)
+    }
+}
+
+impl Drop for ChangeSet {
+    fn drop(&mut self) {
+        let _ = remove_tree(&self.spool);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The error a [`Verified`] read ends with when the bytes are not the captured ones.
+#[derive(Debug)]
+struct HashMismatch;
+
+impl fmt::Display for HashMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the captured bytes do not match their SHA-256")
+    }
+}
+
+impl std::error::Error for HashMismatch {}
+
+/// Reads `inner` and, at its end, fails with [`HashMismatch`] unless what was read has the
+/// `expected` SHA-256: [`apply`] then removes its temporary file and replaces nothing.
+struct Verified<R> {
+    inner: R,
+    hasher: Sha256,
+    expected: [u8; 32],
+}
+
+impl<R: Read> Read for Verified<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n == 0 && !buf.is_empty() {
+            let digest: [u8; 32] = self.hasher.clone().finalize().into();
+            if digest != self.expected {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, HashMismatch));
+            }
+        }
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -979,6 +1425,296 @@ mod tests {
         let err = Baseline::record_with_limit(&root, 9).unwrap_err();
         assert!(err.to_string().contains("more than 9 entries"), "{err}");
         assert!(Baseline::record(&root.join("keep.txt")).is_err());
+    }
+
+    // ---- change-sets: capture, apply exactly, subsets, refusals ----
+
+    fn stat(kind: umbra_proto::FileKind, size: usize, mode: u32) -> FileStat {
+        FileStat { kind, size: size as u64, mode, uid: 0, gid: 0, mtime_ms: 0 }
+    }
+
+    /// Captures one change as the runtime does: the guest's lstat, then its bytes.
+    fn capture(set: &mut ChangeSet, baseline: &Baseline, rules: &Rules, path: &str, kind: ChangeKind, bytes: &str) {
+        capture_as(set, baseline, rules, path, kind, bytes, 0o100644, umbra_proto::FileKind::File);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn capture_as(
+        set: &mut ChangeSet,
+        baseline: &Baseline,
+        rules: &Rules,
+        path: &str,
+        kind: ChangeKind,
+        bytes: &str,
+        mode: u32,
+        file_kind: umbra_proto::FileKind,
+    ) {
+        let guest = (kind != Deleted).then(|| stat(file_kind, bytes.len(), mode));
+        if let Some(mut c) = set.add(change(path, kind, false), guest, baseline, rules).unwrap() {
+            // In two pieces, as chunks come from the agent.
+            let (a, b) = bytes.as_bytes().split_at(bytes.len() / 2);
+            set.write(&mut c, a).unwrap();
+            set.write(&mut c, b).unwrap();
+            set.finish(c).unwrap();
+        }
+    }
+
+    fn entry_of<'a>(set: &'a ChangeSet, path: &str) -> &'a Captured {
+        set.entries().iter().find(|e| e.change.path == path).unwrap()
+    }
+
+    fn sha256_hex(bytes: &[u8]) -> String {
+        hex(&Sha256::digest(bytes))
+    }
+
+    #[test]
+    fn a_change_set_applies_exactly_the_captured_bytes_and_cleans_up() {
+        let (tmp, root) = project();
+        let baseline = Baseline::record(&root).unwrap();
+        let run = tmp.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        let rules = Rules::default();
+        let mut set = ChangeSet::create(&run, CaptureLimits::default()).unwrap();
+        capture(&mut set, &baseline, &rules, "src/lib.rs", Modified, "reviewed lib");
+        capture(&mut set, &baseline, &rules, "new.txt", Added, "reviewed new");
+        set.add(change("del.txt", Deleted, false), None, &baseline, &rules).unwrap();
+        let report = set.report();
+        assert_eq!(report[0].sha256.as_deref(), Some(sha256_hex(b"reviewed lib").as_str()));
+        assert_eq!((report[1].size, report[1].applies), (Some(12), ShadowApplies::ByDefault));
+        assert_eq!((report[2].size, &report[2].sha256, report[2].file_kind), (None, &None, None));
+        assert!(report.iter().all(|e| e.risks.is_empty()), "{report:?}");
+        let spool = set.dir.clone();
+        let mode = std::fs::metadata(&spool).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o700, "the spool is private to the runtime");
+
+        // Whatever the guest does after the diff, the apply reads the spool only.
+        let report = set.apply(&root, &baseline, None).unwrap();
+        assert!(report.is_clean() && report.skipped.is_empty(), "{report:?}");
+        assert_eq!(report.applied.len(), 3);
+        assert_eq!(std::fs::read(root.join("src/lib.rs")).unwrap(), b"reviewed lib");
+        assert_eq!(std::fs::read(root.join("new.txt")).unwrap(), b"reviewed new");
+        assert!(!root.join("del.txt").exists());
+        drop(set);
+        assert!(!spool.exists(), "a dropped change-set removes its spool");
+    }
+
+    #[test]
+    fn tampered_spool_bytes_are_never_written() {
+        let (tmp, root) = project();
+        let baseline = Baseline::record(&root).unwrap();
+        let rules = Rules::default();
+        let mut set = ChangeSet::create(tmp.path(), CaptureLimits::default()).unwrap();
+        capture(&mut set, &baseline, &rules, "src/lib.rs", Modified, "reviewed");
+        let before = snapshot(&root);
+        let spooled = set.dir.join(entry_of(&set, "src/lib.rs").spooled.as_ref().unwrap());
+        std::fs::write(&spooled, "tampered").unwrap();
+        let report = set.apply(&root, &baseline, None).unwrap();
+        assert!(report.applied.is_empty(), "{report:?}");
+        assert!(matches!(report.errors[0].error, ShadowError::HashMismatch(_)), "{report:?}");
+        assert_eq!(snapshot(&root), before, "the file is untouched and no temporary is left");
+    }
+
+    #[test]
+    fn a_subset_applies_only_the_named_paths_and_unknown_names_refuse_everything() {
+        let (tmp, root) = project();
+        let baseline = Baseline::record(&root).unwrap();
+        let rules = Rules::default();
+        let mut set = ChangeSet::create(tmp.path(), CaptureLimits::default()).unwrap();
+        capture(&mut set, &baseline, &rules, "src/lib.rs", Modified, "guest lib");
+        capture(&mut set, &baseline, &rules, "new.txt", Added, "guest new");
+        let before = snapshot(&root);
+        for names in [vec!["new.txt", "f.txt"], vec![".git/config"], vec!["src"]] {
+            let names: Vec<String> = names.into_iter().map(String::from).collect();
+            let err = set.apply(&root, &baseline, Some(&names)).unwrap_err();
+            assert!(matches!(err, ShadowError::NotInChangeSet(_)), "{err}");
+            assert_eq!(snapshot(&root), before, "a refused apply writes nothing");
+        }
+        let report = set.apply(&root, &baseline, Some(&["new.txt".to_owned()])).unwrap();
+        assert_eq!(report.applied, ["new.txt"]);
+        assert_eq!(report.skipped, [Skipped { path: "src/lib.rs".into(), reason: "not among the paths named".into() }]);
+        assert_eq!(std::fs::read(root.join("src/lib.rs")).unwrap(), b"old lib");
+        assert_eq!(std::fs::read(root.join("new.txt")).unwrap(), b"guest new");
+    }
+
+    #[test]
+    fn git_paths_apply_only_when_named_and_never_under_block_git_writes() {
+        let (tmp, root) = project();
+        write(&root, ".git/config", "[core]\n");
+        write(&root, "sub/.git/HEAD", "ref: main\n");
+        for block_git in [false, true] {
+            let baseline = Baseline::record(&root).unwrap();
+            let rules = Rules { block_git, ignore: None };
+            let mut set = ChangeSet::create(tmp.path(), CaptureLimits::default()).unwrap();
+            capture(&mut set, &baseline, &rules, "keep.txt", Modified, "reviewed");
+            capture(&mut set, &baseline, &rules, ".git/config", Modified, "[core]\n\tfsmonitor = evil\n");
+            let hook = "#!/bin/sh\nevil\n";
+            capture_as(
+                &mut set,
+                &baseline,
+                &rules,
+                ".git/hooks/pre-commit",
+                Added,
+                hook,
+                0o100755,
+                umbra_proto::FileKind::File,
+            );
+            set.add(change("sub", Deleted, true), None, &baseline, &rules).unwrap();
+            let config = entry_of(&set, ".git/config").entry();
+            assert_eq!(config.risks, [ShadowRisk::Git, ShadowRisk::Dotfile]);
+            let hook_risks = entry_of(&set, ".git/hooks/pre-commit").entry().risks;
+            let expected = [ShadowRisk::Git, ShadowRisk::GitHook, ShadowRisk::Dotfile, ShadowRisk::Executable];
+            assert_eq!(hook_risks, expected);
+            assert_eq!(entry_of(&set, "sub").entry().risks, [ShadowRisk::Git], "it deletes a .git below it");
+            let guarded = if block_git { ShadowApplies::Never } else { ShadowApplies::WhenNamed };
+            for path in [".git/config", ".git/hooks/pre-commit", "sub"] {
+                assert_eq!(entry_of(&set, path).applies, guarded, "{path}");
+            }
+
+            // Not named: applied around, never written.
+            let before = snapshot(&root);
+            let report = set.apply(&root, &baseline, None).unwrap();
+            assert_eq!(report.applied, ["keep.txt"], "{report:?}");
+            let mut skipped: Vec<&str> = report.skipped.iter().map(|s| s.path.as_str()).collect();
+            skipped.sort();
+            assert_eq!(skipped, [".git/config", ".git/hooks/pre-commit", "sub"]);
+            assert_eq!(std::fs::read(root.join(".git/config")).unwrap(), b"[core]\n");
+            assert!(!root.join(".git/hooks").exists() && root.join("sub/.git/HEAD").exists());
+            let mut expected = before;
+            expected.insert("keep.txt".into(), Some(b"reviewed".to_vec()));
+            assert_eq!(snapshot(&root), expected);
+            write(&root, "keep.txt", "keep");
+            let baseline_now = Baseline::record(&root).unwrap();
+
+            // Named: applied, unless the policy blocks git writes (then nothing at all is).
+            let named = vec![".git/config".to_owned(), "keep.txt".to_owned()];
+            let before = snapshot(&root);
+            match set.apply(&root, &baseline_now, Some(&named)) {
+                Ok(report) if !block_git => {
+                    assert!(report.is_clean(), "{report:?}");
+                    assert_eq!(std::fs::read(root.join(".git/config")).unwrap(), b"[core]\n\tfsmonitor = evil\n");
+                    write(&root, ".git/config", "[core]\n");
+                }
+                Err(ShadowError::NeverApplied { path, reason }) if block_git => {
+                    assert_eq!(path, ".git/config");
+                    assert!(reason.contains("block_git_writes"), "{reason}");
+                    assert_eq!(snapshot(&root), before, "a refused apply writes nothing");
+                }
+                other => panic!("block_git {block_git}: {other:?}"),
+            }
+            write(&root, "keep.txt", "keep");
+        }
+    }
+
+    #[test]
+    fn ignored_paths_apply_only_when_named_and_symlinks_never() {
+        let (tmp, root) = project();
+        write(&root, ".env", "HOST_SECRET=1\n");
+        write(&root, "conf/.env", "OTHER=1\n");
+        let baseline = Baseline::record(&root).unwrap();
+        let ignore = IgnoreSet::new(&root, &[".env".to_owned()]).unwrap();
+        let rules = Rules { block_git: false, ignore: Some(ignore) };
+        let mut set = ChangeSet::create(tmp.path(), CaptureLimits::default()).unwrap();
+        // The guest never saw the host's .env (hidden), so its own is "added" over it.
+        capture(&mut set, &baseline, &rules, ".env", Added, "GUEST=1\n");
+        set.add(change("conf", Deleted, true), None, &baseline, &rules).unwrap();
+        let link = stat(umbra_proto::FileKind::Symlink, 11, 0o120777);
+        assert!(set.add(change("link", Added, false), Some(link), &baseline, &rules).unwrap().is_none());
+        let special = stat(umbra_proto::FileKind::Other, 0, 0o010644);
+        assert!(set.add(change("fifo", Added, false), Some(special), &baseline, &rules).unwrap().is_none());
+        assert_eq!(entry_of(&set, ".env").entry().risks, [ShadowRisk::Dotfile, ShadowRisk::Ignored]);
+        assert_eq!(entry_of(&set, ".env").applies, ShadowApplies::WhenNamed);
+        assert_eq!(entry_of(&set, "conf").entry().risks, [ShadowRisk::Ignored], "it deletes an ignored file");
+        let link = entry_of(&set, "link").entry();
+        assert_eq!(
+            (link.risks.as_slice(), link.applies, link.sha256),
+            (&[ShadowRisk::Symlink][..], ShadowApplies::Never, None)
+        );
+        assert_eq!(entry_of(&set, "fifo").entry().risks, [ShadowRisk::Special]);
+
+        let before = snapshot(&root);
+        let report = set.apply(&root, &baseline, None).unwrap();
+        assert!(report.applied.is_empty(), "{report:?}");
+        assert_eq!(report.skipped.len(), 4);
+        assert_eq!(snapshot(&root), before);
+        let err = set.apply(&root, &baseline, Some(&["link".to_owned()])).unwrap_err();
+        assert!(matches!(err, ShadowError::NeverApplied { .. }), "{err}");
+        let report = set.apply(&root, &baseline, Some(&[".env".to_owned()])).unwrap();
+        assert_eq!(report.applied, [".env"], "{report:?}");
+        assert_eq!(std::fs::read(root.join(".env")).unwrap(), b"GUEST=1\n");
+    }
+
+    #[test]
+    fn executables_are_marked() {
+        let (tmp, root) = project();
+        let baseline = Baseline::record(&root).unwrap();
+        let rules = Rules::default();
+        let mut set = ChangeSet::create(tmp.path(), CaptureLimits::default()).unwrap();
+        let file = umbra_proto::FileKind::File;
+        capture_as(&mut set, &baseline, &rules, "tool", Added, "#!/bin/sh\n", 0o100755, file);
+        capture_as(&mut set, &baseline, &rules, "keep.txt", Modified, "x", 0o100744, file);
+        capture_as(&mut set, &baseline, &rules, "run.sh", Modified, "#!/bin/sh\nnew\n", 0o100644, file);
+        capture_as(&mut set, &baseline, &rules, "src/lib.rs", Modified, "plain", 0o100644, file);
+        let marked = |p| entry_of(&set, p).risks.contains(&ShadowRisk::Executable);
+        assert!(marked("tool"), "a new executable");
+        assert!(marked("keep.txt"), "made executable");
+        assert!(marked("run.sh"), "new contents for a host executable, which keeps its mode");
+        assert!(!marked("src/lib.rs"));
+    }
+
+    #[test]
+    fn captures_are_bounded_and_must_match_the_guests_size() {
+        let (tmp, root) = project();
+        let baseline = Baseline::record(&root).unwrap();
+        let rules = Rules::default();
+        let file = |n| Some(stat(umbra_proto::FileKind::File, n, 0o100644));
+        let mut set = ChangeSet::create(tmp.path(), CaptureLimits { bytes: 10, entries: 3 }).unwrap();
+        let mut c = set.add(change("a", Added, false), file(8), &baseline, &rules).unwrap().unwrap();
+        set.write(&mut c, b"12345678").unwrap();
+        set.finish(c).unwrap();
+        let mut c = set.add(change("b", Added, false), file(8), &baseline, &rules).unwrap().unwrap();
+        let err = set.write(&mut c, b"123").unwrap_err();
+        assert!(matches!(err, ShadowError::CaptureTooLarge { .. }), "{err}");
+        // A file that grew past what the guest reported, or came up short, is refused.
+        let mut c = set.add(change("c", Added, false), file(1), &baseline, &rules).unwrap().unwrap();
+        assert!(matches!(set.write(&mut c, b"12").unwrap_err(), ShadowError::ChangedWhileCaptured(_)));
+        assert!(matches!(set.finish(c).unwrap_err(), ShadowError::ChangedWhileCaptured(_)));
+        let err = set.add(change("d", Added, true), None, &baseline, &rules).unwrap_err();
+        assert!(matches!(err, ShadowError::CaptureTooLarge { .. }), "{err}");
+        // What was not captured whole is never applied, not even in part.
+        let err = set.apply(&root, &baseline, Some(&["b".to_owned()])).unwrap_err();
+        assert!(matches!(err, ShadowError::ChangedWhileCaptured(_)), "{err}");
+        // A file the guest removed before its lstat, or a hostile path, fails the capture.
+        let err = set.add(change("e", Added, false), None, &baseline, &rules).unwrap_err();
+        assert!(matches!(err, ShadowError::ChangedWhileCaptured(_) | ShadowError::CaptureTooLarge { .. }));
+        let mut set = ChangeSet::create(tmp.path(), CaptureLimits::default()).unwrap();
+        assert!(matches!(
+            set.add(change("e", Added, false), None, &baseline, &rules),
+            Err(ShadowError::ChangedWhileCaptured(_))
+        ));
+        assert!(matches!(
+            set.add(change("../x", Added, false), file(1), &baseline, &rules),
+            Err(ShadowError::InvalidPath { .. })
+        ));
+    }
+
+    #[test]
+    fn export_writes_the_captured_bytes() {
+        let (tmp, root) = project();
+        let baseline = Baseline::record(&root).unwrap();
+        let rules = Rules::default();
+        let mut set = ChangeSet::create(tmp.path(), CaptureLimits::default()).unwrap();
+        capture(&mut set, &baseline, &rules, "new.txt", Added, "captured");
+        let link = stat(umbra_proto::FileKind::Symlink, 3, 0o120777);
+        set.add(change("link", Added, false), Some(link), &baseline, &rules).unwrap();
+        let tar = set.export_tar(Vec::new()).unwrap();
+        let mut names = Vec::new();
+        for entry in tar::Archive::new(tar.as_slice()).entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let mut content = String::new();
+            entry.read_to_string(&mut content).unwrap();
+            names.push((entry.path().unwrap().to_str().unwrap().to_owned(), content));
+        }
+        assert_eq!(names, [("new.txt".into(), "captured".into()), (DELETED_MANIFEST.into(), String::new())]);
     }
 
     /// Run with `--nocapture` to see the timings.
