@@ -242,16 +242,57 @@ pub fn network_meet(a: &NetworkPolicy, b: &NetworkPolicy) -> NetworkPolicy {
 
 /// Whether `a` allows no connection `b` does not (`resolve` aside).
 pub fn network_within(a: &NetworkPolicy, b: &NetworkPolicy) -> bool {
+    network_excess(a, b).is_none()
+}
+
+/// What `a` allows that `b` does not, in words (the first such thing), or `None` when `a` is
+/// within `b` (`resolve` pins aside: they are not permissions).
+pub fn network_excess(a: &NetworkPolicy, b: &NetworkPolicy) -> Option<String> {
     let (a, b) = (canonical_network(a), canonical_network(b));
+    let mode = |m: NetworkMode| match m {
+        NetworkMode::None => "none",
+        NetworkMode::Allowlist => "allowlist",
+        NetworkMode::Any => "any",
+    };
     if mode_rank(a.mode) > mode_rank(b.mode) {
-        return false;
+        return Some(format!("mode {} is wider than mode {}", mode(a.mode), mode(b.mode)));
     }
     if a.mode == NetworkMode::None {
-        return true;
+        return None;
     }
-    let domains_ok = !(a.mode == NetworkMode::Allowlist && b.mode == NetworkMode::Allowlist)
-        || domains_within(&a.allow_domains, &b.allow_domains);
-    domains_ok && cidrs_within(&a.allow_cidrs, &b.allow_cidrs)
+    if a.mode == NetworkMode::Allowlist && b.mode == NetworkMode::Allowlist {
+        if let Some(d) = a.allow_domains.iter().find(|d| !domains_within(std::slice::from_ref(*d), &b.allow_domains)) {
+            return Some(format!("the domain {d} is not in the allowlist"));
+        }
+    }
+    a.allow_cidrs
+        .iter()
+        .find(|c| !cidrs_within(std::slice::from_ref(*c), &b.allow_cidrs))
+        .map(|c| format!("the range {c} is not in allow_cidrs"))
+}
+
+/// A network policy in a line: `mode none`, `mode allowlist (domains a, *.b; cidrs 10.0.0.0/8)`.
+pub fn describe_network(n: &NetworkPolicy) -> String {
+    let n = canonical_network(n);
+    let mut out = format!(
+        "mode {}",
+        match n.mode {
+            NetworkMode::None => "none",
+            NetworkMode::Allowlist => "allowlist",
+            NetworkMode::Any => "any",
+        }
+    );
+    let mut lists = Vec::new();
+    if !n.allow_domains.is_empty() {
+        lists.push(format!("domains {}", n.allow_domains.join(", ")));
+    }
+    if !n.allow_cidrs.is_empty() {
+        lists.push(format!("cidrs {}", n.allow_cidrs.join(", ")));
+    }
+    if !lists.is_empty() {
+        out += &format!(" ({})", lists.join("; "));
+    }
+    out
 }
 
 #[cfg(test)]
