@@ -729,6 +729,7 @@ impl Session {
                 cwd: req.cwd.clone().unwrap_or_else(|| "/".into()).into(),
                 workspace,
                 session: Some(self.name.clone()),
+                env: req.env.clone(),
             };
             self.ctx.approvals.check(&settings, request, |kind| self.emit(kind)).await?;
         }
