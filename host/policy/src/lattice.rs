@@ -299,6 +299,35 @@ pub fn describe_network(n: &NetworkPolicy) -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn network_excess_names_what_goes_beyond_the_ceiling() {
+        let net = |mode, d: &[&str], c: &[&str]| NetworkPolicy {
+            mode,
+            allow_domains: s(d),
+            allow_cidrs: s(c),
+            ..Default::default()
+        };
+        let none = NetworkPolicy::default();
+        let list = net(NetworkMode::Allowlist, &["*.example.com", "pypi.org"], &["10.0.0.0/8"]);
+        assert_eq!(network_excess(&list, &none).unwrap(), "mode allowlist is wider than mode none");
+        assert_eq!(
+            network_excess(&net(NetworkMode::Any, &[], &[]), &list).unwrap(),
+            "mode any is wider than mode allowlist"
+        );
+        let wider = net(NetworkMode::Allowlist, &["a.example.com", "evil.net"], &[]);
+        assert_eq!(network_excess(&wider, &list).unwrap(), "the domain evil.net is not in the allowlist");
+        let cidr = net(NetworkMode::Allowlist, &["pypi.org"], &["0.0.0.0/0"]);
+        assert_eq!(network_excess(&cidr, &list).unwrap(), "the range 0.0.0.0/0 is not in allow_cidrs");
+        // Within: narrower lists, none, the ceiling itself; resolve pins are not compared.
+        for within in [none.clone(), list.clone(), net(NetworkMode::Allowlist, &["x.example.com"], &["10.1.0.0/16"])] {
+            assert_eq!(network_excess(&within, &list), None, "{within:?}");
+        }
+        let mut pinned = list.clone();
+        pinned.resolve.insert("pypi.org".into(), "127.0.0.1".parse().unwrap());
+        assert_eq!(network_excess(&pinned, &list), None);
+        assert_eq!(describe_network(&list), "mode allowlist (domains *.example.com, pypi.org; cidrs 10.0.0.0/8)");
+    }
+
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
     }
