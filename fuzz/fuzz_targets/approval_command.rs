@@ -18,6 +18,7 @@ fuzz_target!(|data: &[u8]| {
         cwd: "/sessions/s/mnt/work".into(),
         workspace: vec!["/sessions/s/mnt/work".into()],
         session: None,
+        env: Default::default(),
     };
     for mode in [ApprovalMode::AskEveryTime, ApprovalMode::Allowlist, ApprovalMode::RunEverything] {
         let settings = ApprovalSettings {

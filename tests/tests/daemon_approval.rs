@@ -125,3 +125,82 @@ async fn commands_needing_approval_wait_for_an_answer_and_silence_denies() {
 
     client.call::<SessionDelete>(SessionRef { name: "ap".into() }).await.unwrap();
 }
+
+/// The command's variables are part of the decision (issue 28): an allow rule for `echo` does
+/// not approve `echo` run with `BASH_ENV` (or with `LD_PRELOAD` set in its line); the request
+/// shows the variables and which of them change what runs; a rule that names the variable
+/// allows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn variables_that_change_what_runs_need_a_rule_that_names_them() {
+    let daemon = TestDaemon::start("daemon-approval-env", serde_json::json!({}));
+    let approval = serde_json::from_value(serde_json::json!({
+        "mode": "allowlist",
+        "allow": ["echo", "sh -c", "BASH_ENV=* printenv"],
+        "timeout_secs": 30,
+    }))
+    .unwrap();
+    let (client, mut inbox) = daemon.client().await;
+    client.call::<EventsSubscribe>(SubscribeParams { session: Some("env".into()) }).await.unwrap();
+    let start = StartParams {
+        name: "env".into(),
+        settings: SettingsPatch { approval: Some(approval), ..Default::default() },
+        ..Default::default()
+    };
+    tokio::time::timeout(Duration::from_secs(boot_timeout_secs() + 30), client.call::<SessionStart>(start))
+        .await
+        .expect("boots in time")
+        .unwrap();
+    let run = Duration::from_secs(60);
+    let with_env = |words: &[&str], env: &[(&str, &str)]| SpawnParams {
+        env: env.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
+        ..argv("env", words)
+    };
+
+    // Variables that do not change what runs: allowlisted as before.
+    let p = client.call::<ProcessSpawn>(with_env(&["echo", "plain"], &[("CI", "1")])).await.unwrap();
+    let (out, _, _) = process_output(&client, &mut inbox, "env", p.process, run).await;
+    assert_eq!(out, b"plain\n");
+
+    // BASH_ENV with an allow rule for `echo` only: a person is asked, and sees the variables.
+    let spawn = client.call::<ProcessSpawn>(with_env(&["echo", "sourced"], &[("BASH_ENV", "/tmp/rc"), ("CI", "1")]));
+    let answer = async {
+        let ev = wait_event(&mut inbox, Duration::from_secs(60), "a permission_request", |e| {
+            matches!(e.kind, EventKind::PermissionRequest { .. })
+        })
+        .await;
+        let EventKind::PermissionRequest { request_id, env, env_changes_what_runs, decision, cwd, .. } = ev.kind else {
+            unreachable!()
+        };
+        assert_eq!(env.get("BASH_ENV").map(String::as_str), Some("/tmp/rc"));
+        assert_eq!(env.get("CI").map(String::as_str), Some("1"));
+        assert_eq!(env_changes_what_runs, ["BASH_ENV"]);
+        assert_eq!(cwd, "/");
+        let rule = serde_json::to_value(&decision.reason).unwrap();
+        assert_eq!(rule["rule"], "env_not_allowed", "{rule}");
+        assert_eq!(rule["variable"], "BASH_ENV=/tmp/rc", "{rule}");
+        client.call::<PermissionRespond>(RespondPermissionParams { request_id, approved: false }).await.unwrap();
+    };
+    let (spawned, ()) = tokio::join!(spawn, answer);
+    let e = spawned.unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied, "{e:?}");
+    assert!(e.message.contains("BASH_ENV=/tmp/rc"), "{e:?}");
+
+    // Set in the line itself, inside an allowed shell: asked too (here: silence is not waited
+    // for, the person denies).
+    let spawn = client.call::<ProcessSpawn>(argv("env", &["sh", "-c", "LD_PRELOAD=/tmp/x.so echo hi"]));
+    let answer = async {
+        let (id, _, rule) = next_request(&mut inbox).await;
+        assert_eq!(rule["rule"], "env_not_allowed", "{rule}");
+        assert_eq!(rule["variable"], "LD_PRELOAD=/tmp/x.so", "{rule}");
+        client.call::<PermissionRespond>(RespondPermissionParams { request_id: id, approved: false }).await.unwrap();
+    };
+    let (spawned, ()) = tokio::join!(spawn, answer);
+    assert_eq!(spawned.unwrap_err().code, ErrorCode::PermissionDenied);
+
+    // A rule that names the variable allows it, and it reaches the command.
+    let p = client.call::<ProcessSpawn>(with_env(&["printenv", "BASH_ENV"], &[("BASH_ENV", "/tmp/rc")])).await.unwrap();
+    let (out, _, _) = process_output(&client, &mut inbox, "env", p.process, run).await;
+    assert_eq!(out, b"/tmp/rc\n");
+
+    client.call::<SessionDelete>(SessionRef { name: "env".into() }).await.unwrap();
+}

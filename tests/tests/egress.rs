@@ -396,6 +396,88 @@ async fn a_running_sessions_policy_change_applies_to_new_connections() {
     m.delete("live").await.unwrap();
 }
 
+/// Over umbrad's socket: a running session's network moves only within its merged policy.
+/// The daemon's configuration (the admin's) allows `allowed.test` and 127.0.0.1/32; one session
+/// narrows that to `none` in its start. `session.set_network` cannot widen either session
+/// beyond its ceiling (the error names it, nothing changes, the guest still cannot connect),
+/// and can still move within it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_network_over_the_socket_stays_within_the_merged_policy() {
+    use umbra_api::methods::*;
+    use umbra_api::session::{NetworkMode, NetworkPolicy, SettingsPatch};
+    use umbra_api::ErrorCode;
+    use umbra_tests::daemon::{boot_timeout_secs, process_output, TestDaemon};
+
+    let (port, hits) = http_server();
+    let daemon = TestDaemon::start(
+        "egress-ceiling",
+        serde_json::json!({ "policy": { "network": {
+            "mode": "allowlist",
+            "allow_domains": ["allowed.test"],
+            "allow_cidrs": ["127.0.0.1/32"],
+            "resolve": { "allowed.test": "127.0.0.1" },
+        } } }),
+    );
+    let (client, mut inbox) = daemon.client().await;
+    let boot = Duration::from_secs(boot_timeout_secs() + 30);
+    let start = |name: &str, policy: Option<umbra_policy::SandboxPolicy>| StartParams {
+        name: name.into(),
+        settings: SettingsPatch { policy, ..Default::default() },
+        ..Default::default()
+    };
+    let set = |name: &str, network: NetworkPolicy| SetNetworkParams { name: name.into(), network };
+    let allowlist = |domains: &[&str], cidrs: &[&str]| NetworkPolicy {
+        mode: NetworkMode::Allowlist,
+        allow_domains: domains.iter().map(|d| d.to_string()).collect(),
+        allow_cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
+        resolve: [("allowed.test".to_string(), "127.0.0.1".parse().unwrap())].into(),
+    };
+    let admin = allowlist(&["allowed.test"], &["127.0.0.1/32"]);
+
+    // The admin's allowlist: the session starts with it; any and wider lists are refused.
+    let info = tokio::time::timeout(boot, client.call::<SessionStart>(start("wide", None))).await.unwrap().unwrap();
+    assert_eq!(info.settings.network, admin);
+    let e = client.call::<SessionSetNetwork>(set("wide", NetworkPolicy { mode: NetworkMode::Any, ..admin.clone() }));
+    let e = e.await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied, "{e:?}");
+    assert!(e.message.contains("ceiling") && e.message.contains("mode any is wider than mode allowlist"), "{e:?}");
+    assert!(e.message.contains("domains allowed.test") && e.message.contains("cidrs 127.0.0.1/32"), "{e:?}");
+    let e = client.call::<SessionSetNetwork>(set("wide", allowlist(&["allowed.test", "*.example.com"], &[])));
+    let e = e.await.unwrap_err();
+    assert!(e.message.contains("the domain *.example.com is not in the allowlist"), "{e:?}");
+    let e = client.call::<SessionSetNetwork>(set("wide", allowlist(&["allowed.test"], &["127.0.0.0/8"])));
+    let e = e.await.unwrap_err();
+    assert!(e.message.contains("the range 127.0.0.0/8 is not in allow_cidrs"), "{e:?}");
+    let now = client.call::<SessionGet>(SessionRef { name: "wide".into() }).await.unwrap();
+    assert_eq!(now.settings.network, admin, "a refused change changes nothing");
+    // Within the ceiling: narrower is fine, and so is back to the ceiling itself.
+    let narrowed = client.call::<SessionSetNetwork>(set("wide", NetworkPolicy::default())).await.unwrap();
+    assert_eq!(narrowed.settings.network.mode, NetworkMode::None);
+    client.call::<SessionSetNetwork>(set("wide", admin.clone())).await.unwrap();
+
+    // A session whose start says `none`: merged with the admin's, `none` is its ceiling.
+    let none = umbra_policy::SandboxPolicy { network: Some(NetworkPolicy::default()), ..Default::default() };
+    let info =
+        tokio::time::timeout(boot, client.call::<SessionStart>(start("shut", Some(none)))).await.unwrap().unwrap();
+    assert_eq!(info.settings.network.mode, NetworkMode::None);
+    let e = client.call::<SessionSetNetwork>(set("shut", admin.clone())).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied, "{e:?}");
+    assert!(e.message.contains("ceiling (network mode none)"), "{e:?}");
+    // The guest still has no network.
+    client.call::<EventsSubscribe>(SubscribeParams { session: Some("shut".into()) }).await.unwrap();
+    let script = format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 10 allowed.test {port}");
+    let spawn =
+        SpawnParams { session: "shut".into(), argv: vec!["sh".into(), "-c".into(), script], ..Default::default() };
+    let p = client.call::<ProcessSpawn>(spawn).await.unwrap();
+    let (_, _, exit) = process_output(&client, &mut inbox, "shut", p.process, Duration::from_secs(60)).await;
+    assert_ne!(exit.code, Some(0));
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing reached the host's server");
+
+    for name in ["wide", "shut"] {
+        client.call::<SessionDelete>(SessionRef { name: name.into() }).await.unwrap();
+    }
+}
+
 /// The number of file descriptors this process has open.
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)

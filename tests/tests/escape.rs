@@ -700,7 +700,8 @@ async fn run_suite(backend: BackendKind) {
                 umbra_runtime::egress::Policy::new(&NetworkPolicy { mode: NetworkMode::Any, ..Default::default() });
             for a in ["10.1.2.3", "172.16.0.1", "192.168.1.1", "127.0.0.1", "169.254.169.254", "::1", "fd00::1"] {
                 let addr: std::net::IpAddr = a.parse().unwrap();
-                if policy.check_address(addr).is_ok() {
+                let host = umbra_runtime::egress::HostAddresses::current().map_err(|e| e.to_string())?;
+                if policy.check_address(addr, &host).is_ok() {
                     return Err(format!("{a} would be connected to"));
                 }
             }
@@ -722,6 +723,68 @@ async fn run_suite(backend: BackendKind) {
                 return Err(format!("curl reached an unlisted name:\n{out}"));
             }
             Ok(format!("refused: {}", out.lines().next().unwrap_or_default()))
+        }),
+    ));
+    cases.push((
+        "egress in any mode to the host's own non-loopback address",
+        Box::pin(async {
+            use umbra_runtime::egress::{HostAddresses, Policy};
+            // A host service the guest must not reach; the test itself listens on 127.0.0.1
+            // only. A service bound to 0.0.0.0 would answer on every address below.
+            let server = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+            server.set_nonblocking(true).map_err(|e| e.to_string())?;
+            let port = server.local_addr().unwrap().port();
+            let host = HostAddresses::current().map_err(|e| e.to_string())?;
+            let own: Vec<std::net::IpAddr> = host
+                .addresses()
+                .filter(|a| {
+                    !a.is_loopback() && !matches!(a, std::net::IpAddr::V6(v) if v.segments()[0] & 0xffc0 == 0xfe80)
+                })
+                .collect();
+            let target = own.iter().find(|a| a.is_ipv4()).or(own.first()).copied();
+            // Any mode, even with a range around the host's address allowed (its LAN): the
+            // decision function refuses the host's own addresses. Checked first, so that no
+            // connect can be made if it did not.
+            let lan: Vec<String> = own.iter().map(|a| format!("{a}/{}", if a.is_ipv4() { 8 } else { 48 })).collect();
+            let network = NetworkPolicy { mode: NetworkMode::Any, allow_cidrs: lan.clone(), ..Default::default() };
+            let policy = Policy::new(&network);
+            for a in own.iter().copied().chain(["0.0.0.0".parse().unwrap(), "::".parse().unwrap()]) {
+                if policy.check_address(a, &host).is_ok() {
+                    return Err(format!("{a} (this host's) would be connected to"));
+                }
+            }
+            let Some(target) = target else {
+                return Ok("no non-loopback interface here: 0.0.0.0 and :: refused at the decision".into());
+            };
+            g.s.set_network(network).map_err(|e| e.to_string())?;
+            let mut events = m.subscribe();
+            let url = match target {
+                std::net::IpAddr::V4(v4) => format!("http://{v4}:{port}/"),
+                std::net::IpAddr::V6(v6) => format!("http://[{v6}]:{port}/"),
+            };
+            let (code, out) = g.sh(&format!("curl -sS -m 10 --noproxy '*' {url} 2>&1; echo rc=$?")).await;
+            if out.contains("rc=0") || code != 0 {
+                return Err(format!("curl {url} was not refused:\n{out}"));
+            }
+            if server.accept().is_ok() {
+                return Err("the host's 127.0.0.1 service got a connection".into());
+            }
+            let mut refusal = None;
+            while let Ok(e) = events.try_recv() {
+                if let umbra_api::event::EventKind::Egress { name, allowed, reason, .. } = e.kind {
+                    if name == target.to_string() {
+                        if allowed {
+                            return Err(format!("the host allowed a connection to {target}"));
+                        }
+                        refusal = reason;
+                    }
+                }
+            }
+            let reason = refusal.ok_or_else(|| format!("no egress decision for {target}"))?;
+            if !reason.contains("address of this host") {
+                return Err(format!("refused for another reason: {reason}"));
+            }
+            Ok(format!("{target} refused at the decision ({reason}); allowed ranges {lan:?}"))
         }),
     ));
 

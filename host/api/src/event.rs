@@ -200,6 +200,13 @@ pub enum EventKind {
         command: String,
         /// Its working directory in the guest.
         cwd: String,
+        /// The variables it would run with on top of the guest's defaults (the spawn's `env`).
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        env: std::collections::BTreeMap<String, String>,
+        /// The names in `env` that change what runs (`PATH`, `LD_PRELOAD`, `BASH_ENV`, `GIT_*`,
+        /// `PYTHONPATH`, `NODE_OPTIONS`, …): worth a person's look before approving.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        env_changes_what_runs: Vec<String>,
         /// What the rules decided and why; `parts` are the simple commands it runs (the
         /// candidates for an allow list).
         decision: umbra_policy::approval::Decision,

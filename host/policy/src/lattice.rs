@@ -242,21 +242,91 @@ pub fn network_meet(a: &NetworkPolicy, b: &NetworkPolicy) -> NetworkPolicy {
 
 /// Whether `a` allows no connection `b` does not (`resolve` aside).
 pub fn network_within(a: &NetworkPolicy, b: &NetworkPolicy) -> bool {
+    network_excess(a, b).is_none()
+}
+
+/// What `a` allows that `b` does not, in words (the first such thing), or `None` when `a` is
+/// within `b` (`resolve` pins aside: they are not permissions).
+pub fn network_excess(a: &NetworkPolicy, b: &NetworkPolicy) -> Option<String> {
     let (a, b) = (canonical_network(a), canonical_network(b));
+    let mode = |m: NetworkMode| match m {
+        NetworkMode::None => "none",
+        NetworkMode::Allowlist => "allowlist",
+        NetworkMode::Any => "any",
+    };
     if mode_rank(a.mode) > mode_rank(b.mode) {
-        return false;
+        return Some(format!("mode {} is wider than mode {}", mode(a.mode), mode(b.mode)));
     }
     if a.mode == NetworkMode::None {
-        return true;
+        return None;
     }
-    let domains_ok = !(a.mode == NetworkMode::Allowlist && b.mode == NetworkMode::Allowlist)
-        || domains_within(&a.allow_domains, &b.allow_domains);
-    domains_ok && cidrs_within(&a.allow_cidrs, &b.allow_cidrs)
+    if a.mode == NetworkMode::Allowlist && b.mode == NetworkMode::Allowlist {
+        if let Some(d) = a.allow_domains.iter().find(|d| !domains_within(std::slice::from_ref(*d), &b.allow_domains)) {
+            return Some(format!("the domain {d} is not in the allowlist"));
+        }
+    }
+    a.allow_cidrs
+        .iter()
+        .find(|c| !cidrs_within(std::slice::from_ref(*c), &b.allow_cidrs))
+        .map(|c| format!("the range {c} is not in allow_cidrs"))
+}
+
+/// A network policy in a line: `mode none`, `mode allowlist (domains a, *.b; cidrs 10.0.0.0/8)`.
+pub fn describe_network(n: &NetworkPolicy) -> String {
+    let n = canonical_network(n);
+    let mut out = format!(
+        "mode {}",
+        match n.mode {
+            NetworkMode::None => "none",
+            NetworkMode::Allowlist => "allowlist",
+            NetworkMode::Any => "any",
+        }
+    );
+    let mut lists = Vec::new();
+    if !n.allow_domains.is_empty() {
+        lists.push(format!("domains {}", n.allow_domains.join(", ")));
+    }
+    if !n.allow_cidrs.is_empty() {
+        lists.push(format!("cidrs {}", n.allow_cidrs.join(", ")));
+    }
+    if !lists.is_empty() {
+        out += &format!(" ({})", lists.join("; "));
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn network_excess_names_what_goes_beyond_the_ceiling() {
+        let net = |mode, d: &[&str], c: &[&str]| NetworkPolicy {
+            mode,
+            allow_domains: s(d),
+            allow_cidrs: s(c),
+            ..Default::default()
+        };
+        let none = NetworkPolicy::default();
+        let list = net(NetworkMode::Allowlist, &["*.example.com", "pypi.org"], &["10.0.0.0/8"]);
+        assert_eq!(network_excess(&list, &none).unwrap(), "mode allowlist is wider than mode none");
+        assert_eq!(
+            network_excess(&net(NetworkMode::Any, &[], &[]), &list).unwrap(),
+            "mode any is wider than mode allowlist"
+        );
+        let wider = net(NetworkMode::Allowlist, &["a.example.com", "evil.net"], &[]);
+        assert_eq!(network_excess(&wider, &list).unwrap(), "the domain evil.net is not in the allowlist");
+        let cidr = net(NetworkMode::Allowlist, &["pypi.org"], &["0.0.0.0/0"]);
+        assert_eq!(network_excess(&cidr, &list).unwrap(), "the range 0.0.0.0/0 is not in allow_cidrs");
+        // Within: narrower lists, none, the ceiling itself; resolve pins are not compared.
+        for within in [none.clone(), list.clone(), net(NetworkMode::Allowlist, &["x.example.com"], &["10.1.0.0/16"])] {
+            assert_eq!(network_excess(&within, &list), None, "{within:?}");
+        }
+        let mut pinned = list.clone();
+        pinned.resolve.insert("pypi.org".into(), "127.0.0.1".parse().unwrap());
+        assert_eq!(network_excess(&pinned, &list), None);
+        assert_eq!(describe_network(&list), "mode allowlist (domains *.example.com, pypi.org; cidrs 10.0.0.0/8)");
+    }
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()

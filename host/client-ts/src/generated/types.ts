@@ -42,13 +42,17 @@ export type ApprovalMode = "ask_every_time" | "allowlist" | "run_everything";
 /** The approval settings of a session (merged from wherever they come from by the caller). */
 export type ApprovalSettings = {
   /**
-   * Command prefixes, as words: `git status`, `cargo`, `npm test`.
+   * Command prefixes, as words: `git status`, `cargo`, `npm test`. Variables that change
+   * what runs (`PATH`, `LD_PRELOAD`, `GIT_*`, …) set for a command must be listed before the
+   * words to be allowed: `LD_PRELOAD=* git status`, `PATH=/usr/bin:/bin make`.
    *
    * @defaultValue `[]`
    */
   allow?: string[];
   /**
-   * Command prefixes that refuse a command outright; they win over everything.
+   * Command prefixes that refuse a command outright; they win over everything. Leading
+   * `NAME=value` (or `NAME=*`) words refuse only when the command runs with that variable;
+   * `LD_PRELOAD=*` alone refuses every command run with it.
    *
    * @defaultValue `[]`
    */
@@ -715,6 +719,7 @@ export type ReasonKind =
   | RmUnknownTargetReason
   | AskEveryTimeReason
   | NotAllowlistedReason
+  | EnvNotAllowedReason
   | AllowlistedReason
   | RunEverythingReason
   | HookReason
@@ -732,6 +737,7 @@ export const REASON_KINDS = [
   "rm_unknown_target",
   "ask_every_time",
   "not_allowlisted",
+  "env_not_allowed",
   "allowlisted",
   "run_everything",
   "hook",
@@ -798,6 +804,16 @@ export interface AskEveryTimeReason {
 /** A part matched no allow pattern. */
 export interface NotAllowlistedReason {
   rule: "not_allowlisted";
+  part: string;
+}
+
+/**
+ * A part's words matched an allow pattern, but it runs with a variable that changes what
+ * runs (`variable`, as `NAME=value`) and that the pattern does not permit.
+ */
+export interface EnvNotAllowedReason {
+  rule: "env_not_allowed";
+  variable: string;
   part: string;
 }
 
@@ -1170,6 +1186,13 @@ export interface PermissionRequestEvent {
   decision: Decision;
   /** Seconds until silence counts as denied. */
   timeout_secs: number;
+  /** The variables it would run with on top of the guest's defaults (the spawn's `env`). */
+  env?: Record<string, string>;
+  /**
+   * The names in `env` that change what runs (`PATH`, `LD_PRELOAD`, `BASH_ENV`, `GIT_*`,
+   * `PYTHONPATH`, `NODE_OPTIONS`, …): worth a person's look before approving.
+   */
+  env_changes_what_runs?: string[];
 }
 
 /** A permission request was answered (or timed out). */

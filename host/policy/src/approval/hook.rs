@@ -1,8 +1,9 @@
 //! Hooks (Cursor's `beforeShellExecution`): an executable the host runs before a command.
 //!
 //! It gets the request as one JSON object on stdin —
-//! `{"command", "cwd", "workspace", "session", "parts", "verdict", "reason"}`, the last three
-//! being what the rules decided — and answers on stdout with `{"permission": "allow" | "deny" |
+//! `{"command", "cwd", "workspace", "session", "env", "env_changes_what_runs", "parts",
+//! "verdict", "reason"}` — `env` the command's own variables, `env_changes_what_runs` the names
+//! among them that change what runs, the last three being what the rules decided — and answers on stdout with `{"permission": "allow" | "deny" |
 //! "ask", "reason": "…"}` (or just the bare word), exiting 0, within its timeout. Anything else
 //! — no answer in time, a non-zero exit, output that is not an answer — is a failure, which the
 //! caller turns into `ask`: a broken hook never lets a command through, and never silently
@@ -68,6 +69,8 @@ struct HookInput<'a> {
     cwd: &'a std::path::Path,
     workspace: &'a [PathBuf],
     session: Option<&'a str>,
+    env: &'a std::collections::BTreeMap<String, String>,
+    env_changes_what_runs: Vec<String>,
     parts: &'a [Vec<String>],
     verdict: Verdict,
     reason: &'a super::Reason,
@@ -80,6 +83,8 @@ pub async fn run(spec: &HookSpec, request: &CommandRequest, so_far: &Decision) -
         cwd: &request.cwd,
         workspace: &request.workspace,
         session: request.session.as_deref(),
+        env: &request.env,
+        env_changes_what_runs: super::what_changes_what_runs(&request.env),
         parts: &so_far.parts,
         verdict: so_far.verdict,
         reason: &so_far.reason,

@@ -13,19 +13,28 @@
 //! 5. the mode: ask-every-time asks; allowlist allows when every part matches an allow pattern
 //!    (or runs inside a wrapper or shell whose part did); run-everything allows;
 //! 6. hooks (`hook.rs`, only in [`decide`]) may make the answer stricter, never laxer.
+//!
+//! A part's variables are part of the decision: the request's `env` and what the line itself
+//! sets (`LD_PRELOAD=x git status`, `env PATH=… git`, `export BASH_ENV=…; …`). Those that change
+//! what runs (`env.rs`: `PATH`, `LD_*`, `BASH_ENV`, `GIT_*`, `PYTHONPATH`, `NODE_OPTIONS`, …)
+//! must be permitted by the allow pattern that allows the part (`LD_PRELOAD=* git status`), or
+//! the part is not allowed by it; deny patterns can name them too (`LD_PRELOAD=*`).
 
+mod env;
 mod hook;
 mod parse;
 mod rules;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use env::{changes_what_runs, what_changes_what_runs};
 pub use hook::{HookAnswer, HookError, HookSpec};
 pub use parse::{split, Part, SplitError, Word, MAX_COMMAND_LEN, MAX_DEPTH};
-pub use rules::{prefix_matches, Protection, PRIVILEGE_PROGRAMS};
+pub use rules::{allow_matches, deny_matches, prefix_matches, Protection, PRIVILEGE_PROGRAMS};
 
 /// When commands run without asking (seed 003's auto-run modes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -45,9 +54,13 @@ pub enum ApprovalMode {
 #[serde(default, deny_unknown_fields)]
 pub struct ApprovalSettings {
     pub mode: ApprovalMode,
-    /// Command prefixes, as words: `git status`, `cargo`, `npm test`.
+    /// Command prefixes, as words: `git status`, `cargo`, `npm test`. Variables that change
+    /// what runs (`PATH`, `LD_PRELOAD`, `GIT_*`, …) set for a command must be listed before the
+    /// words to be allowed: `LD_PRELOAD=* git status`, `PATH=/usr/bin:/bin make`.
     pub allow: Vec<String>,
-    /// Command prefixes that refuse a command outright; they win over everything.
+    /// Command prefixes that refuse a command outright; they win over everything. Leading
+    /// `NAME=value` (or `NAME=*`) words refuse only when the command runs with that variable;
+    /// `LD_PRELOAD=*` alone refuses every command run with it.
     pub deny: Vec<String>,
     /// Executables asked in turn after the rules (see [`HookSpec`]).
     pub hooks: Vec<HookSpec>,
@@ -140,6 +153,9 @@ pub struct CommandRequest {
     /// The session it would run in, for hooks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The variables it gets on top of the guest's defaults (the spawn's `env`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
 }
 
 /// The answer; `Ord` is the order of strictness (`Deny` strictest).
@@ -175,6 +191,9 @@ pub enum Reason {
     AskEveryTime,
     /// A part matched no allow pattern.
     NotAllowlisted { part: String },
+    /// A part's words matched an allow pattern, but it runs with a variable that changes what
+    /// runs (`variable`, as `NAME=value`) and that the pattern does not permit.
+    EnvNotAllowed { variable: String, part: String },
     /// Every part matched an allow pattern (these).
     Allowlisted { patterns: Vec<String> },
     /// The mode is run-everything.
@@ -200,6 +219,9 @@ impl std::fmt::Display for Reason {
             }
             Reason::AskEveryTime => write!(f, "the approval mode is ask-every-time"),
             Reason::NotAllowlisted { part } => write!(f, "`{part}` matches no allow pattern"),
+            Reason::EnvNotAllowed { variable, part } => {
+                write!(f, "`{part}` runs with {variable}, which changes what runs and no allow pattern for it permits")
+            }
             Reason::Allowlisted { patterns } => write!(f, "allowed by {}", patterns.join(", ")),
             Reason::RunEverything => write!(f, "the approval mode is run-everything"),
             Reason::Hook { hook, permission, message } => {
@@ -233,9 +255,37 @@ fn text(part: &Part) -> String {
     part.argv().join(" ")
 }
 
+/// The request's own variables, as the line's assignments are kept.
+fn request_env(request: &CommandRequest) -> Vec<(String, Word)> {
+    request.env.iter().map(|(n, v)| (n.clone(), Word { text: v.clone(), literal: true })).collect()
+}
+
+/// `NAME=value` for a message, the value cut at 200 bytes.
+fn show_variable(name: &str, value: &Word) -> String {
+    let mut v = value.text.clone();
+    if v.len() > 200 {
+        let mut cut = 200;
+        while !v.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        v.truncate(cut);
+        v.push('…');
+    }
+    format!("{name}={v}")
+}
+
 /// The decision of the rules alone (no hooks).
 pub fn evaluate(settings: &ApprovalSettings, request: &CommandRequest) -> Decision {
-    let parts = match split(&request.command) {
+    let parts = split(&request.command).map(|mut parts| {
+        // The request's variables come first: the line's own assignments override them.
+        for part in &mut parts {
+            let mut env = request_env(request);
+            env.append(&mut part.env);
+            part.env = env;
+        }
+        parts
+    });
+    let parts = match parts {
         Ok(parts) => parts,
         Err(error) => {
             // Refused if a deny pattern matches the raw text, else a person decides: an
@@ -247,8 +297,9 @@ pub fn evaluate(settings: &ApprovalSettings, request: &CommandRequest) -> Decisi
                     .map(|w| Word { text: w.to_string(), literal: true })
                     .collect(),
                 via: None,
+                env: request_env(request),
             };
-            if let Some(pattern) = settings.deny.iter().find(|p| prefix_matches(&raw, p, true)) {
+            if let Some(pattern) = settings.deny.iter().find(|p| deny_matches(&raw, p)) {
                 let reason = Reason::DenyList { pattern: pattern.clone(), part: request.command.clone() };
                 return Decision::new(Verdict::Deny, reason, &[]);
             }
@@ -259,7 +310,7 @@ pub fn evaluate(settings: &ApprovalSettings, request: &CommandRequest) -> Decisi
         return Decision::new(Verdict::Ask, Reason::NoCommand, &parts);
     }
     for part in &parts {
-        if let Some(pattern) = settings.deny.iter().find(|p| prefix_matches(part, p, true)) {
+        if let Some(pattern) = settings.deny.iter().find(|p| deny_matches(part, p)) {
             return Decision::new(
                 Verdict::Deny,
                 Reason::DenyList { pattern: pattern.clone(), part: text(part) },
@@ -276,8 +327,10 @@ pub fn evaluate(settings: &ApprovalSettings, request: &CommandRequest) -> Decisi
         let Some(protection) = rules::protection(part, &request.cwd, &request.workspace) else { continue };
         let program = part.program().unwrap_or_default();
         let explicitly_allowed = settings.allow.iter().any(|p| {
-            p.split_whitespace().next().is_some_and(|first| first.rsplit('/').next() == Some(program))
-                && prefix_matches(part, p, false)
+            p.split_whitespace()
+                .find(|w| !w.contains('='))
+                .is_some_and(|first| first.rsplit('/').next() == Some(program))
+                && allow_matches(part, p)
         });
         if explicitly_allowed {
             continue;
@@ -297,11 +350,32 @@ pub fn evaluate(settings: &ApprovalSettings, request: &CommandRequest) -> Decisi
         ApprovalMode::Allowlist => {
             let mut matched: Vec<Option<&String>> = Vec::with_capacity(parts.len());
             for part in &parts {
-                let own = settings.allow.iter().find(|p| prefix_matches(part, p, false));
-                let inherited = part.via.and_then(|i| matched.get(i).copied().flatten());
+                let own = settings.allow.iter().find(|p| allow_matches(part, p));
+                // Inside an allowed wrapper or shell: allowed by its pattern, as long as that
+                // pattern permits the variables this part runs with (`env LD_PRELOAD=x git`
+                // under an allowed `env` is not allowed).
+                let inherited = part
+                    .via
+                    .and_then(|i| matched.get(i).copied().flatten())
+                    .filter(|p| rules::unpermitted_env(part, p).is_none());
                 match own.or(inherited) {
                     Some(p) => matched.push(Some(p)),
-                    None => return Decision::new(Verdict::Ask, Reason::NotAllowlisted { part: text(part) }, &parts),
+                    None => {
+                        // Say so when the words were allowed and a variable was not.
+                        let blocked = settings
+                            .allow
+                            .iter()
+                            .filter(|p| prefix_matches(part, p, false))
+                            .chain(part.via.and_then(|i| matched.get(i).copied().flatten()))
+                            .find_map(|p| rules::unpermitted_env(part, p));
+                        let reason = match blocked {
+                            Some((name, value)) => {
+                                Reason::EnvNotAllowed { variable: show_variable(name, value), part: text(part) }
+                            }
+                            None => Reason::NotAllowlisted { part: text(part) },
+                        };
+                        return Decision::new(Verdict::Ask, reason, &parts);
+                    }
                 }
             }
             let mut patterns: Vec<String> = matched.into_iter().flatten().cloned().collect();

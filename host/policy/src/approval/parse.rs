@@ -38,12 +38,18 @@ pub struct Word {
 }
 
 /// A simple command found in a command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Part {
     pub words: Vec<Word>,
     /// The part this one runs inside: the wrapper (`sudo`, `env`, …) or shell (`sh -c`) whose
     /// command it is.
     pub via: Option<usize>,
+    /// The variables it runs with, as far as the line shows: its own assignments
+    /// (`LD_PRELOAD=x git status`), those a wrapper passes on (`env PATH=/tmp git`, `sudo
+    /// X=1 cmd`), those of the part it runs inside, and every bare assignment or `export` of
+    /// the line (`PATH=/tmp:$PATH; git status`, counted for every part: where in the line it
+    /// takes effect is not worked out). [`super::evaluate`] adds the request's own `env`.
+    pub env: Vec<(String, Word)>,
 }
 
 impl Part {
@@ -87,10 +93,36 @@ pub fn split(text: &str) -> Result<Vec<Part>, SplitError> {
         // 11 s); nobody writes an empty delimiter on purpose.
         return Err(SplitError::Unsupported("a here-document with an empty delimiter"));
     }
-    let mut walker = Walker { parts: Vec::new(), options: ParserOptions::default() };
+    let mut walker = Walker { parts: Vec::new(), options: ParserOptions::default(), bare: Vec::new() };
     walker.program(text, 0, None)?;
-    Ok(walker.parts)
+    // What a part runs inside passes its variables on; a part comes after the one it runs in.
+    let mut parts = walker.parts;
+    for i in 0..parts.len() {
+        if let Some(outer) = parts[i].via {
+            let mut env = parts[outer].env.clone();
+            env.append(&mut parts[i].env);
+            parts[i].env = env;
+        }
+    }
+    for part in &mut parts {
+        let mut env = walker.bare.clone();
+        env.append(&mut part.env);
+        part.env = env;
+    }
+    Ok(parts)
 }
+
+/// `NAME=value` (or `NAME+=value`) as a variable assignment: the name must be a shell
+/// identifier (`[A-Za-z_][A-Za-z0-9_]*`).
+pub fn assignment(word: &Word) -> Option<(String, Word)> {
+    let (name, value) = word.text.split_once('=')?;
+    let name = name.strip_suffix('+').unwrap_or(name);
+    super::rules::is_identifier(name)
+        .then(|| (name.to_string(), Word { text: value.to_string(), literal: word.literal }))
+}
+
+/// Builtins whose `NAME=value` arguments set variables for the rest of the line.
+const SETTERS: [&str; 5] = ["export", "declare", "typeset", "readonly", "local"];
 
 /// The deepest nesting of `(` in `text`, quotes ignored (counting parentheses inside quotes only
 /// errs towards asking a person).
@@ -137,6 +169,8 @@ fn empty_heredoc_delimiter(text: &str) -> bool {
 struct Walker {
     parts: Vec<Part>,
     options: ParserOptions,
+    /// Assignments that are commands of their own (`X=1;`, `export X=1`).
+    bare: Vec<(String, Word)>,
 }
 
 type Result<T, E = SplitError> = std::result::Result<T, E>;
@@ -264,12 +298,17 @@ impl Walker {
 
     fn simple(&mut self, simple: &ast::SimpleCommand, depth: usize, via: Option<usize>) -> Result<()> {
         let mut words = Vec::new();
+        let mut env = Vec::new();
         let prefix = simple.prefix.iter().flat_map(|p| &p.0);
         let suffix = simple.suffix.iter().flat_map(|s| &s.0);
         for item in prefix {
             match item {
-                // `X=$(cmd) make`: the assignment's substitution runs, the assignment is no word.
-                CommandPrefixOrSuffixItem::AssignmentWord(_, w) => drop(self.word(w, depth, via)?),
+                // `X=$(cmd) make`: the assignment's substitution runs, the assignment is no
+                // word but a variable of the command.
+                CommandPrefixOrSuffixItem::AssignmentWord(_, w) => {
+                    let word = self.word(w, depth, via)?;
+                    env.extend(assignment(&word));
+                }
                 other => self.item(other, &mut words, depth, via)?,
             }
         }
@@ -280,9 +319,14 @@ impl Walker {
             self.item(item, &mut words, depth, via)?;
         }
         if words.is_empty() {
+            // `PATH=/tmp:$PATH` alone: it changes what the rest of the line runs.
+            self.bare.extend(env);
             return Ok(());
         }
-        self.part(words, depth, via)
+        if words[0].literal && SETTERS.contains(&words[0].text.as_str()) {
+            self.bare.extend(words[1..].iter().filter_map(assignment));
+        }
+        self.part(words, env, depth, via)
     }
 
     fn item(
@@ -306,15 +350,18 @@ impl Walker {
 
     /// Records a simple command, then what it runs in turn (a wrapper's command, a shell's
     /// script).
-    fn part(&mut self, words: Vec<Word>, depth: usize, via: Option<usize>) -> Result<()> {
+    fn part(&mut self, words: Vec<Word>, env: Vec<(String, Word)>, depth: usize, via: Option<usize>) -> Result<()> {
         if depth > MAX_DEPTH {
             return Err(SplitError::TooDeep);
         }
         let index = self.parts.len();
-        self.parts.push(Part { words: words.clone(), via });
+        self.parts.push(Part { words: words.clone(), via, env });
         if let Some(inner) = super::rules::unwrap_wrapper(&words) {
             if !inner.is_empty() {
-                self.part(inner.to_vec(), depth + 1, Some(index))?;
+                // `env LD_PRELOAD=x git`, `sudo PATH=/tmp cmd`: the wrapper sets them for its
+                // command.
+                let passed = words[1..words.len() - inner.len()].iter().filter_map(assignment).collect();
+                self.part(inner.to_vec(), passed, depth + 1, Some(index))?;
             }
         }
         if let Some(script) = super::rules::shell_script(&words) {

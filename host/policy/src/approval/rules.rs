@@ -5,19 +5,88 @@ use std::path::{Component, Path, PathBuf};
 
 use super::parse::{Part, Word};
 
-/// Whether `argv` starts with the words of `pattern` (seed 003's `$Jt`, on parsed words: `rm`
+/// A pattern: optional leading `NAME=value` conditions on the command's variables (`value`
+/// `*` for any value), then the command prefix as words: `git status`,
+/// `LD_PRELOAD=* git status`, `PATH=/usr/bin:/bin make`, or only conditions in a deny list
+/// (`LD_PRELOAD=*`: any command run with it).
+struct Pattern<'a> {
+    env: Vec<(&'a str, &'a str)>,
+    words: Vec<&'a str>,
+}
+
+fn pattern(text: &str) -> Pattern<'_> {
+    let mut env = Vec::new();
+    let mut words: Vec<&str> = text.split_whitespace().collect();
+    while let Some(first) = words.first() {
+        let Some((name, value)) = first.split_once('=') else { break };
+        if !is_identifier(name) {
+            break;
+        }
+        env.push((name, value));
+        words.remove(0);
+    }
+    Pattern { env, words }
+}
+
+/// A shell variable name: `[A-Za-z_][A-Za-z0-9_]*`.
+pub(super) fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Whether `value` satisfies a pattern's `NAME=want` (`*` any value; otherwise the literal
+/// value exactly).
+fn value_matches(want: &str, value: &Word) -> bool {
+    want == "*" || (value.literal && value.text == want)
+}
+
+/// Whether the part's words start with the pattern's (seed 003's `$Jt`, on parsed words: `rm`
 /// matches `rm -rf /` but not `rmdir foo`; `git push` matches `git push origin`). A pattern
 /// whose first word has no `/` also matches the program by its base name (`rm` matches
 /// `/bin/rm -rf /`) when `by_name` is set — deny lists do, allow lists do not (another
-/// directory's `rm` is another program).
-pub fn prefix_matches(part: &Part, pattern: &str, by_name: bool) -> bool {
-    let want: Vec<&str> = pattern.split_whitespace().collect();
+/// directory's `rm` is another program). Variables are not looked at here: see
+/// [`allow_matches`] and [`deny_matches`].
+pub fn prefix_matches(part: &Part, pattern_text: &str, by_name: bool) -> bool {
+    words_match(part, &pattern(pattern_text).words, by_name)
+}
+
+fn words_match(part: &Part, want: &[&str], by_name: bool) -> bool {
     if want.is_empty() || part.words.len() < want.len() {
         return false;
     }
     let first = &part.words[0].text;
     let first_ok = first == want[0] || (by_name && !want[0].contains('/') && part.program() == Some(want[0]));
     first_ok && want[1..].iter().zip(&part.words[1..]).all(|(w, a)| *w == a.text)
+}
+
+/// A deny pattern matches a part when its words prefix it (by name too) and every variable it
+/// names is set for the part (to that value, or to any with `*`); a pattern of variables only
+/// matches every part run with them.
+pub fn deny_matches(part: &Part, pattern_text: &str) -> bool {
+    let p = pattern(pattern_text);
+    if p.words.is_empty() && p.env.is_empty() {
+        return false;
+    }
+    let env_ok = p.env.iter().all(|(name, want)| part.env.iter().any(|(n, v)| n == name && value_matches(want, v)));
+    env_ok && (p.words.is_empty() || words_match(part, &p.words, true))
+}
+
+/// A variable set for `part` that changes what it runs and that allow pattern `pattern_text`
+/// does not permit (the pattern permits `NAME=value` and `NAME=*` it lists), if any.
+pub fn unpermitted_env<'a>(part: &'a Part, pattern_text: &str) -> Option<&'a (String, Word)> {
+    let p = pattern(pattern_text);
+    part.env.iter().find(|(name, value)| {
+        super::env::changes_what_runs(name, &value.text)
+            && !p.env.iter().any(|(n, want)| n == name && value_matches(want, value))
+    })
+}
+
+/// An allow pattern matches a part when its words prefix it exactly (not by name) and every
+/// variable set for the part that changes what runs is one the pattern permits: `git status`
+/// does not allow `LD_PRELOAD=/tmp/x.so git status`; `LD_PRELOAD=* git status` does.
+pub fn allow_matches(part: &Part, pattern_text: &str) -> bool {
+    words_match(part, &pattern(pattern_text).words, false) && unpermitted_env(part, pattern_text).is_none()
 }
 
 fn program_of(words: &[Word]) -> Option<&str> {

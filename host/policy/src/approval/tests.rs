@@ -16,7 +16,90 @@ fn settings(mode: ApprovalMode, allow: &[&str], deny: &[&str]) -> ApprovalSettin
 }
 
 fn request(command: &str) -> CommandRequest {
-    CommandRequest { command: command.into(), cwd: WS.into(), workspace: vec![PathBuf::from(WS)], session: None }
+    CommandRequest {
+        command: command.into(),
+        cwd: WS.into(),
+        workspace: vec![PathBuf::from(WS)],
+        session: None,
+        env: Default::default(),
+    }
+}
+
+fn with_env(command: &str, env: &[(&str, &str)]) -> CommandRequest {
+    CommandRequest { env: env.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(), ..request(command) }
+}
+
+/// mode, allow list, deny list, command, the request's env, verdict, rule.
+type EnvCase<'a> = (ApprovalMode, &'a [&'a str], &'a [&'a str], &'a str, &'a [(&'a str, &'a str)], Verdict, &'a str);
+
+/// Variables that change what runs, from the request's `env` or from the line itself, are
+/// matched by the rules: an allow pattern must permit them, a deny pattern can name them.
+#[test]
+fn variables_that_change_what_runs_are_part_of_the_decision() {
+    use ApprovalMode::*;
+    use Verdict::*;
+    let preload: &[(&str, &str)] = &[("LD_PRELOAD", "/tmp/x.so")];
+    #[rustfmt::skip]
+    let cases: &[EnvCase] = &[
+        // The request's env.
+        (Allowlist, &["git status"], &[], "git status", &[], Allow, "allowlisted"),
+        (Allowlist, &["git status"], &[], "git status", preload, Ask, "env_not_allowed"),
+        (Allowlist, &["LD_PRELOAD=* git status"], &[], "git status", preload, Allow, "allowlisted"),
+        (Allowlist, &["LD_PRELOAD=/tmp/x.so git status"], &[], "git status", preload, Allow, "allowlisted"),
+        (Allowlist, &["LD_PRELOAD=/usr/lib/ok.so git status"], &[], "git status", preload, Ask, "env_not_allowed"),
+        (Allowlist, &["git status"], &[], "git status", &[("PATH", "/tmp/evil:/usr/bin")], Ask, "env_not_allowed"),
+        (Allowlist, &["git status"], &[], "git status", &[("BASH_ENV", "/tmp/rc")], Ask, "env_not_allowed"),
+        (Allowlist, &["git status"], &[], "git status", &[("ENV", "/tmp/rc")], Ask, "env_not_allowed"),
+        (Allowlist, &["git status"], &[], "git status", &[("LD_LIBRARY_PATH", "/tmp")], Ask, "env_not_allowed"),
+        (Allowlist, &["git status"], &[], "git status", &[("GIT_CONFIG_COUNT", "1"), ("GIT_CONFIG_KEY_0", "core.fsmonitor")], Ask, "env_not_allowed"),
+        (Allowlist, &["git status"], &[], "git status", &[("GIT_SSH_COMMAND", "sh /tmp/x")], Ask, "env_not_allowed"),
+        (Allowlist, &["python3 -m pytest"], &[], "python3 -m pytest", &[("PYTHONPATH", "/tmp")], Ask, "env_not_allowed"),
+        (Allowlist, &["node app.js"], &[], "node app.js", &[("NODE_OPTIONS", "--require /tmp/x.js")], Ask, "env_not_allowed"),
+        (Allowlist, &["git status"], &[], "git status", &[("BASH_FUNC_git%%", "() { id; }")], Ask, "env_not_allowed"),
+        (Allowlist, &["bash build.sh"], &[], "bash build.sh", &[("ANYNAME", "() { id; }")], Ask, "env_not_allowed"),
+        // Variables that do not change what runs are not part of it.
+        (Allowlist, &["cargo test"], &[], "cargo test", &[("RUST_LOG", "debug"), ("CI", "1")], Allow, "allowlisted"),
+        // The line's own assignments, a wrapper's, a shell's, and bare ones.
+        (Allowlist, &["git status"], &[], "LD_PRELOAD=/tmp/x.so git status", &[], Ask, "env_not_allowed"),
+        (Allowlist, &["git status"], &[], "PATH=/tmp/evil:$PATH git status", &[], Ask, "env_not_allowed"),
+        (Allowlist, &["PATH=* git status"], &[], "PATH=/tmp/evil:$PATH git status", &[], Allow, "allowlisted"),
+        (Allowlist, &["PATH=/tmp/evil git status"], &[], "PATH=/tmp/evil:$PATH git status", &[], Ask, "env_not_allowed"),
+        (Allowlist, &["git status", "ls"], &[], "PATH=/tmp/evil; ls && git status", &[], Ask, "env_not_allowed"),
+        (Allowlist, &["export", "git status"], &[], "export BASH_ENV=/tmp/rc; git status", &[], Ask, "env_not_allowed"),
+        (Allowlist, &["env", "git status"], &[], "env LD_PRELOAD=/tmp/x.so git status", &[], Ask, "env_not_allowed"),
+        (Allowlist, &["env"], &[], "env GIT_DIR=/tmp/repo git status", &[], Ask, "env_not_allowed"),
+        (Allowlist, &["env", "git status"], &[], "env LANG=C git status", &[], Allow, "allowlisted"),
+        (Allowlist, &["sh", "git status"], &[], "sh -c 'GIT_CONFIG_COUNT=1 git status'", &[], Ask, "env_not_allowed"),
+        (Allowlist, &["sh", "git status"], &[], "LD_PRELOAD=/tmp/x.so sh -c 'git status'", &[], Ask, "env_not_allowed"),
+        (Allowlist, &["timeout 10 git"], &[], "timeout 10 git status", preload, Ask, "env_not_allowed"),
+        // Deny patterns may name variables: alone, or with a command.
+        (RunEverything, &[], &["LD_PRELOAD=*"], "make", preload, Deny, "deny_list"),
+        (RunEverything, &[], &["LD_PRELOAD=*"], "make", &[], Allow, "run_everything"),
+        (RunEverything, &[], &["LD_PRELOAD=*"], "LD_PRELOAD=/tmp/x.so make", &[], Deny, "deny_list"),
+        (RunEverything, &[], &["GIT_SSH_COMMAND=* git"], "GIT_SSH_COMMAND='sh /tmp/x' git fetch", &[], Deny, "deny_list"),
+        (RunEverything, &[], &["GIT_SSH_COMMAND=* git"], "git fetch", &[], Allow, "run_everything"),
+        // A protection is lifted only by an allow pattern that permits the variables too.
+        (RunEverything, &["sudo apt-get"], &[], "sudo apt-get install x", preload, Ask, "privilege"),
+        (RunEverything, &["LD_PRELOAD=* sudo apt-get"], &[], "sudo apt-get install x", preload, Allow, "run_everything"),
+        // Ask-every-time asks anyway; run-everything runs anything, variables included.
+        (AskEveryTime, &["git status"], &[], "git status", preload, Ask, "ask_every_time"),
+        (RunEverything, &[], &[], "git status", preload, Allow, "run_everything"),
+    ];
+    for (mode, allow, deny, command, env, verdict, want_rule) in cases {
+        let d = evaluate(&settings(*mode, allow, deny), &with_env(command, env));
+        assert_eq!(
+            (d.verdict, rule(&d.reason).as_str()),
+            (*verdict, *want_rule),
+            "{mode:?} allow {allow:?} deny {deny:?} {command:?} env {env:?}: {}",
+            d.reason
+        );
+    }
+    // The reason names the variable and its value.
+    let d = evaluate(&settings(Allowlist, &["git status"], &[]), &with_env("git status", preload));
+    assert_eq!(
+        d.reason.to_string(),
+        "`git status` runs with LD_PRELOAD=/tmp/x.so, which changes what runs and no allow pattern for it permits"
+    );
 }
 
 fn rule(reason: &Reason) -> String {
@@ -148,6 +231,15 @@ async fn hooks_are_run_for_real_and_can_only_tighten() {
     assert_eq!(input["parts"][0][0], "curl");
     assert_eq!(input["verdict"], "allow");
     assert_eq!(input["reason"]["rule"], "run_everything");
+    assert!(input.get("env").is_some_and(|e| e.as_object().is_some_and(|o| o.is_empty())), "{input}");
+
+    // The hook sees the command's variables, and which of them change what runs.
+    let env_hook = hook(d, "env", "echo allow", 5000);
+    let req = with_env("git status", &[("LD_PRELOAD", "/tmp/x.so"), ("CI", "1")]);
+    decide(&run_everything(vec![env_hook]), &req).await;
+    let input: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("env.input")).unwrap()).unwrap();
+    assert_eq!(input["env"], serde_json::json!({"LD_PRELOAD": "/tmp/x.so", "CI": "1"}));
+    assert_eq!(input["env_changes_what_runs"], serde_json::json!(["LD_PRELOAD"]));
 
     // Ask (a bare word works too).
     let ask = hook(d, "ask", "echo ask", 5000);

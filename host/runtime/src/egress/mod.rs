@@ -8,5 +8,5 @@
 pub mod policy;
 pub mod proxy;
 
-pub use policy::Policy;
-pub use proxy::{EgressLimits, EgressProxy, Report, SharedPolicy};
+pub use policy::{HostAddresses, Policy};
+pub use proxy::{EgressLimits, EgressProxy, Report, Resolver, SharedPolicy};

@@ -5,8 +5,11 @@
 //! - [`Policy::check_address`]: every address the host is about to connect to (after its own
 //!   resolution, or an address literal) is refused when it is loopback, private, link-local,
 //!   CGNAT, multicast, unspecified, reserved, or an IPv6 form of one of them — unless an
-//!   explicit CIDR allow names it. A name that resolves to a private address (DNS rebinding,
-//!   `localtest.me`) is thus refused like the address itself.
+//!   allowed CIDR contains it — and when it is an address of the host itself (any local
+//!   interface's, [`HostAddresses`]) unless an allowed CIDR is exactly that address. A name
+//!   that resolves to a private address (DNS rebinding, `localtest.me`) is thus refused like
+//!   the address itself, and a service the host binds to `0.0.0.0` or `::` cannot be reached
+//!   through the host's public or LAN address either.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -98,14 +101,85 @@ impl Policy {
         }
     }
 
-    /// May the host connect to `addr`? Special-purpose addresses only through an explicit CIDR.
-    pub fn check_address(&self, addr: IpAddr) -> Result<(), Refusal> {
+    /// Whether an allowed CIDR is exactly `addr` (a /32 or /128 of it, or of the IPv4 address
+    /// an IPv6 form stands for).
+    fn cidr_names(&self, addr: IpAddr) -> bool {
+        let v4 = to_v4(addr).map(IpAddr::V4);
+        self.cidrs.iter().any(|c| c.prefix_len() == c.max_prefix_len() && (c.addr() == addr || Some(c.addr()) == v4))
+    }
+
+    /// May the host connect to `addr`? Special-purpose addresses only through an explicit
+    /// CIDR; the host's own non-loopback addresses (`host`: every local interface's, as
+    /// enumerated just before) only through a CIDR that is exactly that address — allowing a
+    /// LAN's range does not open the host's own services on it.
+    pub fn check_address(&self, addr: IpAddr, host: &HostAddresses) -> Result<(), Refusal> {
+        let loopback = addr.is_loopback() || to_v4(addr).is_some_and(|v| v.is_loopback());
+        if let Some(interface) = host.interface_of(addr).filter(|_| !loopback) {
+            if self.cidr_names(addr) {
+                return Ok(());
+            }
+            return Err(Refusal(format!(
+                "{addr} is an address of this host (interface {interface}): a service listening on \
+                 0.0.0.0 or :: would answer there (allow it with the CIDR {addr}/{} to reach it)",
+                if addr.is_ipv4() { 32 } else { 128 }
+            )));
+        }
         match special(addr) {
             Some(kind) if !self.cidr_allows(addr) => {
                 Err(Refusal(format!("{addr} is a {kind} address (allow it with a CIDR to reach it)")))
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// The host's own addresses: every address of every local interface, with the interface's
+/// name. Connecting to one reaches the host itself (the kernel delivers it locally), so it is
+/// refused like loopback. Enumerated again for every decision ([`HostAddresses::current`]): an
+/// interface that comes up while a session runs is covered from its next connection on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostAddresses {
+    addrs: Vec<(IpAddr, String)>,
+}
+
+/// The host's interfaces could not be listed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot list the host's network interfaces: {0}")]
+pub struct HostAddressesError(#[from] nix::Error);
+
+impl HostAddresses {
+    /// These addresses (for tests and callers that enumerated them themselves).
+    pub fn new(addrs: impl IntoIterator<Item = (IpAddr, String)>) -> Self {
+        Self { addrs: addrs.into_iter().collect() }
+    }
+
+    /// Every address of every local interface now (`getifaddrs`), up or not: an interface that
+    /// is down can come up between this check and the connect.
+    pub fn current() -> Result<Self, HostAddressesError> {
+        let mut addrs = Vec::new();
+        for ifa in nix::ifaddrs::getifaddrs()? {
+            let Some(storage) = ifa.address else { continue };
+            let ip = if let Some(v4) = storage.as_sockaddr_in() {
+                IpAddr::V4(v4.ip())
+            } else if let Some(v6) = storage.as_sockaddr_in6() {
+                IpAddr::V6(v6.ip())
+            } else {
+                continue;
+            };
+            addrs.push((ip, ifa.interface_name));
+        }
+        Ok(Self { addrs })
+    }
+
+    /// The interface `addr` belongs to, if it is one of the host's (an IPv6 form of an IPv4
+    /// address counts as that address).
+    pub fn interface_of(&self, addr: IpAddr) -> Option<&str> {
+        let v4 = to_v4(addr).map(IpAddr::V4);
+        self.addrs.iter().find(|(a, _)| *a == addr || Some(*a) == v4).map(|(_, name)| name.as_str())
+    }
+
+    pub fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.addrs.iter().map(|(a, _)| *a)
     }
 }
 
@@ -217,6 +291,7 @@ mod tests {
     #[test]
     fn special_addresses_are_refused_unless_a_cidr_names_them() {
         let any = policy(NetworkMode::Any, &[], &[]);
+        let none = HostAddresses::default();
         for refused in [
             "127.0.0.1",
             "127.1.2.3",
@@ -247,20 +322,71 @@ mod tests {
             "2001:db8::1",
         ] {
             let addr: IpAddr = refused.parse().unwrap();
-            assert!(any.check_address(addr).is_err(), "{refused} must be refused");
+            assert!(any.check_address(addr, &none).is_err(), "{refused} must be refused");
         }
         for allowed in ["93.184.216.34", "172.32.0.1", "100.128.0.1", "8.8.8.8", "2606:4700::1111", "::ffff:1.1.1.1"] {
             let addr: IpAddr = allowed.parse().unwrap();
-            assert!(any.check_address(addr).is_ok(), "{allowed} is public");
+            assert!(any.check_address(addr, &none).is_ok(), "{allowed} is public");
         }
         let local = policy(NetworkMode::Any, &[], &["127.0.0.1/32", "10.0.0.0/8"]);
-        assert!(local.check_address("127.0.0.1".parse().unwrap()).is_ok());
-        assert!(local.check_address("::ffff:127.0.0.1".parse().unwrap()).is_ok(), "mapped forms follow their v4");
-        assert!(local.check_address("127.0.0.2".parse().unwrap()).is_err());
-        assert!(local.check_address("10.9.9.9".parse().unwrap()).is_ok());
-        assert!(local.check_address("169.254.169.254".parse().unwrap()).is_err());
-        let msg = any.check_address("169.254.169.254".parse().unwrap()).unwrap_err().to_string();
+        assert!(local.check_address("127.0.0.1".parse().unwrap(), &none).is_ok());
+        assert!(
+            local.check_address("::ffff:127.0.0.1".parse().unwrap(), &none).is_ok(),
+            "mapped forms follow their v4"
+        );
+        assert!(local.check_address("127.0.0.2".parse().unwrap(), &none).is_err());
+        assert!(local.check_address("10.9.9.9".parse().unwrap(), &none).is_ok());
+        assert!(local.check_address("169.254.169.254".parse().unwrap(), &none).is_err());
+        let msg = any.check_address("169.254.169.254".parse().unwrap(), &none).unwrap_err().to_string();
         assert!(msg.contains("link-local"), "{msg}");
+    }
+
+    #[test]
+    fn the_hosts_own_addresses_are_refused_unless_a_cidr_names_them() {
+        // A public and a LAN address on this "host": both reach its 0.0.0.0 services.
+        let host = HostAddresses::new([
+            ("203.0.114.7".parse().unwrap(), "eth0".to_string()),
+            ("2606:4700:10::6814:1".parse().unwrap(), "eth0".to_string()),
+            ("127.0.0.1".parse().unwrap(), "lo".to_string()),
+        ]);
+        let any = policy(NetworkMode::Any, &[], &[]);
+        for own in ["203.0.114.7", "::ffff:203.0.114.7", "64:ff9b::cb00:7207", "2606:4700:10::6814:1"] {
+            let r = any.check_address(own.parse().unwrap(), &host).unwrap_err().to_string();
+            assert!(r.contains("address of this host") && r.contains("eth0"), "{own}: {r}");
+        }
+        // Loopback keeps its own, more specific reason.
+        let r = any.check_address("127.0.0.1".parse().unwrap(), &host).unwrap_err().to_string();
+        assert!(r.contains("loopback"), "{r}");
+        // The neighbour of a host address is another machine: public, allowed.
+        assert!(any.check_address("203.0.114.8".parse().unwrap(), &host).is_ok());
+        // A range that covers the host's address (its LAN, say) does not open the host: only
+        // a CIDR that is exactly the address does. In an allowlist as in `any`.
+        for mode in [NetworkMode::Any, NetworkMode::Allowlist] {
+            let lan = policy(mode, &["public.example"], &["203.0.114.0/24", "2606:4700:10::/48"]);
+            assert!(lan.check_address("203.0.114.7".parse().unwrap(), &host).is_err(), "{mode:?}");
+            assert!(lan.check_address("2606:4700:10::6814:1".parse().unwrap(), &host).is_err(), "{mode:?}");
+            assert!(lan.check_address("203.0.114.9".parse().unwrap(), &host).is_ok(), "another machine of the LAN");
+            let exact = policy(mode, &[], &["203.0.114.7/32", "2606:4700:10::6814:1/128"]);
+            assert!(exact.check_address("203.0.114.7".parse().unwrap(), &host).is_ok());
+            assert!(exact.check_address("::ffff:203.0.114.7".parse().unwrap(), &host).is_ok());
+            assert!(exact.check_address("2606:4700:10::6814:1".parse().unwrap(), &host).is_ok());
+        }
+        // Loopback keeps range semantics (the host is what 127.0.0.0/8 means).
+        let lo = policy(NetworkMode::Any, &[], &["127.0.0.0/8"]);
+        assert!(lo.check_address("127.0.0.1".parse().unwrap(), &host).is_ok());
+    }
+
+    #[test]
+    fn every_address_of_this_machine_is_refused() {
+        // The real interfaces, read (never connected to): each of them is refused in `any`
+        // mode, with the unspecified addresses a 0.0.0.0 listener also answers on.
+        let host = HostAddresses::current().expect("getifaddrs");
+        let addrs: Vec<IpAddr> = host.addresses().collect();
+        assert!(addrs.iter().any(|a| a.is_loopback()), "lo is listed: {addrs:?}");
+        let any = policy(NetworkMode::Any, &[], &[]);
+        for a in addrs.iter().copied().chain(["0.0.0.0".parse().unwrap(), "::".parse().unwrap()]) {
+            assert!(any.check_address(a, &host).is_err(), "{a} is this host's and must be refused");
+        }
     }
 
     #[test]

@@ -8,6 +8,12 @@
 //! connections report their byte counts. At most [`EgressLimits::max_connections`] streams are
 //! handled at once: beyond that a stream is answered `busy` and closed, so a guest opening
 //! thousands of connections holds a bounded number of host file descriptors.
+//!
+//! Name resolution (`getaddrinfo`, which blocks) runs on the runtime's blocking pool, which
+//! every session shares: at most [`EgressLimits::max_lookups`] lookups of one VM run at once
+//! (a lookup holds its slot until `getaddrinfo` really returns, even after the guest was told
+//! it timed out), so a guest asking for names whose DNS never answers occupies a few blocking
+//! threads of its own and never stalls the other sessions.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -20,7 +26,7 @@ use tokio::sync::Semaphore;
 use umbra_api::EventKind;
 use umbra_proto::egress::{EgressReply, EgressRequest, EgressVia, MAX_EGRESS_LINE};
 
-use super::policy::{normalise, Policy, Refusal};
+use super::policy::{normalise, HostAddresses, Policy, Refusal};
 
 /// A policy the session can replace while the VM runs: new connections follow it.
 pub type SharedPolicy = Arc<RwLock<Policy>>;
@@ -28,27 +34,60 @@ pub type SharedPolicy = Arc<RwLock<Policy>>;
 /// Where decisions go (the session's event bus).
 pub type Report = Arc<dyn Fn(EventKind) + Send + Sync>;
 
-#[derive(Debug, Clone)]
+/// How the host resolves a name: a blocking call, run on the blocking pool within the VM's
+/// lookup slots. [`system_resolver`] (`getaddrinfo`) unless a test needs a resolver that
+/// stalls on purpose (no DNS server can be pointed at without changing the machine's).
+pub type Resolver = Arc<dyn Fn(&str, u16) -> std::io::Result<Vec<IpAddr>> + Send + Sync>;
+
+/// The system's resolver (`getaddrinfo`: /etc/hosts, DNS, whatever nsswitch says).
+pub fn system_resolver() -> Resolver {
+    Arc::new(|name, port| {
+        use std::net::ToSocketAddrs;
+        Ok((name, port).to_socket_addrs()?.map(|a| a.ip()).collect())
+    })
+}
+
+#[derive(Clone)]
 pub struct EgressLimits {
     /// Streams handled at once per VM (each costs two host sockets; see
     /// `umbra_sys::raise_nofile_limit`).
     pub max_connections: usize,
+    /// Name lookups running at once per VM (each holds a thread of the shared blocking pool
+    /// until it returns); more wait for a slot, within `resolve_timeout`.
+    pub max_lookups: usize,
     /// How long the guest has to send its request line.
     pub request_timeout: Duration,
+    /// How long the guest waits for a name to resolve, its wait for a lookup slot included.
     pub resolve_timeout: Duration,
     pub connect_timeout: Duration,
     /// A connection with no bytes either way for this long is closed.
     pub idle_timeout: Duration,
+    pub resolver: Resolver,
+}
+
+impl std::fmt::Debug for EgressLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressLimits")
+            .field("max_connections", &self.max_connections)
+            .field("max_lookups", &self.max_lookups)
+            .field("request_timeout", &self.request_timeout)
+            .field("resolve_timeout", &self.resolve_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for EgressLimits {
     fn default() -> Self {
         Self {
             max_connections: 2048,
+            max_lookups: 8,
             request_timeout: Duration::from_secs(10),
             resolve_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
+            resolver: system_resolver(),
         }
     }
 }
@@ -83,6 +122,7 @@ impl Drop for EgressProxy {
 
 async fn serve(listener: UnixListener, policy: SharedPolicy, report: Report, limits: Arc<EgressLimits>) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let lookups = Arc::new(Semaphore::new(limits.max_lookups.max(1)));
     let mut connections = tokio::task::JoinSet::new();
     loop {
         let stream = tokio::select! {
@@ -99,9 +139,10 @@ async fn serve(listener: UnixListener, policy: SharedPolicy, report: Report, lim
         };
         match slots.clone().try_acquire_owned() {
             Ok(slot) => {
-                let (policy, report, limits) = (policy.clone(), report.clone(), limits.clone());
+                let (policy, report, limits, lookups) =
+                    (policy.clone(), report.clone(), limits.clone(), lookups.clone());
                 connections.spawn(async move {
-                    handle(stream, &policy, &report, &limits).await;
+                    handle(stream, &policy, &report, &limits, &lookups).await;
                     drop(slot);
                 });
             }
@@ -138,22 +179,40 @@ async fn read_request(reader: &mut BufReader<UnixStream>, timeout: Duration) -> 
 }
 
 /// The addresses the host will consider for `name`: the policy's override, the literal itself,
-/// or the host's own resolution.
-async fn addresses(name: &str, port: u16, policy: &Policy, timeout: Duration) -> Result<Vec<IpAddr>, String> {
+/// or the host's own resolution — in one of the VM's `lookups` slots, which the lookup keeps
+/// until it returns (the guest's wait ends at `limits.resolve_timeout` either way).
+async fn addresses(
+    name: &str,
+    port: u16,
+    policy: &Policy,
+    limits: &EgressLimits,
+    lookups: &Arc<Semaphore>,
+) -> Result<Vec<IpAddr>, String> {
     if let Some(addr) = policy.override_for(name) {
         return Ok(vec![addr]);
     }
     if let Ok(addr) = name.parse::<IpAddr>() {
         return Ok(vec![addr]);
     }
-    match tokio::time::timeout(timeout, tokio::net::lookup_host((name, port))).await {
+    let timeout = limits.resolve_timeout;
+    let lookup = async {
+        let slot = lookups.clone().acquire_owned().await.expect("never closed");
+        let (resolver, owned) = (limits.resolver.clone(), name.to_string());
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            resolver(&owned, port)
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(format!("the lookup failed: {e}"))))
+    };
+    match tokio::time::timeout(timeout, lookup).await {
         Err(_) => Err(format!("resolving {name} took longer than {timeout:?}")),
         Ok(Err(e)) => Err(format!("{name} does not resolve: {e}")),
         Ok(Ok(found)) => {
             let mut addrs: Vec<IpAddr> = Vec::new();
             for a in found {
-                if !addrs.contains(&a.ip()) {
-                    addrs.push(a.ip());
+                if !addrs.contains(&a) {
+                    addrs.push(a);
                 }
             }
             Ok(addrs)
@@ -162,12 +221,18 @@ async fn addresses(name: &str, port: u16, policy: &Policy, timeout: Duration) ->
 }
 
 /// The resolved addresses the policy lets the host connect to; the refusal of the first one
-/// when there are none.
+/// when there are none. The host's own addresses are listed now, so an interface that came up
+/// since the last connection is covered; when they cannot be listed nothing is permitted.
 fn permitted(addrs: Vec<IpAddr>, policy: &Policy) -> Result<Vec<IpAddr>, Refusal> {
+    let host = HostAddresses::current().map_err(|e| Refusal(e.to_string()))?;
+    permitted_with(addrs, policy, &host)
+}
+
+fn permitted_with(addrs: Vec<IpAddr>, policy: &Policy, host: &HostAddresses) -> Result<Vec<IpAddr>, Refusal> {
     let mut first_refusal = None;
     let ok: Vec<IpAddr> = addrs
         .into_iter()
-        .filter(|a| match policy.check_address(*a) {
+        .filter(|a| match policy.check_address(*a, host) {
             Ok(()) => true,
             Err(r) => {
                 first_refusal.get_or_insert(r);
@@ -181,7 +246,13 @@ fn permitted(addrs: Vec<IpAddr>, policy: &Policy) -> Result<Vec<IpAddr>, Refusal
     }
 }
 
-async fn handle(stream: UnixStream, policy: &SharedPolicy, report: &Report, limits: &EgressLimits) {
+async fn handle(
+    stream: UnixStream,
+    policy: &SharedPolicy,
+    report: &Report,
+    limits: &EgressLimits,
+    lookups: &Arc<Semaphore>,
+) {
     use umbra_proto::egress::EgressRefusal as R;
     let mut reader = BufReader::new(stream);
     let request = match read_request(&mut reader, limits.request_timeout).await {
@@ -217,7 +288,7 @@ async fn handle(stream: UnixStream, policy: &SharedPolicy, report: &Report, limi
     if let Err(r) = policy.decide_name(&name) {
         refuse!(R::Denied, r.0);
     }
-    let addrs = match addresses(&name, port.max(1), &policy, limits.resolve_timeout).await {
+    let addrs = match addresses(&name, port.max(1), &policy, limits, lookups).await {
         Ok(a) if a.is_empty() => refuse!(R::NotFound, format!("{name} has no address")),
         Ok(a) => a,
         Err(why) => refuse!(R::NotFound, why),
@@ -453,6 +524,109 @@ mod tests {
         let (port, _server) = echo_server().await;
         let (reply, _) = ask(&h.socket, &connect("allowed.test", port)).await;
         assert!(reply.ok, "{reply:?}");
+    }
+
+    /// A resolver whose `slow*` names hang until the gate opens (a DNS server that never
+    /// answers), counting how many lookups run at once; other names are 127.0.0.1 at once.
+    struct StallingResolver {
+        gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+        running: Arc<std::sync::atomic::AtomicUsize>,
+        most: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl StallingResolver {
+        fn new() -> Self {
+            Self { gate: Default::default(), running: Default::default(), most: Default::default() }
+        }
+
+        fn resolver(&self) -> Resolver {
+            use std::sync::atomic::Ordering::SeqCst;
+            let (gate, running, most) = (self.gate.clone(), self.running.clone(), self.most.clone());
+            Arc::new(move |name, _| {
+                if name.starts_with("slow") {
+                    let now = running.fetch_add(1, SeqCst) + 1;
+                    most.fetch_max(now, SeqCst);
+                    let (lock, cv) = &*gate;
+                    let _open = cv.wait_while(lock.lock().unwrap(), |open| !*open).unwrap();
+                    running.fetch_sub(1, SeqCst);
+                }
+                Ok(vec!["127.0.0.1".parse().unwrap()])
+            })
+        }
+
+        fn open(&self) {
+            *self.gate.0.lock().unwrap() = true;
+            self.gate.1.notify_all();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lookups_are_bounded_per_vm_and_time_out() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let stalling = StallingResolver::new();
+        let limits = EgressLimits {
+            max_lookups: 2,
+            resolve_timeout: Duration::from_millis(400),
+            resolver: stalling.resolver(),
+            ..Default::default()
+        };
+        let h = harness(local_policy(NetworkMode::Any, &[]), limits.clone());
+        // Another VM (another session) with the same resolver and its own slots.
+        let other = harness(local_policy(NetworkMode::Any, &[]), limits);
+        let started = Instant::now();
+        let asks = (0..6).map(|i| {
+            let socket = h.socket.clone();
+            tokio::spawn(async move { ask(&socket, &EgressRequest::Resolve { name: format!("slow{i}.test") }).await.0 })
+        });
+        let replies: Vec<EgressReply> =
+            futures_util::future::join_all(asks).await.into_iter().map(|r| r.unwrap()).collect();
+        // Every guest lookup is answered within the timeout (plus scheduling), none hangs.
+        assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+        for r in &replies {
+            assert_eq!(r.refusal, Some(EgressRefusal::NotFound), "{r:?}");
+            assert!(r.reason.as_deref().unwrap_or_default().contains("took longer than"), "{r:?}");
+        }
+        // The timed-out lookups still hang on the blocking pool, but only as many as the slots.
+        assert_eq!(stalling.running.load(SeqCst), 2, "the stalled lookups keep their slots");
+        assert_eq!(stalling.most.load(SeqCst), 2, "never more lookups at once than max_lookups");
+        // The other VM resolves while this one's lookups are stuck; so do overrides here.
+        let (reply, _) = ask(&other.socket, &EgressRequest::Resolve { name: "fast.test".into() }).await;
+        assert!(reply.ok, "{reply:?}");
+        let (reply, _) = ask(&h.socket, &EgressRequest::Resolve { name: "allowed.test".into() }).await;
+        assert!(reply.ok, "{reply:?}");
+        // This VM's own new lookups wait for a slot, and fail in time rather than pile up.
+        let (reply, _) = ask(&h.socket, &EgressRequest::Resolve { name: "fast.test".into() }).await;
+        assert_eq!(reply.refusal, Some(EgressRefusal::NotFound), "{reply:?}");
+        // Once DNS answers, the slots free and names resolve again.
+        stalling.open();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(stalling.running.load(SeqCst), 0);
+        let (reply, _) = ask(&h.socket, &EgressRequest::Resolve { name: "fast.test".into() }).await;
+        assert!(reply.ok, "{reply:?}");
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_to_the_hosts_own_address_is_refused_before_any_connect() {
+        // The resolver answers with an address of one of this machine's interfaces (read,
+        // never connected to); the refusal comes from the decision, so no packet is sent.
+        let own = HostAddresses::current()
+            .unwrap()
+            .addresses()
+            .find(|a| !a.is_loopback())
+            .unwrap_or_else(|| "127.0.0.1".parse().unwrap());
+        let limits = EgressLimits { resolver: Arc::new(move |_, _| Ok(vec![own])), ..Default::default() };
+        let h = harness(NetworkPolicy { mode: NetworkMode::Any, ..Default::default() }, limits);
+        let (reply, _) = ask(&h.socket, &connect("rebind.example", 8080)).await;
+        assert_eq!(reply.refusal, Some(EgressRefusal::Denied), "{reply:?}");
+        let reason = reply.reason.unwrap();
+        assert!(reason.contains(&own.to_string()), "{reason}");
+        let (reply, _) = ask(&h.socket, &connect(&own.to_string(), 8080)).await;
+        assert_eq!(reply.refusal, Some(EgressRefusal::Denied), "an address literal too: {reply:?}");
+        let events = h.events.lock().unwrap().clone();
+        assert!(
+            events.iter().all(|e| matches!(e, EventKind::Egress { allowed: false, address: None, .. })),
+            "{events:?}"
+        );
     }
 
     #[tokio::test]

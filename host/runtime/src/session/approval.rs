@@ -70,6 +70,8 @@ impl Approvals {
             request_id: request_id.clone(),
             command: command.clone(),
             cwd: request.cwd.display().to_string(),
+            env: request.env.clone(),
+            env_changes_what_runs: umbra_policy::approval::what_changes_what_runs(&request.env),
             decision,
             timeout_secs: settings.timeout_secs,
         });

@@ -22,6 +22,9 @@ pub enum SessionError {
     InvalidArgument(String),
     #[error("command {command:?} refused: {reason}")]
     CommandRefused { command: String, reason: String },
+    /// A live change would loosen what the session's merged policy allows.
+    #[error("session {name:?}: {wanted} is beyond the session's policy ceiling ({ceiling}): {excess}")]
+    BeyondPolicy { name: String, wanted: String, ceiling: String, excess: String },
     #[error("no permission request {0:?} is waiting (answered, timed out, or never made)")]
     NoPermissionRequest(String),
     #[error("{0}")]
@@ -60,6 +63,7 @@ impl SessionError {
             SessionError::InvalidState { .. } => ErrorCode::InvalidState,
             SessionError::InvalidArgument(_) => ErrorCode::InvalidParams,
             SessionError::CommandRefused { .. } => ErrorCode::PermissionDenied,
+            SessionError::BeyondPolicy { .. } => ErrorCode::PermissionDenied,
             SessionError::NoPermissionRequest(_) => ErrorCode::NotFound,
             SessionError::Busy(_) => ErrorCode::Busy,
             SessionError::Image(_) => ErrorCode::BundleError,

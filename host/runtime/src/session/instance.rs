@@ -757,6 +757,7 @@ impl Session {
                 cwd: req.cwd.clone().unwrap_or_else(|| "/".into()).into(),
                 workspace,
                 session: Some(self.name.clone()),
+                env: req.env.clone(),
             };
             self.ctx.approvals.check(&settings, request, |kind| self.emit(kind)).await?;
         }
@@ -817,12 +818,28 @@ impl Session {
     }
 
     /// Replaces the network policy: new connections of the running VM follow it at once (open
-    /// ones are not cut), and it is kept for restarts and resumes.
+    /// ones are not cut), and it is kept for restarts and resumes. It can only move within the
+    /// session's merged policy (the daemon's configuration merged with the start's): when that
+    /// policy says something about the network, a policy allowing more — a wider mode, a domain
+    /// or range it does not allow — is refused, naming the ceiling, and nothing changes.
     pub fn set_network(&self, policy: umbra_api::session::NetworkPolicy) -> Result<(), SessionError> {
         self.touch();
         policy.validate().map_err(SessionError::InvalidArgument)?;
+        let mut state = self.state.lock().unwrap();
+        if let Some(ceiling) = &state.record.settings.policy.network {
+            if let Some(excess) = umbra_policy::network_excess(&policy, ceiling) {
+                return Err(SessionError::BeyondPolicy {
+                    name: self.name.clone(),
+                    wanted: format!("network {}", umbra_policy::describe_network(&policy)),
+                    ceiling: format!("network {}", umbra_policy::describe_network(ceiling)),
+                    excess,
+                });
+            }
+        }
+        // Under the state lock: two concurrent changes land in one order, record and proxy alike.
         *self.network.write().unwrap() = crate::egress::Policy::new(&policy);
-        self.state.lock().unwrap().record.settings.network = policy;
+        state.record.settings.network = policy;
+        drop(state);
         self.persist();
         Ok(())
     }
