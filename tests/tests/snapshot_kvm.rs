@@ -277,11 +277,13 @@ async fn a_shared_folder_goes_on_in_each_fork_over_its_own_copy() {
     };
     agent.mount(mount).await.unwrap();
     // A file written through the share, and a process that holds `notes` open, unread, until
-    // told to read it (so no page of it is cached in the guest before the snapshot).
+    // told to read it (so no page of it is cached in the guest before the snapshot). Only the
+    // reader goes to the background: a trailing `&` would background the whole `&&` list, and
+    // the host could look for `from-guest` before the guest wrote it.
     run(
         &agent,
         "echo guest > /mnt/share/from-guest && mkfifo /tmp/go && \
-         (read x < /tmp/go; cat <&3 > /tmp/late) 3< /mnt/share/notes > /dev/null 2>&1 &",
+         { (read x < /tmp/go; cat <&3 > /tmp/late) 3< /mnt/share/notes > /dev/null 2>&1 & }",
     )
     .await;
     assert_eq!(std::fs::read_to_string(original_fs.shared.join("from-guest")).unwrap(), "guest\n");
