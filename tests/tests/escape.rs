@@ -479,90 +479,6 @@ async fn run_suite(backend: BackendKind) {
         }),
     ));
     cases.push((
-        "no host privilege through a share: set-id files, devices, capabilities",
-        Box::pin(async {
-            let (_, out) = g
-                .sh(&format!(
-                    "mkdir -p /sessions/esc/mnt/rw/priv && cd /sessions/esc/mnt/rw/priv && {{ \
-                     cp /bin/busybox sh 2>/dev/null || cp /bin/sh sh; chown 0:0 sh; echo chown=$?; \
-                     chmod 4755 sh; echo suid=$?; chmod 2755 sh; echo sgid=$?; chmod u+s,g+s sh; \
-                     cp -a /bin/su su-copy; echo cp-a=$?; install -m 4755 /bin/true installed; echo install=$?; \
-                     mknod disk b 7 0; echo block=$?; chmod 666 disk; mknod null c 1 3; echo char=$?; \
-                     mknod whiteout c 0 0; echo whiteout=$?; mkfifo fifo; echo fifo=$?; \
-                     mkdir setgid-dir; chmod g+s setgid-dir; echo dir-sgid=$?; \
-                     {}; }} 2>&1; true",
-                    python(PRIVILEGES_PY)
-                ))
-                .await;
-            g.clean("privileges", &out)?;
-            if !out.contains("fifo=0") || !out.contains("XATTR") {
-                return Err(format!("the probe did not run:\n{out}"));
-            }
-            let found = privileges_found(&rw.join("priv"));
-            if !found.is_empty() {
-                return Err(format!("the host folder holds {found:?}:\n{out}"));
-            }
-            let owner = umbra_runtime::backend::fsd::share_owner();
-            let owners = owners_in(&rw.join("priv"));
-            if let Some((uid, gid)) = owner {
-                if owners.iter().any(|o| *o != (uid, gid)) {
-                    return Err(format!("files belong to {owners:?}, not the invoking user {uid}:{gid}"));
-                }
-            }
-            Ok(format!("no set-id bit, device or capability on the host; owners {owners:?}"))
-        }),
-    ));
-    cases.push((
-        "a read-only folder nested in a writable one, and a folder swapped while unshared",
-        Box::pin(async {
-            let outer = dir.0.join("outer");
-            let hostonly = dir.0.join("hostonly");
-            std::fs::create_dir_all(outer.join("inner")).unwrap();
-            std::fs::create_dir_all(&hostonly).unwrap();
-            std::fs::write(outer.join("inner/data"), "inner\n").unwrap();
-            std::fs::write(hostonly.join("leak"), format!("{canary}\n")).unwrap();
-            give_to_share_owner(&outer);
-            let mount = |path: PathBuf, name: &str, mode| {
-                g.s.mount(FolderSpec { path, name: Some(name.into()), mode })
-            };
-            mount(outer.clone(), "outer", ShareMode::Rwd).await.map_err(|e| format!("mount outer: {e}"))?;
-            mount(outer.join("inner"), "inner", ShareMode::Ro).await.map_err(|e| format!("mount inner: {e}"))?;
-            let (_, out) = g
-                .sh("cd /sessions/esc/mnt/outer; echo pwned > inner/data; echo new > inner/new; \
-                     chmod 777 inner/data; rm -f inner/data; mv inner moved; rm -rf inner; \
-                     mount -o remount,rw /sessions/esc/mnt/outer/inner; echo pwned > inner/data; \
-                     ls -la inner 2>&1; true")
-                .await;
-            g.clean("nested", &out)?;
-            let data = std::fs::read_to_string(outer.join("inner/data")).unwrap_or_default();
-            if data != "inner\n" || outer.join("inner/new").exists() || outer.join("moved").exists() {
-                return Err(format!("the ro folder was written through its writable parent ({data:?}):\n{out}"));
-            }
-            // Unshared, the folder is the guest's to replace through its parent: a later share of
-            // the same path must refuse what is there now, a link to the host or another folder.
-            g.s.unmount("inner").await.map_err(|e| format!("unmount inner: {e}"))?;
-            let mut refusals = Vec::new();
-            for swap in [format!("ln -s {} inner", hostonly.display()), "mkdir inner".to_string()] {
-                let (code, out) =
-                    g.sh(&format!("cd /sessions/esc/mnt/outer && rm -rf inner.old && mv inner inner.old 2>/dev/null; rm -rf inner; {swap}")).await;
-                if code != 0 {
-                    return Err(format!("the guest could not swap the folder ({swap}):\n{out}"));
-                }
-                match mount(outer.join("inner"), "inner", ShareMode::Ro).await {
-                    Ok(info) => {
-                        let (_, out) = g.sh(&format!("cat {}/leak 2>&1", info.guest_path)).await;
-                        g.clean("swapped folder", &out)?;
-                        return Err(format!("a swapped folder was shared again ({swap}) at {}", info.guest_path));
-                    }
-                    Err(e) if e.to_string().contains("inner") => refusals.push(e.to_string()),
-                    Err(e) => return Err(format!("refused without naming the folder: {e}")),
-                }
-            }
-            g.s.unmount("outer").await.map_err(|e| format!("unmount outer: {e}"))?;
-            Ok(format!("writes refused on the host; re-shares refused: {}", refusals.join(" / ")))
-        }),
-    ));
-    cases.push((
         "fork bomb",
         Box::pin(async {
             let procs_before = std::fs::read_dir("/proc").unwrap().count();
@@ -623,6 +539,148 @@ async fn run_suite(backend: BackendKind) {
         }),
     ));
     cases.push((
+        "no host privilege through a share: set-id files, devices, capabilities",
+        Box::pin(async {
+            let (_, out) = g
+                .sh(&format!(
+                    "mkdir -p /sessions/esc/mnt/rw/priv && cd /sessions/esc/mnt/rw/priv && {{ \
+                     cp /bin/busybox sh 2>/dev/null || cp /bin/sh sh; chown 0:0 sh; echo chown=$?; \
+                     chmod 4755 sh; echo suid=$?; chmod 2755 sh; echo sgid=$?; chmod u+s,g+s sh; \
+                     cp -a /bin/su su-copy; echo cp-a=$?; install -m 4755 /bin/true installed; echo install=$?; \
+                     mknod disk b 7 0; echo block=$?; chmod 666 disk; mknod null c 1 3; echo char=$?; \
+                     mknod whiteout c 0 0; echo whiteout=$?; mkfifo fifo; echo fifo=$?; \
+                     mkdir setgid-dir; chmod g+s setgid-dir; echo dir-sgid=$?; \
+                     {}\n}} 2>&1; true",
+                    python(PRIVILEGES_PY)
+                ))
+                .await;
+            g.clean("privileges", &out)?;
+            if !out.contains("fifo=0") || !out.contains("XATTR") {
+                return Err(format!("the probe did not run:\n{out}"));
+            }
+            let found = privileges_found(&rw.join("priv"));
+            if !found.is_empty() {
+                return Err(format!("the host folder holds {found:?}:\n{out}"));
+            }
+            let owner = umbra_runtime::backend::fsd::share_owner();
+            let owners = owners_in(&rw.join("priv"));
+            if let Some((uid, gid)) = owner {
+                if owners.iter().any(|o| *o != (uid, gid)) {
+                    return Err(format!("files belong to {owners:?}, not the invoking user {uid}:{gid}"));
+                }
+            }
+            Ok(format!("no set-id bit, device or capability on the host; owners {owners:?}"))
+        }),
+    ));
+    cases.push((
+        "a read-only folder nested in a writable one",
+        Box::pin(async {
+            let outer = dir.0.join("outer");
+            std::fs::create_dir_all(outer.join("inner")).unwrap();
+            std::fs::write(outer.join("inner/data"), "inner\n").unwrap();
+            give_to_share_owner(&outer);
+            let mount = |path: PathBuf, name: &str, mode| g.s.mount(FolderSpec { path, name: Some(name.into()), mode });
+            // As a session's start does: the read-only folder first, then its writable parent.
+            mount(outer.join("inner"), "inner", ShareMode::Ro).await.map_err(|e| format!("mount inner: {e}"))?;
+            mount(outer.clone(), "outer", ShareMode::Rwd).await.map_err(|e| format!("mount outer: {e}"))?;
+            let (_, out) = g
+                .sh("cd /sessions/esc/mnt/outer; echo pwned > inner/data; echo new > inner/new; \
+                     chmod 777 inner/data; rm -f inner/data; mv inner moved; rm -rf inner; \
+                     mount -o remount,rw /sessions/esc/mnt/outer/inner; echo pwned > inner/data; \
+                     ls -la inner 2>&1; true")
+                .await;
+            g.clean("nested", &out)?;
+            let data = std::fs::read_to_string(outer.join("inner/data")).unwrap_or_default();
+            if data != "inner\n" || outer.join("inner/new").exists() || outer.join("moved").exists() {
+                return Err(format!("the ro folder was written through its writable parent ({data:?}):\n{out}"));
+            }
+            // The other order, a read-only folder added inside a writable one the guest already
+            // has (it may hold the folder open through it), is refused. (Swapping a folder while
+            // it is not shared is the resume test below: a share re-resolved by path is refused.)
+            std::fs::create_dir_all(outer.join("later")).unwrap();
+            give_to_share_owner(&outer.join("later"));
+            let refusal = match mount(outer.join("later"), "later", ShareMode::Ro).await {
+                Ok(_) => return Err("a read-only folder was added inside a writable one the guest has".into()),
+                Err(e) => e.to_string(),
+            };
+            Ok(format!("writes through the parent refused on the host; a later nested share refused: {refusal}"))
+        }),
+    ));
+    cases.push((
+        "shadow apply: a change after the review, and .git/config",
+        Box::pin(async {
+            // Issue 28: a process left running changes a reviewed file and tells git to run a
+            // command (core.fsmonitor) after the diff; the apply must write the reviewed bytes only.
+            let shadow = dir.0.join("shadow");
+            std::fs::create_dir_all(shadow.join(".git")).unwrap();
+            std::fs::write(shadow.join("f.txt"), "original\n").unwrap();
+            let config = "[core]\n\tbare = false\n";
+            std::fs::write(shadow.join(".git/config"), config).unwrap();
+            let spec = FolderSpec { path: shadow.clone(), name: Some("shadow".into()), mode: ShareMode::Shadow };
+            let info = g.s.mount(spec).await.map_err(|e| format!("mount the shadow folder: {e}"))?;
+            let at = info.guest_path;
+            let attacker = g.s.spawn(ExecRequest {
+                argv: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    format!(
+                        "for i in $(seq 600); do [ -e /tmp/go ] && break; sleep 0.1; done; \
+                         echo malicious > {at}/f.txt; \
+                         printf '\\tfsmonitor = touch /tmp/pwned\\n' >> {at}/.git/config; touch /tmp/done"
+                    ),
+                ],
+                ..Default::default()
+            });
+            let _attacker = attacker.await.map_err(|e| format!("spawn the detached writer: {e}"))?;
+            let (code, out) = g.sh(&format!("echo reviewed > {at}/f.txt")).await;
+            if code != 0 {
+                return Err(format!("the guest could not write its shadow folder:\n{out}"));
+            }
+            let reviewed = g.s.shadow_diff("shadow").await.map_err(|e| format!("diff: {e}"))?;
+            let listed: Vec<&str> = reviewed.changes.iter().map(|c| c.path.as_str()).collect();
+            if listed != ["f.txt"] {
+                return Err(format!("the diff lists {listed:?}"));
+            }
+            let (_, out) = g
+                .sh("touch /tmp/go; for i in $(seq 100); do [ -e /tmp/done ] && break; sleep 0.1; done; \
+                                 cat /tmp/done && echo WROTE")
+                .await;
+            if !out.contains("WROTE") {
+                return Err(format!("the detached writer did not run:\n{out}"));
+            }
+            let report =
+                g.s.shadow_apply("shadow", Some(&reviewed.changeset), None).await.map_err(|e| format!("apply: {e}"))?;
+            let f = std::fs::read_to_string(shadow.join("f.txt")).unwrap_or_default();
+            let git = std::fs::read_to_string(shadow.join(".git/config")).unwrap_or_default();
+            if report.applied != ["f.txt"] || f != "reviewed\n" || git != config {
+                return Err(format!("applied {:?}; f.txt {f:?}; .git/config {git:?}", report.applied));
+            }
+            // Naming .git/config cannot add it to what was reviewed; a new diff marks it, and
+            // it still applies only when named.
+            let named = [".git/config".to_owned()];
+            if g.s.shadow_apply("shadow", Some(&reviewed.changeset), Some(&named)).await.is_ok() {
+                return Err("an apply named a path its change-set does not hold".into());
+            }
+            if g.s.shadow_apply("shadow", None, None).await.is_ok() {
+                return Err("an apply without a change-set went through".into());
+            }
+            let again = g.s.shadow_diff("shadow").await.map_err(|e| format!("diff: {e}"))?;
+            let entry =
+                again.changes.iter().find(|c| c.path == ".git/config").ok_or("the new diff lacks .git/config")?;
+            let report = g.s.shadow_apply("shadow", Some(&again.changeset), None).await.map_err(|e| e.to_string())?;
+            let git = std::fs::read_to_string(shadow.join(".git/config")).unwrap_or_default();
+            if git != config || report.applied.iter().any(|p| p.starts_with(".git")) {
+                return Err(format!(".git/config was applied unnamed: {report:?}"));
+            }
+            g.s.unmount("shadow").await.map_err(|e| format!("unmount: {e}"))?;
+            Ok(format!(
+                "applied only the reviewed f.txt; .git/config marked {:?} ({:?}), skipped",
+                entry.risks, entry.applies
+            ))
+        }),
+    ));
+
+    cases.push((
         "fill the session disk and the tmpfs",
         Box::pin(async {
             let (_, out) = g
@@ -671,6 +729,9 @@ async fn run_suite(backend: BackendKind) {
     cases.push((
         "10,000 vsock connections to host ports",
         Box::pin(async {
+            // Counted from the case's own start: the folder server holds a descriptor per file
+            // the earlier cases looked up, which is not this case's to answer for.
+            let before = total_fds(&vm);
             let (_, out) = g.sh(&python(VSOCK_FLOOD_PY)).await;
             if !out.contains("ATTEMPTS 10000") {
                 return Err(format!("the flood did not run:\n{out}"));
@@ -679,10 +740,10 @@ async fn run_suite(backend: BackendKind) {
             all_alive(&vm)?;
             tokio::time::sleep(Duration::from_secs(1)).await;
             let fds = total_fds(&vm);
-            if fds > fds_boot + 16 {
-                return Err(format!("the VM's host fds grew from {fds_boot} to {fds}"));
+            if fds > before + 16 {
+                return Err(format!("the VM's host fds grew from {before} to {fds} (at boot {fds_boot})"));
             }
-            Ok(format!("{}; host fds {fds_boot} → {fds}; agent answered in {t:.1?}", out.trim()))
+            Ok(format!("{}; host fds {before} → {fds} (at boot {fds_boot}); agent answered in {t:.1?}", out.trim()))
         }),
     ));
     cases.push((
@@ -792,80 +853,6 @@ async fn run_suite(backend: BackendKind) {
         "outputs: links the guest plants are not followed by the host",
         Box::pin(outputs_links_case(&g, &m, &s, &dir.0, &secret)),
     ));
-    cases.push((
-        "shadow apply: a change after the review, and .git/config",
-        Box::pin(async {
-            // Issue 28: a process left running changes a reviewed file and tells git to run a
-            // command (core.fsmonitor) after the diff; the apply must write the reviewed bytes only.
-            let shadow = dir.0.join("shadow");
-            std::fs::create_dir_all(shadow.join(".git")).unwrap();
-            std::fs::write(shadow.join("f.txt"), "original\n").unwrap();
-            let config = "[core]\n\tbare = false\n";
-            std::fs::write(shadow.join(".git/config"), config).unwrap();
-            let spec = FolderSpec { path: shadow.clone(), name: Some("shadow".into()), mode: ShareMode::Shadow };
-            let info = g.s.mount(spec).await.map_err(|e| format!("mount the shadow folder: {e}"))?;
-            let at = info.guest_path;
-            let attacker = g.s.spawn(ExecRequest {
-                argv: vec![
-                    "sh".into(),
-                    "-c".into(),
-                    format!(
-                        "for i in $(seq 600); do [ -e /tmp/go ] && break; sleep 0.1; done; \
-                         echo malicious > {at}/f.txt; \
-                         printf '\\tfsmonitor = touch /tmp/pwned\\n' >> {at}/.git/config; touch /tmp/done"
-                    ),
-                ],
-                ..Default::default()
-            });
-            let _attacker = attacker.await.map_err(|e| format!("spawn the detached writer: {e}"))?;
-            let (code, out) = g.sh(&format!("echo reviewed > {at}/f.txt")).await;
-            if code != 0 {
-                return Err(format!("the guest could not write its shadow folder:\n{out}"));
-            }
-            let reviewed = g.s.shadow_diff("shadow").await.map_err(|e| format!("diff: {e}"))?;
-            let listed: Vec<&str> = reviewed.changes.iter().map(|c| c.path.as_str()).collect();
-            if listed != ["f.txt"] {
-                return Err(format!("the diff lists {listed:?}"));
-            }
-            let (_, out) = g
-                .sh("touch /tmp/go; for i in $(seq 100); do [ -e /tmp/done ] && break; sleep 0.1; done; \
-                                 cat /tmp/done && echo WROTE")
-                .await;
-            if !out.contains("WROTE") {
-                return Err(format!("the detached writer did not run:\n{out}"));
-            }
-            let report =
-                g.s.shadow_apply("shadow", Some(&reviewed.changeset), None).await.map_err(|e| format!("apply: {e}"))?;
-            let f = std::fs::read_to_string(shadow.join("f.txt")).unwrap_or_default();
-            let git = std::fs::read_to_string(shadow.join(".git/config")).unwrap_or_default();
-            if report.applied != ["f.txt"] || f != "reviewed\n" || git != config {
-                return Err(format!("applied {:?}; f.txt {f:?}; .git/config {git:?}", report.applied));
-            }
-            // Naming .git/config cannot add it to what was reviewed; a new diff marks it, and
-            // it still applies only when named.
-            let named = [".git/config".to_owned()];
-            if g.s.shadow_apply("shadow", Some(&reviewed.changeset), Some(&named)).await.is_ok() {
-                return Err("an apply named a path its change-set does not hold".into());
-            }
-            if g.s.shadow_apply("shadow", None, None).await.is_ok() {
-                return Err("an apply without a change-set went through".into());
-            }
-            let again = g.s.shadow_diff("shadow").await.map_err(|e| format!("diff: {e}"))?;
-            let entry =
-                again.changes.iter().find(|c| c.path == ".git/config").ok_or("the new diff lacks .git/config")?;
-            let report = g.s.shadow_apply("shadow", Some(&again.changeset), None).await.map_err(|e| e.to_string())?;
-            let git = std::fs::read_to_string(shadow.join(".git/config")).unwrap_or_default();
-            if git != config || report.applied.iter().any(|p| p.starts_with(".git")) {
-                return Err(format!(".git/config was applied unnamed: {report:?}"));
-            }
-            g.s.unmount("shadow").await.map_err(|e| format!("unmount: {e}"))?;
-            Ok(format!(
-                "applied only the reviewed f.txt; .git/config marked {:?} ({:?}), skipped",
-                entry.risks, entry.applies
-            ))
-        }),
-    ));
-
     // UMBRA_ESCAPE_ONLY=<text> runs the cases whose name contains it (for debugging one).
     if let Ok(only) = std::env::var("UMBRA_ESCAPE_ONLY") {
         cases.retain(|(name, _)| name.contains(only.as_str()));
@@ -923,7 +910,7 @@ async fn run_suite(backend: BackendKind) {
     // shows in every run's log, passing or not.
     let _ = writeln!(
         std::io::stderr(),
-        "escape suite [{}]: {total} cases, {held} held, {} failed",
+        "\nescape suite [{}]: {total} cases, {held} held, {} failed",
         backend.name(),
         total - held
     );

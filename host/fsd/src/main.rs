@@ -98,6 +98,19 @@ fn fail(msg: String) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// `fd` moved to a descriptor number of 10 or more (close-on-exec): clear of 3, where the
+/// listening socket is handed to virtiofsd.
+fn high_fd(fd: std::os::fd::OwnedFd) -> Result<std::os::fd::OwnedFd, String> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: F_DUPFD_CLOEXEC on a valid descriptor returns a new one or -1.
+    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if high < 0 {
+        return Err(format!("duplicate a descriptor: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: `high` is a new descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(high) })
+}
+
 fn start_virtiofsd(args: &Args) -> Result<Child, String> {
     let stderr = match &args.log {
         Some(p) => Stdio::from(std::fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?),
@@ -109,7 +122,7 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
     let bin_dir = match (&args.owner, args.virtiofsd.parent(), args.virtiofsd.file_name()) {
         (Some(_), Some(dir), Some(name)) if args.virtiofsd.is_absolute() => {
             let dir = std::fs::File::open(dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
-            Some((dir, name.to_owned()))
+            Some((high_fd(dir.into())?, name.to_owned()))
         }
         _ => None,
     };
@@ -125,22 +138,26 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
     // As the owner, virtiofsd cannot create its socket in the VM's run directory (root's,
     // 0700): the socket is bound here and handed over as descriptor 3.
     let listener = match args.owner {
-        Some(_) => Some(
+        Some(_) => Some(high_fd(
             std::os::unix::net::UnixListener::bind(&args.socket)
-                .map_err(|e| format!("bind {}: {e}", args.socket.display()))?,
-        ),
+                .map_err(|e| format!("bind {}: {e}", args.socket.display()))?
+                .into(),
+        )?),
         None => None,
     };
     let listener_fd = listener.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+    let parent = std::process::id() as libc::pid_t;
     match listener_fd {
         Some(_) => cmd.arg("--fd=3"),
         None => cmd.arg("--socket-path").arg(&args.socket),
     };
-    cmd.arg("--shared-dir")
-        .arg(&args.staging)
-        // This process already isolates the mounts; virtiofsd's own namespace sandbox would
-        // hide the folders bound in after it starts.
-        .args(["--sandbox", "none", "--inode-file-handles=never", "--announce-submounts"])
+    cmd.arg("--shared-dir").arg(&args.staging);
+    cmd
+        // This process already isolates the mounts; virtiofsd's namespace sandbox would hide
+        // the folders bound in after it starts. Its chroot into the staging directory (in this
+        // namespace, so later shares appear in it) keeps every name the guest sends beneath
+        // the shares, whichever call virtiofsd resolves it with.
+        .args(["--sandbox", "chroot", "--inode-file-handles=never", "--announce-submounts"])
         // A restored VM's guest may hold an inode the host has since removed or replaced (an
         // editor's atomic save, a shadow apply): it gets errors on that inode alone, and a new
         // lookup by path finds the file, rather than the whole restore failing.
@@ -171,6 +188,11 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
             }
             if let Some(child) = &child_side {
                 child.enter()?;
+                // Changing user cleared the death signal; set it again, and make sure the
+                // parent did not die meanwhile (it would never send it).
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 || libc::getppid() != parent {
+                    return Err(std::io::Error::other("umbra-fsd went away while virtiofsd started"));
+                }
             }
             privileges::install(&no_privileges)
         });
@@ -202,8 +224,10 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
     Ok(child)
 }
 
-/// Binds a share, then protects it: pins for `.git` and ignored entries, the open check for
-/// ignored paths. Any failure undoes the share: it is never served less protected than asked.
+/// Assembles a share where the guest cannot see it — the folder, read-only folders nested in
+/// it, pins for `.git` and ignored entries, the open check for ignored paths — then moves it
+/// into the staging directory whole. Any failure undoes it before the guest ever saw it: a
+/// share is never served less protected than asked, not even for a moment.
 #[allow(clippy::too_many_arguments)]
 fn add(
     staging: &std::path::Path,
@@ -216,42 +240,65 @@ fn add(
     patterns: &[String],
     expected: Option<mounts::Identity>,
 ) -> Result<mounts::Identity, String> {
-    let root = staging.join(name);
-    let set = match patterns.is_empty() {
+    let prep = shares::prep_dir(staging);
+    let (root, prep_root) = (staging.join(name), prep.join(name));
+    // Ignored paths are matched where virtiofsd opens them (the staging directory) and, for
+    // the pins, where the tree is walked now (the preparation directory).
+    let sets = match patterns.is_empty() {
         true => None,
-        false => Some(umbra_policy::IgnoreSet::new(&root, patterns).map_err(|e| e.to_string())?),
+        false => Some((
+            umbra_policy::IgnoreSet::new(&root, patterns).map_err(|e| e.to_string())?,
+            umbra_policy::IgnoreSet::new(&prep_root, patterns).map_err(|e| e.to_string())?,
+        )),
     };
-    let hider = match set {
+    let hider = match sets {
         Some(_) => Some(hiding.activate()?),
         None => None,
     };
-    let identity = shares.add(staging, name, source, read_only, expected)?;
+    let (identity, nested) = shares.prepare(&prep, name, source, read_only, expected)?;
     let protect = || -> Result<(), String> {
         // A read-only share's .git is read-only already.
-        let rules = pins::PinRules { git: protect_git && !read_only, hide: set.as_ref() };
-        let pinned = pins::pin_tree(&root, &rules)?;
-        if let (Some(set), Some(hider)) = (set.clone(), hider) {
-            let mut mounts = vec![root.clone()];
-            mounts.extend(pinned);
-            hider.hide(&root, set, &mounts)?;
+        let rules = pins::PinRules { git: protect_git && !read_only, hide: sets.as_ref().map(|(_, at_prep)| at_prep) };
+        let pinned = pins::pin_tree(&prep_root, &rules)?;
+        if let (Some((set, _)), Some(hider)) = (sets.clone(), hider) {
+            // fanotify marks belong to the mounts: they move with the share.
+            let mut marked = vec![prep_root.clone()];
+            marked.extend(nested.iter().cloned());
+            marked.extend(pinned);
+            hider.hide(&root, set, &marked)?;
         }
         Ok(())
     };
-    protect().inspect_err(|_| {
-        let _ = shares.remove(staging, name);
-    })?;
+    let done = protect().and_then(|()| shares.publish(staging, &prep, name));
+    if let Err(e) = done {
+        if let Some(hider) = hider {
+            hider.forget(&root);
+        }
+        shares.abandon(&prep, name);
+        return Err(e);
+    }
     Ok(identity)
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
+    let mut args = match parse_args() {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
+    // virtiofsd as the owner resolves the staging directory's path itself (its chroot), and
+    // the VM's run directory is root's alone: the staging directory moves to a fresh one in
+    // /tmp (an empty host directory; in this namespace a tmpfs covers it, gone at exit).
+    let moved_staging = args.owner.is_some();
+    if moved_staging {
+        match shares::fresh_staging() {
+            Ok(dir) => args.staging = dir,
+            Err(e) => return fail(e),
+        }
+    }
     if let Err(e) = namespace::enter_private() {
         return fail(e);
     }
-    if let Err(e) = shares::mount_staging(&args.staging) {
+    if let Err(e) = shares::mount_both(&args.staging) {
         return fail(e);
     }
     let mut virtiofsd = match start_virtiofsd(&args) {
@@ -297,6 +344,9 @@ fn main() -> ExitCode {
     stopping.store(true, std::sync::atomic::Ordering::SeqCst);
     let _ = virtiofsd.kill();
     let _ = virtiofsd.wait();
+    if moved_staging {
+        shares::remove_staging(&args.staging);
+    }
     ExitCode::SUCCESS
 }
 

@@ -108,8 +108,9 @@ struct MountAttr {
 
 /// Clones the directory `from` refers to (that directory only, not mounts beneath it) as a
 /// detached mount, `nosuid,nodev` and read-only if asked, and attaches it over `onto` (a
-/// directory descriptor) — or at `onto_path` when `onto` is `None`.
-pub fn attach(from: &OwnedFd, onto: Option<&OwnedFd>, onto_path: &Path, read_only: bool) -> Result<(), String> {
+/// directory descriptor) — or at `onto_path` when `onto` is `None`. Returns a descriptor of
+/// the new mount's root, through which it can be unmounted later.
+pub fn attach(from: &OwnedFd, onto: Option<&OwnedFd>, onto_path: &Path, read_only: bool) -> Result<OwnedFd, String> {
     let empty = c"";
     // SAFETY: `from` is a valid descriptor and `empty` a NUL-terminated string; open_tree only
     // reads them and returns a new descriptor or -1.
@@ -157,5 +158,5 @@ pub fn attach(from: &OwnedFd, onto: Option<&OwnedFd>, onto_path: &Path, read_onl
     if r != 0 {
         return Err(format!("mount {}: {}", onto_path.display(), last_error()));
     }
-    Ok(())
+    Ok(tree)
 }

@@ -60,6 +60,15 @@ pub fn share_owner() -> Option<(u32, u32)> {
     parse(&std::env::var("SUDO_UID").ok()?, &std::env::var("SUDO_GID").ok()?)
 }
 
+/// Hands a folder the runtime makes for the guest to write (a session's `outputs`) to the
+/// [`share_owner`], when there is one: the guest writes as that user.
+pub fn give_to_share_owner(dir: &Path) -> std::io::Result<()> {
+    match share_owner() {
+        Some((uid, gid)) => std::os::unix::fs::lchown(dir, Some(uid), Some(gid)),
+        None => Ok(()),
+    }
+}
+
 impl FolderServer {
     /// Starts umbra-fsd + virtiofsd for the VM in `run`; returns once virtiofsd listens.
     pub async fn start(run: &RunDir) -> Result<(Self, Supervised), VmError> {

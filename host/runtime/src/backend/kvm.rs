@@ -209,7 +209,11 @@ async fn share_before_restore(restore: &super::Restore, folders: Option<&mut Fol
         None if !restore.folders.is_empty() => Err(VmError::NoFolderSharing),
         None => Ok(()),
         Some(server) => {
-            for f in &restore.folders {
+            // Read-only folders first, as at boot: a nested one is pinned inside its writable
+            // parent as that parent is shared.
+            let mut folders: Vec<_> = restore.folders.iter().collect();
+            folders.sort_by_key(|f| !f.read_only);
+            for f in folders {
                 server.add(&f.name, &f.source, f.read_only, &f.protection, f.identity).await?;
             }
             Ok(())

@@ -99,20 +99,40 @@ impl Incarnation {
         };
         let policy = plan.settings.policy.effective();
         let mut folders = SharedFolders::with_policy(FolderPolicy::from_policy(&policy)).with_pins(plan.pins.clone());
-        let mut infos = Vec::new();
-        for f in &plan.folders {
-            folders.share(&mut vm, &plan.session, &f.path, f.name.as_deref(), f.mode).await?;
+        // Read-only folders first: one nested in a writable folder is then pinned read-only
+        // inside it before the guest can open anything there (the folder server refuses the
+        // other order). Clients see them in the order they were asked for.
+        enum Ask<'a> {
+            Folder(&'a FolderSpec),
+            Extra(&'a std::path::PathBuf, bool),
+        }
+        let folder_policy = FolderPolicy::from_policy(&policy);
+        let extras = policy.additional_readwrite_paths.iter().map(|p| Ask::Extra(p, false));
+        let asks: Vec<Ask> = plan
+            .folders
+            .iter()
+            .map(Ask::Folder)
+            .chain(extras)
+            .chain(policy.additional_readonly_paths.iter().map(|p| Ask::Extra(p, true)))
+            .collect();
+        let writable = |ask: &Ask| match ask {
+            Ask::Folder(f) => folder_policy.workspace_mode(f.mode).host_writable(),
+            Ask::Extra(_, read_only) => !read_only,
+        };
+        let mut order: Vec<usize> = (0..asks.len()).collect();
+        order.sort_by_key(|i| writable(&asks[*i]));
+        let mut shared_infos = Vec::new();
+        for i in order {
+            match &asks[i] {
+                Ask::Folder(f) => folders.share(&mut vm, &plan.session, &f.path, f.name.as_deref(), f.mode).await?,
+                Ask::Extra(path, read_only) => folders.share_extra(&mut vm, &plan.session, path, *read_only).await?,
+            };
             let info = folders.list().last().expect("just shared").info();
             report(folder_mounted(&info));
-            infos.push(info);
+            shared_infos.push((i, info));
         }
-        let extras = policy.additional_readwrite_paths.iter().map(|p| (p, false));
-        for (path, read_only) in extras.chain(policy.additional_readonly_paths.iter().map(|p| (p, true))) {
-            folders.share_extra(&mut vm, &plan.session, path, read_only).await?;
-            let info = folders.list().last().expect("just shared").info();
-            report(folder_mounted(&info));
-            infos.push(info);
-        }
+        shared_infos.sort_by_key(|(i, _)| *i);
+        let mut infos: Vec<FolderInfo> = shared_infos.into_iter().map(|(_, info)| info).collect();
         if policy.disable_tmp_write {
             folders.readonly_tmp(&mut vm, &plan.session).await?;
         }
@@ -184,11 +204,15 @@ impl Incarnation {
             if f.name == READONLY_TMP || f.name == OUTPUTS || f.name == UPLOADS {
                 std::fs::create_dir_all(&f.host_path)
                     .map_err(SessionError::io(format!("create {}", f.host_path.display())))?;
+                if f.name == OUTPUTS {
+                    crate::backend::fsd::give_to_share_owner(&f.host_path)
+                        .map_err(SessionError::io(format!("chown {}", f.host_path.display())))?;
+                }
                 // The session's own storage, not the snapshotted session's.
                 f.identity = None;
             } else {
                 // The user's folders must still be what they were when first shared.
-                f.identity = f.identity.or_else(|| plan.pins.get(&f.host_path).copied());
+                f.identity = f.identity.or_else(|| plan.pins.get(&f.host_path).map(|p| p.identity));
             }
         }
         let policy = FolderPolicy::from_policy(&plan.settings.policy.effective());

@@ -80,11 +80,19 @@ pub struct Shared {
     identity: Option<FolderIdentity>,
 }
 
-/// The folders a session has shared and what each was, by the path it asked for (for its own
-/// folders, already without links). A later boot, resume, restore or fork shares the same path only if it is
-/// still the same folder: a guest that replaced it (with a link to elsewhere on the host, or
-/// another directory) through a writable folder gets a refusal naming it.
-pub type FolderPins = BTreeMap<PathBuf, FolderIdentity>;
+/// A folder a session shared: where it is (its path as first resolved, without links) and
+/// what it was (device, inode).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Pinned {
+    pub path: PathBuf,
+    pub identity: FolderIdentity,
+}
+
+/// The folders a session has shared, by the path it asked for. A later boot, resume, restart,
+/// restore, fork or hot-add of the same path gets the recorded folder or a refusal: it is
+/// never resolved again, and a guest that replaced it (with a link to elsewhere on the host,
+/// or another directory) through a writable folder gets an error naming it.
+pub type FolderPins = BTreeMap<PathBuf, Pinned>;
 
 /// A [`Shared`] as a session snapshot keeps it: what a restored VM's folder server must serve
 /// again under the same name, and what the host needs to go on (guest path, shadow baseline).
@@ -183,15 +191,15 @@ impl SharedFolders {
     /// is taken as recorded (never resolved again: a link there now is refused by the folder
     /// server), a new one is resolved once, here.
     fn locate(&self, asked: &Path) -> Result<(PathBuf, Option<FolderIdentity>), ShareError> {
-        if let Some(identity) = self.pins.get(asked) {
-            return Ok((asked.to_path_buf(), Some(*identity)));
+        if let Some(pin) = self.pins.get(asked) {
+            return Ok((pin.path.clone(), Some(pin.identity)));
         }
         let path = asked.canonicalize().map_err(|source| ShareError::HostPath { path: asked.to_path_buf(), source })?;
         if !path.is_dir() {
             return Err(PathError::NotADirectory(path).into());
         }
-        if let Some(identity) = self.pins.get(&path) {
-            return Ok((path, Some(*identity)));
+        if let Some(pin) = self.pins.get(&path) {
+            return Ok((pin.path.clone(), Some(pin.identity)));
         }
         Ok((path, None))
     }
@@ -223,7 +231,7 @@ impl SharedFolders {
     fn pin(&mut self, asked: &Path, host_path: &Path) {
         let Some(identity) = self.shared.last().and_then(|s| s.identity) else { return };
         for key in [asked, host_path] {
-            self.pins.entry(key.to_path_buf()).or_insert(identity);
+            self.pins.entry(key.to_path_buf()).or_insert(Pinned { path: host_path.to_path_buf(), identity });
         }
     }
 
@@ -281,6 +289,9 @@ impl SharedFolders {
         for (name, mode) in [(OUTPUTS, ShareMode::Rwd), (UPLOADS, ShareMode::Ro)] {
             let dir = storage_dir.join(name);
             std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+            if mode.host_writable() {
+                crate::backend::fsd::give_to_share_owner(&dir).map_err(io(format!("chown {}", dir.display())))?;
+            }
             guest_paths.push(self.share_as(vm, session, &dir, name, mode, false, None).await?);
         }
         Ok(guest_paths)
