@@ -867,6 +867,9 @@ pub struct ChangeSet {
     dir: PathBuf,
     spool: File,
     entries: Vec<Captured>,
+    /// Paths of the entries that are not deletions: a guest listing one twice is refused, so
+    /// an entry's bytes are the only bytes its path can get.
+    kept: HashSet<String>,
     captured: u64,
     limits: CaptureLimits,
 }
@@ -890,7 +893,7 @@ impl ChangeSet {
         // A fresh directory (mkdirat fails on anything already there, a symlink included).
         beneath::mkdir_at(&parent_dir, dir.file_name().expect("named above"), 0o700).map_err(io_err)?;
         let spool = beneath::open_subdir(&parent_dir, dir.file_name().expect("named above")).map_err(io_err)?;
-        Ok(ChangeSet { id, dir, spool, entries: Vec::new(), captured: 0, limits })
+        Ok(ChangeSet { id, dir, spool, entries: Vec::new(), kept: HashSet::new(), captured: 0, limits })
     }
 
     pub fn id(&self) -> &str {
@@ -919,6 +922,9 @@ impl ChangeSet {
         parse_relative(&change.path)?;
         if self.entries.len() >= self.limits.entries {
             return Err(ShadowError::CaptureTooLarge { limit: format!("{} entries", self.limits.entries) });
+        }
+        if change.kind != ChangeKind::Deleted && !self.kept.insert(change.path.clone()) {
+            return Err(ShadowError::InvalidPath { path: change.path, reason: "listed twice by the guest" });
         }
         let writes_file = change.kind != ChangeKind::Deleted && !change.is_dir;
         if writes_file && guest.is_none() {
@@ -1496,6 +1502,25 @@ mod tests {
         assert!(!root.join("del.txt").exists());
         drop(set);
         assert!(!spool.exists(), "a dropped change-set removes its spool");
+    }
+
+    #[test]
+    fn a_path_the_guest_lists_twice_is_refused_but_a_type_change_is_not() {
+        let (tmp, root) = project();
+        let baseline = Baseline::record(&root).unwrap();
+        let rules = Rules::default();
+        let mut set = ChangeSet::create(tmp.path(), CaptureLimits::default()).unwrap();
+        capture(&mut set, &baseline, &rules, "new.txt", Added, "first");
+        let again = set.add(
+            change("new.txt", Added, false),
+            Some(stat(umbra_proto::FileKind::File, 6, 0o100644)),
+            &baseline,
+            &rules,
+        );
+        assert!(matches!(again, Err(ShadowError::InvalidPath { .. })), "{again:?}");
+        // A file that became a directory comes as a deletion and an addition of one path.
+        set.add(change("src/lib.rs", Deleted, false), None, &baseline, &rules).unwrap();
+        set.add(change("src/lib.rs", Added, true), None, &baseline, &rules).unwrap();
     }
 
     #[test]
