@@ -28,6 +28,26 @@ async fn next_request(inbox: &mut Inbox) -> (String, String, serde_json::Value) 
     }
 }
 
+/// A client subscribed to session `name`, started on `daemon` under `approval`.
+async fn start_under(
+    daemon: &TestDaemon,
+    name: &str,
+    approval: umbra_policy::approval::ApprovalSettings,
+) -> (umbra_api::client::Client, Inbox) {
+    let (client, inbox) = daemon.client().await;
+    client.call::<EventsSubscribe>(SubscribeParams { session: Some(name.into()) }).await.unwrap();
+    let start = StartParams {
+        name: name.into(),
+        settings: SettingsPatch { approval: Some(approval), ..Default::default() },
+        ..Default::default()
+    };
+    tokio::time::timeout(Duration::from_secs(boot_timeout_secs() + 30), client.call::<SessionStart>(start))
+        .await
+        .expect("boots in time")
+        .unwrap();
+    (client, inbox)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_needing_approval_wait_for_an_answer_and_silence_denies() {
     let daemon = TestDaemon::start("daemon-approval", serde_json::json!({}));
@@ -46,17 +66,7 @@ async fn commands_needing_approval_wait_for_an_answer_and_silence_denies() {
         "timeout_secs": 3,
     }))
     .unwrap();
-    let (client, mut inbox) = daemon.client().await;
-    client.call::<EventsSubscribe>(SubscribeParams { session: Some("ap".into()) }).await.unwrap();
-    let start = StartParams {
-        name: "ap".into(),
-        settings: SettingsPatch { approval: Some(approval), ..Default::default() },
-        ..Default::default()
-    };
-    tokio::time::timeout(Duration::from_secs(boot_timeout_secs() + 30), client.call::<SessionStart>(start))
-        .await
-        .expect("boots in time")
-        .unwrap();
+    let (client, mut inbox) = start_under(&daemon, "ap", approval).await;
     let run = Duration::from_secs(60);
 
     // Allowlisted: runs without asking.
@@ -139,17 +149,7 @@ async fn variables_that_change_what_runs_need_a_rule_that_names_them() {
         "timeout_secs": 30,
     }))
     .unwrap();
-    let (client, mut inbox) = daemon.client().await;
-    client.call::<EventsSubscribe>(SubscribeParams { session: Some("env".into()) }).await.unwrap();
-    let start = StartParams {
-        name: "env".into(),
-        settings: SettingsPatch { approval: Some(approval), ..Default::default() },
-        ..Default::default()
-    };
-    tokio::time::timeout(Duration::from_secs(boot_timeout_secs() + 30), client.call::<SessionStart>(start))
-        .await
-        .expect("boots in time")
-        .unwrap();
+    let (client, mut inbox) = start_under(&daemon, "env", approval).await;
     let run = Duration::from_secs(60);
     let with_env = |words: &[&str], env: &[(&str, &str)]| SpawnParams {
         env: env.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
