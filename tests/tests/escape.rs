@@ -359,6 +359,21 @@ async fn run_suite(backend: BackendKind) {
                 }
                 seen.push("umbra-fsd: seccomp");
             }
+            for virtiofsd in named("virtiofsd") {
+                let seen_by_kernel = umbra_runtime::backend::confinement::Confinement::of(virtiofsd)
+                    .ok_or_else(|| format!("virtiofsd {virtiofsd} is gone"))?;
+                if seen_by_kernel.seccomp != 2 || !seen_by_kernel.no_new_privs {
+                    return Err(format!("virtiofsd runs without its no-privilege filter: {seen_by_kernel:?}"));
+                }
+                if let Some((uid, _)) = umbra_runtime::backend::fsd::share_owner() {
+                    if seen_by_kernel.uid != uid || !seen_by_kernel.own_namespaces.contains(&"user".to_string()) {
+                        return Err(format!(
+                            "virtiofsd is not the owner in its own user namespace: {seen_by_kernel:?}"
+                        ));
+                    }
+                }
+                seen.push("virtiofsd: seccomp, no_new_privs");
+            }
             for qemu in named("qemu-system") {
                 if status(qemu, "Seccomp").as_deref() != Some("2") {
                     return Err(format!("QEMU {qemu} runs without -sandbox"));
