@@ -153,7 +153,10 @@ pub fn boot_timeout_secs() -> u64 {
     std::env::var("UMBRA_BOOT_TIMEOUT_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(120)
 }
 
-/// Processes whose command line names one of `names` and contains `marker`.
+/// Processes whose command line names one of `names` and whose command line or environment
+/// contains `marker` — and the relays of jailed helpers (`umbra-relay`, forks of umbrad or
+/// umbra-fsd whose environment has the marker): a jailed QEMU inherits every path it uses as
+/// a descriptor, so only its environment names the daemon's directory.
 pub fn processes_mentioning(marker: &Path, names: &[&str]) -> Vec<(u32, String)> {
     let marker = marker.display().to_string();
     let mut found = Vec::new();
@@ -161,7 +164,10 @@ pub fn processes_mentioning(marker: &Path, names: &[&str]) -> Vec<(u32, String)>
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if names.iter().any(|n| cmd.contains(n)) && cmd.contains(&marker) {
+        let env =
+            String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default()).into_owned();
+        let named = names.iter().any(|n| cmd.contains(n)) || crate::comm(pid) == "umbra-relay";
+        if named && (cmd.contains(&marker) || env.contains(&marker)) {
             found.push((pid, cmd));
         }
     }

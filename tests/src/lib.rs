@@ -125,6 +125,40 @@ pub fn process_state(pid: u32) -> Option<char> {
     stat.rsplit_once(')')?.1.split_whitespace().next()?.chars().next()
 }
 
+/// `roots` and every process descended from them, read from /proc (a jailed helper is the
+/// child of its relay; virtiofsd, of umbra-fsd's relay).
+pub fn with_descendants(roots: &[u32]) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // "pid (comm) S ppid ..." — comm may contain spaces and parens.
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut all = roots.to_vec();
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for (pid, ppid) in &parents {
+            if all.contains(ppid) && !all.contains(pid) {
+                all.push(*pid);
+                grew = true;
+            }
+        }
+    }
+    all
+}
+
+/// The name the kernel shows for a process (`comm`); empty once it is gone.
+pub fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string()
+}
+
 /// Pids of the zombie children of `parent`, read from /proc.
 pub fn zombie_children(parent: u32) -> Vec<u32> {
     let mut zombies = Vec::new();

@@ -98,17 +98,7 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, (Vec<u8>, u32)> {
 /// The VM's host processes: the helpers the session lists and their children (a jailed
 /// umbra-vmm is the child of the process the runtime started).
 fn vm_processes(s: &Session) -> Vec<u32> {
-    let helpers = s.info().vm.map(|v| v.pids).unwrap_or_default();
-    let mut all = helpers.clone();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
-        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
-        let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|p| p.trim().parse::<u32>().ok());
-        if ppid.is_some_and(|p| helpers.contains(&p)) && !all.contains(&pid) {
-            all.push(pid);
-        }
-    }
-    all
+    umbra_tests::with_descendants(&s.info().vm.map(|v| v.pids).unwrap_or_default())
 }
 
 fn comm(pid: u32) -> String {
@@ -365,6 +355,9 @@ async fn run_suite(backend: BackendKind) {
                 if seen_by_kernel.seccomp != 2 || !seen_by_kernel.no_new_privs {
                     return Err(format!("virtiofsd runs without its no-privilege filter: {seen_by_kernel:?}"));
                 }
+                if !seen_by_kernel.own_namespaces.iter().any(|ns| ns == "pid") {
+                    return Err(format!("virtiofsd shares the host's pid namespace: {seen_by_kernel:?}"));
+                }
                 if let Some((uid, _)) = umbra_runtime::backend::fsd::share_owner() {
                     if seen_by_kernel.uid != uid || !seen_by_kernel.own_namespaces.contains(&"user".to_string()) {
                         return Err(format!(
@@ -372,31 +365,34 @@ async fn run_suite(backend: BackendKind) {
                         ));
                     }
                 }
-                seen.push("virtiofsd: seccomp, no_new_privs");
+                seen.push("virtiofsd: seccomp, no_new_privs, pid namespace");
             }
-            for qemu in named("qemu-system") {
-                if status(qemu, "Seccomp").as_deref() != Some("2") {
-                    return Err(format!("QEMU {qemu} runs without -sandbox"));
-                }
-                seen.push("qemu: -sandbox");
-            }
-            for (kind, pids) in [("vhost-device-vsock", named("vhost-device-vs")), ("umbra-vmm", named("umbra-vmm"))] {
-                for pid in pids {
-                    if !root && kind == "vhost-device-vsock" {
-                        continue; // jailed only when the runtime is root
+            // The device models and the vsock daemon: jailed in every namespace but the user's
+            // (which they have too, when the runtime is not root), unprivileged, filtered, and
+            // seeing nothing of the host's root.
+            for (kind, prefix) in
+                [("qemu", "qemu-system"), ("vhost-device-vsock", "vhost-device-vs"), ("umbra-vmm", "umbra-vmm")]
+            {
+                for pid in named(prefix) {
+                    let c = umbra_runtime::backend::confinement::Confinement::of(pid)
+                        .ok_or_else(|| format!("{kind} {pid} is gone"))?;
+                    // umbra-vmm's jailed process is the child of the one the runtime started.
+                    if kind == "umbra-vmm" && c.seccomp != 2 {
+                        continue;
                     }
-                    let mine = std::fs::read_link("/proc/self/ns/net").unwrap();
-                    if std::fs::read_link(format!("/proc/{pid}/ns/net")).ok() == Some(mine) {
-                        // umbra-vmm's jailed process is the child of the one the runtime started.
-                        if kind == "umbra-vmm" && status(pid, "Seccomp").as_deref() != Some("2") {
-                            continue;
-                        }
-                        return Err(format!("{kind} {pid} shares the host's network namespace"));
+                    let mut want = vec!["mnt", "pid", "net", "ipc", "uts"];
+                    if !root {
+                        want.push("user");
                     }
-                    if status(pid, "NoNewPrivs").as_deref() != Some("1")
-                        || status(pid, "CapEff").as_deref() != Some("0000000000000000")
-                    {
-                        return Err(format!("{kind} {pid} keeps privileges"));
+                    let missing: Vec<_> = want.iter().filter(|ns| !c.own_namespaces.iter().any(|o| o == *ns)).collect();
+                    if !missing.is_empty() {
+                        return Err(format!("{kind} {pid} shares the host's {missing:?} namespaces: {c:?}"));
+                    }
+                    // SAFETY: geteuid has no preconditions.
+                    let me = unsafe { libc::geteuid() };
+                    let want_uid = if root { 65534 } else { me };
+                    if c.uid != want_uid || !c.no_capabilities() || !c.no_new_privs || c.seccomp != 2 {
+                        return Err(format!("{kind} {pid} keeps privileges (want uid {want_uid}): {c:?}"));
                     }
                     let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/root"))
                         .map_err(|e| e.to_string())?
@@ -406,7 +402,11 @@ async fn run_suite(backend: BackendKind) {
                     if names.iter().any(|n| n == "etc" || n == "home" || n == "proc") {
                         return Err(format!("{kind} {pid} sees the host's root: {names:?}"));
                     }
-                    seen.push(if kind == "umbra-vmm" { "umbra-vmm: jail" } else { "vhost-device-vsock: jail" });
+                    seen.push(match kind {
+                        "qemu" => "qemu: jail",
+                        "umbra-vmm" => "umbra-vmm: jail",
+                        _ => "vhost-device-vsock: jail",
+                    });
                 }
             }
             if seen.is_empty() {

@@ -160,9 +160,9 @@ async fn break_and_recover(
 }
 
 fn kill9_helper(pids: &[u32], name_prefix: &str) -> Result<u32, String> {
-    let pid = pids
-        .iter()
-        .copied()
+    // The helper itself, not its jail's relay (which would take it down all the same).
+    let pid = umbra_tests::with_descendants(pids)
+        .into_iter()
         .find(|p| comm(*p).starts_with(name_prefix))
         .ok_or_else(|| format!("no {name_prefix} among the VM's processes {pids:?}"))?;
     // SAFETY: kill(2) of a process this test's daemon started.
@@ -186,25 +186,11 @@ fn guest_panic(daemon: Arc<TestDaemon>) -> Case {
     Box::pin(break_and_recover(daemon, "panic", |_| Some("echo c > /proc/sysrq-trigger".to_string())))
 }
 
-/// The processes whose parent is `parent`.
-fn children_of(parent: u32) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            status.lines().find_map(|l| l.strip_prefix("PPid:")).is_some_and(|p| p.trim() == parent.to_string())
-        })
-        .collect()
-}
-
 fn virtiofsd_killed(daemon: Arc<TestDaemon>) -> Case {
     Box::pin(break_and_recover(daemon, "fsd", |pids| {
-        // virtiofsd is umbra-fsd's child.
+        // virtiofsd is umbra-fsd's descendant (through its pid namespace's relay).
         let fsd: Vec<u32> = pids.iter().copied().filter(|p| comm(*p) == "umbra-fsd").collect();
-        let virtiofsd: Vec<u32> = fsd.iter().flat_map(|p| children_of(*p)).collect();
-        let _ = kill9_helper(&virtiofsd, "virtiofsd");
+        let _ = kill9_helper(&fsd, "virtiofsd");
         None
     }))
 }

@@ -66,13 +66,23 @@ fn start_long_running(tag: &str) -> (umbra_tests::TempDir, String, std::process:
     (runtime_dir, marker, child)
 }
 
+/// vmctl's QEMU and vhost-device-vsock (jailed: each is the child of its relay).
+fn helpers_of(vmctl: u32) -> Vec<u32> {
+    umbra_tests::with_descendants(&[vmctl])
+        .into_iter()
+        .filter(|p| ["qemu-system-x86", "vhost-device-vs"].contains(&umbra_tests::comm(*p).as_str()))
+        .collect()
+}
+
 #[test]
 fn sigkill_of_vmctl_leaves_no_qemu_or_vhost_daemon_behind() {
     let (_runtime_dir, marker, mut child) = start_long_running("xdg-kill");
-    let helpers = descendants_named(&["qemu-system-x86_64", "vhost-device-vsock"], &marker);
+    let helpers = helpers_of(child.id());
     assert_eq!(helpers.len(), 2, "qemu and vhost-device-vsock are running");
+    // vhost-device-vsock's command line names the run directory: these are this test's.
+    assert_eq!(descendants_named(&["vhost-device-vsock"], &marker).len(), 1);
     // QEMU runs under its own seccomp filter (-sandbox on,...).
-    let qemu = descendants_named(&["qemu-system-x86_64"], &marker)[0];
+    let qemu = *helpers.iter().find(|p| umbra_tests::comm(**p) == "qemu-system-x86").unwrap();
     let status = std::fs::read_to_string(format!("/proc/{qemu}/status")).unwrap();
     assert!(status.lines().any(|l| l == "Seccomp:\t2"), "QEMU is not seccomp-filtered:\n{status}");
 
@@ -80,7 +90,8 @@ fn sigkill_of_vmctl_leaves_no_qemu_or_vhost_daemon_behind() {
     child.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let left = descendants_named(&["qemu-system-x86_64", "vhost-device-vsock"], &marker);
+        let left: Vec<u32> =
+            helpers.iter().copied().filter(|p| umbra_tests::process_state(*p).is_some_and(|s| s != 'Z')).collect();
         if left.is_empty() {
             break;
         }
@@ -91,14 +102,17 @@ fn sigkill_of_vmctl_leaves_no_qemu_or_vhost_daemon_behind() {
 
 #[test]
 fn ctrl_c_ends_the_command_and_the_vm() {
-    let (runtime_dir, marker, mut child) = start_long_running("xdg-int");
+    let (runtime_dir, _marker, mut child) = start_long_running("xdg-int");
+    let helpers = helpers_of(child.id());
+    assert_eq!(helpers.len(), 2, "qemu and vhost-device-vsock are running");
     let t = Instant::now();
     // SAFETY: plain kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130), "128 + SIGINT");
     assert!(t.elapsed() < Duration::from_secs(15), "ended promptly: {:?}", t.elapsed());
-    assert!(descendants_named(&["qemu-system-x86_64", "vhost-device-vsock"], &marker).is_empty());
+    let alive = |p: &u32| umbra_tests::process_state(*p).is_some_and(|s| s != 'Z');
+    assert!(!helpers.iter().any(alive), "helpers ended with vmctl");
     assert_eq!(std::fs::read_dir(runtime_dir.0.join("umbra/vms")).unwrap().count(), 0, "run directory removed");
 }
 

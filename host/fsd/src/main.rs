@@ -173,7 +173,7 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
     };
     let child_side = userns.as_ref().map(|(child, _)| *child);
     // SAFETY: the pre_exec closure only makes async-signal-safe calls (prctl, dup2, unshare,
-    // read, write, close, set*id, seccomp) on data prepared before the fork.
+    // read, write, close, set*id, fork, seccomp) on data prepared before the fork.
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(move || {
@@ -194,6 +194,12 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
                     return Err(std::io::Error::other("umbra-fsd went away while virtiofsd started"));
                 }
             }
+            // virtiofsd is pid 1 of its own pid namespace: no process outside it can be named
+            // (signalled, traced, found in /proc by pid) from it.
+            if libc::unshare(libc::CLONE_NEWPID) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            umbra_sys::pidns::split(parent)?;
             privileges::install(&no_privileges)
         });
     }

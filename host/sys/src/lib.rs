@@ -2,6 +2,9 @@
 
 use std::path::Path;
 
+#[cfg(target_os = "linux")]
+pub mod pidns;
+
 /// Whether the Unix socket at `path` is listening, from /proc/net/unix.
 ///
 /// The socket file appears at bind(), before listen(): a client connecting in between is

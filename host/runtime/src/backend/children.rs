@@ -16,6 +16,12 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+#[cfg(target_os = "linux")]
+pub type Jail = super::helper_jail::HelperJail;
+/// No helper jail off Linux.
+#[cfg(not(target_os = "linux"))]
+pub enum Jail {}
+
 type SpawnJob = (Command, mpsc::SyncSender<io::Result<Child>>);
 
 /// Forks `cmd` on the keeper thread (see the module docs) and returns the child.
@@ -47,10 +53,19 @@ pub struct Supervised {
 }
 
 impl Supervised {
-    pub fn spawn(name: &'static str, mut cmd: Command) -> io::Result<Self> {
+    pub fn spawn(name: &'static str, cmd: Command) -> io::Result<Self> {
+        Self::spawn_jailed(name, cmd, None)
+    }
+
+    /// Spawns `cmd` inside `jail` (see [`super::helper_jail`]); then [`Self::pid`] is the
+    /// jail's relay, which ends as the helper does.
+    pub fn spawn_jailed(name: &'static str, mut cmd: Command, jail: Option<Jail>) -> io::Result<Self> {
         let parent = std::process::id() as libc::pid_t;
+        // No jail off Linux (the type has no value).
+        #[cfg(not(target_os = "linux"))]
+        let _: Option<Jail> = jail;
         // SAFETY: between fork and exec we call only async-signal-safe functions (prctl,
-        // getppid, setpgid, _exit) and touch no heap state.
+        // getppid, setpgid, _exit, and the jail's system calls) and touch no heap state.
         unsafe {
             cmd.pre_exec(move || {
                 // macOS has no parent-death signal; there the VM runs in-process (vz) and
@@ -66,6 +81,10 @@ impl Supervised {
                 }
                 if libc::setpgid(0, 0) != 0 {
                     return Err(io::Error::last_os_error());
+                }
+                #[cfg(target_os = "linux")]
+                if let Some(jail) = &jail {
+                    jail.enter(parent)?;
                 }
                 Ok(())
             });

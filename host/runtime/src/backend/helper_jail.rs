@@ -1,43 +1,76 @@
-//! A namespace jail for a helper the runtime execs (vhost-device-vsock): set up between fork
-//! and exec, so the helper starts inside it.
+//! The jail of a helper the runtime execs (QEMU, vhost-device-vsock), entered between fork and
+//! exec so the helper starts inside it — umbra-vmm's jail, for programs that are not ours:
 //!
-//! - new mount, network, ipc and uts namespaces: no network at all (it needs none — its
-//!   sockets are Unix sockets, reached by path), nothing shared with the host's IPC;
-//! - the root is a small tmpfs holding read-only binds of `/usr` (and the merged-/usr links
-//!   `/bin`, `/lib`, `/lib64`), the helper binary's directory, and one read-write bind: the
-//!   directory with its sockets, at the same path, so its arguments need no rewriting;
-//! - `no_new_privs` and an empty capability bounding set: the helper, root or not, execs with
-//!   no capability and can never gain one (it cannot undo the mounts).
+//! - new mount, pid, network, ipc and uts namespaces, plus a user namespace when the runtime is
+//!   not root (it is what lets a user make the others; only the user itself is mapped, so the
+//!   helper stays that user, not root inside);
+//! - the root is a small tmpfs holding read-only binds of `/usr` (and the merged-/usr links),
+//!   the helper binary's directory, the files it reads by name (kernel, initrd, rootfs), device
+//!   nodes it needs (`/dev/kvm`), and at most one writable directory (vhost-device-vsock's
+//!   sockets), each at its host path so no argument needs rewriting. Everything else it uses
+//!   (the session disk, vhost-user sockets) it inherits as a descriptor;
+//! - started as root it becomes [`HELPER_ID`] (`nobody`), with no supplementary group but the
+//!   device's; in every case an empty capability bounding set, `no_new_privs`, no core dumps;
+//! - a seccomp filter answering `EPERM` to what a device model never needs and a kernel exploit
+//!   usually does (mounts, namespaces, ptrace, module and kexec loading, bpf, keyrings,
+//!   io_uring, handle-based opens), `ENOSYS` to `clone3` (so libc falls back to `clone`, whose
+//!   namespace flags the filter can see), and `EPERM` to the x32 system-call numbers.
 //!
-//! Only as root (the namespaces need CAP_SYS_ADMIN); as another user the helper runs as before.
+//! A pid namespace applies to children only, so the forked process splits once more
+//! ([`umbra_sys::pidns::split`]): the helper execs as pid 1 of its namespace; the relay waits
+//! and exits as it did. Both are in the process group [`super::Supervised`] kills.
+//!
 //! Everything the child does is prepared here first: between fork and exec only system calls
 //! run, no allocation.
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
-use std::process::Command;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompFilter,
+    SeccompRule,
+};
+
+/// The uid and gid a helper started by a root runtime runs as (`nobody`), as umbra-vmm's.
+pub const HELPER_ID: u32 = super::kvm::JAIL_ID;
 
 /// One step of the child's set-up.
 enum Step {
     /// mkdir, EEXIST ignored.
     Dir(CString),
+    /// An empty file to bind a file or device onto.
+    File(CString),
     Symlink {
         target: CString,
         link: CString,
     },
-    /// A bind mount of `source` on `target`, then (`read_only`) remounted read-only.
+    /// A bind of `source` on `target`; then, unless `remount` is 0, remounted with those flags
+    /// (read-only binds: the source's locked flags plus ro, nosuid, nodev).
     Bind {
         source: CString,
         target: CString,
-        read_only: bool,
+        remount: libc::c_ulong,
     },
+}
+
+/// Who the helper runs as.
+enum Identity {
+    /// The runtime is root: become `uid`/`gid` with `groups` only.
+    Drop { uid: u32, gid: u32, groups: Vec<libc::gid_t> },
+    /// The runtime is a user: a user namespace mapping that user (and no one else) to itself.
+    Namespace { uid_map: CString, gid_map: CString },
 }
 
 pub struct HelperJail {
     root: CString,
     steps: Vec<Step>,
+    identity: Identity,
+    /// Descriptors the helper inherits (their close-on-exec flag is cleared in the child).
+    keep: Vec<RawFd>,
+    filters: Vec<BpfProgram>,
 }
 
 fn c(path: &Path) -> io::Result<CString> {
@@ -58,61 +91,144 @@ fn dirs_under(root: &Path, path: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The flags a read-only remount of a bind of `path` needs: the ones the kernel locks on its
+/// mount (in a user namespace a remount may not clear them) plus read-only, nosuid, nodev.
+fn read_only_flags(path: &Path) -> io::Result<libc::c_ulong> {
+    let st = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
+    use nix::sys::statvfs::FsFlags as F;
+    let mut flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+    for (st_flag, ms_flag) in [
+        (F::ST_NOEXEC, libc::MS_NOEXEC),
+        (F::ST_NOATIME, libc::MS_NOATIME),
+        (F::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (F::ST_RELATIME, libc::MS_RELATIME),
+    ] {
+        if st.flags().contains(st_flag) {
+            flags |= ms_flag;
+        }
+    }
+    Ok(flags)
+}
+
 impl HelperJail {
-    /// Whether helpers are jailed here: as root, unless `UMBRA_HELPER_JAIL=off` (debugging).
+    /// Whether helpers are jailed: yes unless `UMBRA_HELPER_JAIL=off`, a switch for debugging
+    /// (and for hosts without user namespaces), not for use.
     pub fn enabled() -> bool {
+        std::env::var("UMBRA_HELPER_JAIL").map_or(true, |v| v != "off")
+    }
+
+    /// Whether the runtime is root, so helpers drop to [`HELPER_ID`].
+    pub fn as_root() -> bool {
         // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        root && std::env::var("UMBRA_HELPER_JAIL").map_or(true, |v| v != "off")
+        unsafe { libc::geteuid() == 0 }
     }
 
     /// A jail rooted at `root` (an empty directory the caller made; the tmpfs goes there)
-    /// exposing `binary`'s directory read-only and `writable` read-write.
-    pub fn new(root: &Path, binary: &Path, writable: &Path) -> io::Result<Self> {
-        let mut steps = Vec::new();
-        let bind = |steps: &mut Vec<Step>, source: &Path, read_only: bool| -> io::Result<()> {
-            for d in dirs_under(root, source) {
-                steps.push(Step::Dir(c(&d)?));
+    /// exposing `binary`'s directory read-only.
+    pub fn new(root: &Path, binary: &Path) -> io::Result<Self> {
+        // SAFETY: these calls have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let identity = if uid == 0 {
+            Identity::Drop { uid: HELPER_ID, gid: HELPER_ID, groups: Vec::new() }
+        } else {
+            Identity::Namespace {
+                uid_map: CString::new(format!("{uid} {uid} 1")).expect("digits"),
+                gid_map: CString::new(format!("{gid} {gid} 1")).expect("digits"),
             }
-            let target = root.join(source.strip_prefix("/").unwrap_or(source));
-            steps.push(Step::Bind { source: c(source)?, target: c(&target)?, read_only });
-            Ok(())
         };
-        bind(&mut steps, Path::new("/usr"), true)?;
+        let mut jail = Self { root: c(root)?, steps: Vec::new(), identity, keep: Vec::new(), filters: filters()? };
+        jail.read_only(Path::new("/usr"))?;
         for link in ["bin", "lib", "lib64", "sbin"] {
             let host = Path::new("/").join(link);
             match std::fs::read_link(&host) {
                 // Merged /usr: the same link inside.
-                Ok(target) => steps.push(Step::Symlink { target: c(&target)?, link: c(&root.join(link))? }),
-                Err(_) if host.is_dir() => bind(&mut steps, &host, true)?,
+                Ok(target) => jail.steps.push(Step::Symlink { target: c(&target)?, link: c(&root.join(link))? }),
+                Err(_) if host.is_dir() => jail.read_only(&host)?,
                 Err(_) => {}
             }
         }
         let bin_dir = binary.parent().unwrap_or(Path::new("/"));
         if !bin_dir.starts_with("/usr") {
-            bind(&mut steps, bin_dir, true)?;
+            jail.read_only(bin_dir)?;
         }
-        bind(&mut steps, writable, false)?;
-        Ok(Self { root: c(root)?, steps })
+        Ok(jail)
     }
 
-    /// Makes `cmd`'s child enter the jail before it execs.
-    pub fn apply(self, cmd: &mut Command) {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: the closure makes only system calls (unshare, mount, mkdir, symlink, chdir,
-        // pivot_root, umount2, prctl) on data prepared before the fork; it allocates nothing.
-        unsafe {
-            cmd.pre_exec(move || self.enter());
-        }
+    fn root_path(&self) -> PathBuf {
+        PathBuf::from(std::ffi::OsStr::from_bytes(self.root.as_bytes()))
     }
 
-    fn enter(&self) -> io::Result<()> {
-        let err = |_: ()| io::Error::last_os_error();
-        let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(err(())) };
+    fn bind(&mut self, source: &Path, remount: libc::c_ulong) -> io::Result<()> {
+        let root = self.root_path();
+        let is_dir = std::fs::metadata(source)?.is_dir();
+        let mut dirs = dirs_under(&root, source);
+        let target = if is_dir { dirs.last().cloned() } else { dirs.pop() }
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "cannot bind the root into a jail"))?;
+        for d in dirs {
+            self.steps.push(Step::Dir(c(&d)?));
+        }
+        if !is_dir {
+            self.steps.push(Step::File(c(&target)?));
+        }
+        self.steps.push(Step::Bind { source: c(source)?, target: c(&target)?, remount });
+        Ok(())
+    }
+
+    /// Shows `path` (a file or directory) read-only at the same path.
+    pub fn read_only(&mut self, path: &Path) -> io::Result<()> {
+        let flags = read_only_flags(path)?;
+        self.bind(path, flags)
+    }
+
+    /// Shows directory `path` writable at the same path; as root, it is given to the helper's
+    /// user (it must be a directory made for this helper alone).
+    pub fn writable(&mut self, path: &Path) -> io::Result<()> {
+        if let Identity::Drop { uid, gid, .. } = &self.identity {
+            std::os::unix::fs::chown(path, Some(*uid), Some(*gid))?;
+        }
+        self.bind(path, 0)
+    }
+
+    /// Shows device node `path` (`/dev/kvm`) as it is; as root, the helper joins the node's
+    /// group so that it may open it.
+    pub fn device(&mut self, path: &Path) -> io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let gid = std::fs::metadata(path)?.gid();
+        if let Identity::Drop { groups, .. } = &mut self.identity {
+            groups.push(gid);
+        }
+        self.bind(path, 0)
+    }
+
+    /// Lets the helper inherit `fd` under the same number (the caller keeps it open until the
+    /// helper has started).
+    pub fn inherit(&mut self, fd: RawFd) {
+        self.keep.push(fd);
+    }
+
+    /// The child's part, after the fork: everything up to exec. Returns in the helper (pid 1 of
+    /// its namespace); the relay never returns. `runtime` is the pid of the process that forked.
+    ///
+    /// # Safety
+    /// Only between fork and exec: it makes system calls on data prepared by [`Self::new`].
+    pub unsafe fn enter(&self, runtime: libc::pid_t) -> io::Result<()> {
+        let err = || io::Error::last_os_error();
+        let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(err()) };
         let null = std::ptr::null::<libc::c_char>();
-        // SAFETY: system calls on NUL-terminated strings owned by `self`, alive for the call.
+        // SAFETY: system calls on NUL-terminated strings and buffers owned by `self`, alive for
+        // each call; fork in a child of a multi-threaded process, after which both sides make
+        // only async-signal-safe calls.
         unsafe {
-            check(libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS))?;
+            let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET | libc::CLONE_NEWIPC;
+            flags |= libc::CLONE_NEWUTS;
+            if let Identity::Namespace { uid_map, gid_map } = &self.identity {
+                check(libc::unshare(flags | libc::CLONE_NEWUSER))?;
+                write_file(c"/proc/self/setgroups", b"deny")?;
+                write_file(c"/proc/self/uid_map", uid_map.as_bytes())?;
+                write_file(c"/proc/self/gid_map", gid_map.as_bytes())?;
+            } else {
+                check(libc::unshare(flags))?;
+            }
             check(libc::mount(null, c"/".as_ptr(), null, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
             check(libc::mount(
                 c"tmpfs".as_ptr(),
@@ -125,11 +241,18 @@ impl HelperJail {
                 match step {
                     Step::Dir(d) => {
                         if libc::mkdir(d.as_ptr(), 0o755) != 0 && *libc::__errno_location() != libc::EEXIST {
-                            return Err(err(()));
+                            return Err(err());
                         }
                     }
+                    Step::File(f) => {
+                        let fd = libc::open(f.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644);
+                        if fd < 0 {
+                            return Err(err());
+                        }
+                        libc::close(fd);
+                    }
                     Step::Symlink { target, link } => check(libc::symlink(target.as_ptr(), link.as_ptr()))?,
-                    Step::Bind { source, target, read_only } => {
+                    Step::Bind { source, target, remount } => {
                         check(libc::mount(
                             source.as_ptr(),
                             target.as_ptr(),
@@ -137,10 +260,8 @@ impl HelperJail {
                             libc::MS_BIND | libc::MS_REC,
                             std::ptr::null(),
                         ))?;
-                        if *read_only {
-                            let flags =
-                                libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
-                            check(libc::mount(null, target.as_ptr(), null, flags, std::ptr::null()))?;
+                        if *remount != 0 {
+                            check(libc::mount(null, target.as_ptr(), null, *remount, std::ptr::null()))?;
                         }
                     }
                 }
@@ -154,13 +275,164 @@ impl HelperJail {
                 check(libc::chroot(c".".as_ptr()))?;
             }
             check(libc::chdir(c"/".as_ptr()))?;
+            let name = b"umbra-helper";
+            check(libc::sethostname(name.as_ptr().cast(), name.len()))?;
+            check(libc::setrlimit(libc::RLIMIT_CORE, &libc::rlimit { rlim_cur: 0, rlim_max: 0 }))?;
+            // While CAP_SETPCAP is still ours: nothing can ever regain a capability.
             for cap in 0..=63 {
                 libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
             }
+            if let Identity::Drop { uid, gid, groups } = &self.identity {
+                check(libc::setgroups(groups.len(), groups.as_ptr()))?;
+                check(libc::setresgid(*gid, *gid, *gid))?;
+                // Clears every capability: the relay is unprivileged too.
+                check(libc::setresuid(*uid, *uid, *uid))?;
+            }
+            umbra_sys::pidns::split(runtime)?;
+            for fd in &self.keep {
+                check(libc::fcntl(*fd, libc::F_SETFD, 0))?;
+            }
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+            for filter in &self.filters {
+                let prog =
+                    libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut libc::sock_filter };
+                if libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0, &prog) != 0 {
+                    return Err(err());
+                }
+            }
+            Ok(())
         }
-        Ok(())
     }
+}
+
+/// Writes `data` to `path` with system calls only.
+///
+/// # Safety
+/// Only raw system calls; safe between fork and exec.
+unsafe fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
+    // SAFETY: a NUL-terminated path and a buffer alive for the calls.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = libc::write(fd, data.as_ptr().cast(), data.len());
+        libc::close(fd);
+        if n != data.len() as isize {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The system calls a helper never makes, by number.
+fn denied() -> Vec<i64> {
+    let mut nrs = vec![
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_chroot,
+        libc::SYS_unshare,
+        libc::SYS_setns,
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_userfaultfd,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_reboot,
+        libc::SYS_acct,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_move_mount,
+        libc::SYS_open_tree,
+        libc::SYS_mount_setattr,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    nrs.extend([libc::SYS_iopl, libc::SYS_ioperm]);
+    nrs
+}
+
+/// The namespace flags a `clone` may not carry.
+const NEW_NAMESPACES: [libc::c_int; 7] = [
+    libc::CLONE_NEWNS,
+    libc::CLONE_NEWUSER,
+    libc::CLONE_NEWPID,
+    libc::CLONE_NEWNET,
+    libc::CLONE_NEWIPC,
+    libc::CLONE_NEWUTS,
+    libc::CLONE_NEWCGROUP,
+];
+
+/// The helper's filters, in the order they are installed.
+fn filters() -> io::Result<Vec<BpfProgram>> {
+    let bad = |e: String| io::Error::other(format!("the helper's seccomp filter: {e}"));
+    let arch: seccompiler::TargetArch = std::env::consts::ARCH.try_into().map_err(|e| bad(format!("{e:?}")))?;
+    let mut rules: std::collections::BTreeMap<i64, Vec<SeccompRule>> =
+        denied().into_iter().map(|nr| (nr, Vec::new())).collect();
+    let clone_flags = NEW_NAMESPACES
+        .iter()
+        .map(|flag| {
+            let flag = *flag as u64;
+            // x86_64 and arm64 both take the flags first.
+            let cond = Cond::new(0, Len::Qword, Op::MaskedEq(flag), flag).expect("argument 0");
+            SeccompRule::new(vec![cond]).expect("one condition")
+        })
+        .collect();
+    rules.insert(libc::SYS_clone, clone_flags);
+    let deny = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)
+        .map_err(|e| bad(e.to_string()))?;
+    let clone3 = SeccompFilter::new(
+        [(libc::SYS_clone3, Vec::new())].into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )
+    .map_err(|e| bad(e.to_string()))?;
+    let mut out: Vec<BpfProgram> = vec![
+        deny.try_into().map_err(|e: seccompiler::BackendError| bad(e.to_string()))?,
+        clone3.try_into().map_err(|e: seccompiler::BackendError| bad(e.to_string()))?,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    out.push(no_x32());
+    Ok(out)
+}
+
+/// x32 system calls are x86_64 numbers with bit 30 set: a filter matching numbers alone would
+/// let them through.
+#[cfg(target_arch = "x86_64")]
+fn no_x32() -> BpfProgram {
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    let stmt = |code: u32, k: u32| seccompiler::sock_filter { code: code as u16, jt: 0, jf: 0, k };
+    let jump = |code: u32, k: u32, jt: u8, jf: u8| seccompiler::sock_filter { code: code as u16, jt, jf, k };
+    vec![
+        // seccomp_data.arch
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 4),
+        jump(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, AUDIT_ARCH_X86_64, 0, 3),
+        // seccomp_data.nr
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+        jump(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K, X32_SYSCALL_BIT, 0, 1),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ]
 }
 
 #[cfg(test)]
@@ -176,5 +448,54 @@ mod tests {
                 .map(PathBuf::from)
                 .collect();
         assert_eq!(dirs, want);
+    }
+
+    /// Runs `probe` jailed (as the helper would run) and returns its output and exit status.
+    fn jailed(script: &str) -> (String, std::process::ExitStatus) {
+        let dir = tempfile::tempdir_in("/tmp").unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        let sh = Path::new("/bin/sh");
+        let mut jail = HelperJail::new(&root, sh).unwrap();
+        jail.writable(&shared).unwrap();
+        let mut cmd = std::process::Command::new(sh);
+        cmd.arg("-c").arg(script.replace("SHARED", &shared.display().to_string()));
+        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        // SAFETY: `enter` is made for this place.
+        unsafe {
+            let me = libc::getpid();
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || jail.enter(me));
+        }
+        let out = cmd.output().unwrap();
+        (String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr), out.status)
+    }
+
+    #[test]
+    fn a_jailed_helper_sees_only_its_files_as_pid_one_without_privilege() {
+        let (out, status) = jailed(
+            "echo pid=$$; id -u; ls /; echo hi > SHARED/f && cat SHARED/f; \
+             grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status 2>&1 || echo noproc; \
+             hostname; exit 7",
+        );
+        assert_eq!(status.code(), Some(7), "{out}");
+        assert!(out.contains("pid=1\n"), "{out}");
+        let uid = if HelperJail::as_root() { HELPER_ID } else { unsafe { libc::geteuid() } };
+        assert!(out.contains(&format!("\n{uid}\n")), "{out}");
+        assert!(out.contains("hi\n"), "{out}");
+        // No /proc, /etc or /home: only what the jail binds.
+        assert!(!out.contains("etc") && !out.contains("home"), "{out}");
+        assert!(out.contains("noproc"), "{out}");
+        assert!(out.contains("umbra-helper"), "{out}");
+    }
+
+    #[test]
+    fn a_jailed_helper_cannot_mount_or_make_a_namespace() {
+        // util-linux's `unshare` and `mount`: the filter refuses both.
+        let (out, status) = jailed("unshare -U true && echo UNSHARED; mount -t tmpfs t SHARED && echo MOUNTED; exit 3");
+        assert!(!out.contains("UNSHARED") && !out.contains("MOUNTED"), "{out}");
+        assert!(out.contains("Operation not permitted"), "{out}");
+        assert_eq!(status.code(), Some(3), "{out}");
     }
 }

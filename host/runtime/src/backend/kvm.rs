@@ -182,7 +182,16 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     if let Some(restore) = &spec.restore {
         cmd.arg("--restore").arg(&restore.snapshot);
     }
-    let guest = GuestProcess { name: "umbra-vmm", binary: &vmm, cmd, log: run.join("umbra-vmm.log"), log_label: "" };
+    let guest = GuestProcess {
+        name: "umbra-vmm",
+        binary: &vmm,
+        cmd,
+        log: run.join("umbra-vmm.log"),
+        log_label: "",
+        // umbra-vmm jails itself, once it has opened its files (umbra_vmm::jail).
+        jail: None,
+        held: Vec::new(),
+    };
     let vm = Launch { backend: BackendKind::Kvm, started, id, run, children, folders }.finish(spec, guest).await?;
     if let Some(restore) = &spec.restore {
         // The guest resumed with the snapshotted VM's hostname, entropy pool and clock.

@@ -557,6 +557,9 @@ struct GuestProcess<'a> {
     log: PathBuf,
     /// Put before the log's text where it joins a boot failure's console lines.
     log_label: &'static str,
+    jail: Option<children::Jail>,
+    /// Descriptors the process inherits, closed here once it has started.
+    held: Vec<std::os::fd::OwnedFd>,
 }
 
 impl Launch {
@@ -564,14 +567,16 @@ impl Launch {
     /// agent on the run directory's vsock socket.
     async fn finish(self, spec: &VmSpec, guest: GuestProcess<'_>) -> Result<Vm, VmError> {
         let Launch { backend, started, id, run, mut children, folders } = self;
-        let GuestProcess { name, binary, mut cmd, log, log_label } = guest;
+        let GuestProcess { name, binary, mut cmd, log, log_label, jail, held } = guest;
         let console_log = run.join("console.log");
         // Listen for the agent's readiness announcement before the guest can make it.
         let ready_path = rundir::vsock_port_socket(run.path(), umbra_proto::AGENT_READY_VSOCK_PORT);
         let ready = tokio::net::UnixListener::bind(&ready_path).map_err(io("listen for the agent's readiness"))?;
         rundir::open_to_vmm(&ready_path).map_err(io("open the readiness socket to the VMM"))?;
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file(&log)?);
-        let mut process = Supervised::spawn(name, cmd).map_err(io(format!("start {}", binary.display())))?;
+        let mut process =
+            Supervised::spawn_jailed(name, cmd, jail).map_err(io(format!("start {}", binary.display())))?;
+        drop(held);
         let console_out = process.take_stdout().unwrap_or_else(|| panic!("{name} spawned with a stdout pipe"));
         let copier =
             console::ConsoleCopier::start(console_out, console_log.clone()).map_err(io("start the console copier"))?;

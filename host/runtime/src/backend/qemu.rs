@@ -7,11 +7,15 @@
 //! virtio devices (on the machine's virtio-mmio transports, which the device tree describes),
 //! the kernel's `Image`, a PL011 console; TCG unless the host is itself arm64 with KVM.
 
+use std::os::fd::{OwnedFd, RawFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::children::Jail;
 use super::fsd::FolderServer;
+#[cfg(target_os = "linux")]
+use super::helper_jail::HelperJail;
 use super::host::KvmKind;
 use super::rundir::{new_vm_id, RunDir};
 use super::{
@@ -34,8 +38,31 @@ fn qemu_program(arch: Arch) -> super::host::Program {
     }
 }
 
+/// What a jailed QEMU inherits instead of opening by name: its jail has neither the session
+/// disk nor the vhost-user sockets, and as `nobody` it could open none of them. Unjailed
+/// (`UMBRA_HELPER_JAIL=off`) every field is `None` and QEMU opens them by path.
+#[derive(Default)]
+pub struct Inherited {
+    /// A connected socket to vhost-device-vsock.
+    pub vsock: Option<RawFd>,
+    /// A connected socket to virtiofsd.
+    pub fs: Option<RawFd>,
+    /// The session disk, opened read-write and read-only (QEMU picks from the set by mode).
+    pub disk: Option<[RawFd; 2]>,
+}
+
+/// The fd set the session disk's descriptors are in (`-add-fd`).
+const DISK_FD_SET: u32 = 1;
+
 /// The QEMU command line for `spec`.
-pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool, fs_socket: Option<&Path>) -> Command {
+pub fn qemu_command(
+    qemu: &Path,
+    spec: &VmSpec,
+    run: &RunDir,
+    accel_kvm: bool,
+    fs_socket: Option<&Path>,
+    inherited: &Inherited,
+) -> Command {
     let mem = spec.memory_mib;
     let arch = spec.image.arch;
     let mut cmd = Command::new(qemu);
@@ -82,19 +109,31 @@ pub fn qemu_command(qemu: &Path, spec: &VmSpec, run: &RunDir, accel_kvm: bool, f
     // guest as an I/O error; QEMU's default for ENOSPC pauses the VM, which nothing here would
     // ever resume (the heartbeat would fail and the session restart into the same full disk).
     if let Some(disk) = &spec.disk {
+        let file = match inherited.disk {
+            Some(fds) => {
+                for fd in fds {
+                    cmd.arg("-add-fd").arg(format!("fd={fd},set={DISK_FD_SET}"));
+                }
+                format!("/dev/fdset/{DISK_FD_SET}")
+            }
+            None => option_value(disk),
+        };
         cmd.arg("-drive")
             .arg(format!(
-                "id=session,file={},format=raw,if=none,cache=writeback,discard=unmap,werror=report,rerror=report",
-                option_value(disk)
+                "id=session,file={file},format=raw,if=none,cache=writeback,discard=unmap,werror=report,rerror=report"
             ))
             .args(["-device", "virtio-blk-device,drive=session"]);
     }
+    let socket = |id: &str, fd: Option<RawFd>, path: &Path| match fd {
+        Some(fd) => format!("socket,id={id},fd={fd}"),
+        None => format!("socket,id={id},path={}", option_value(path)),
+    };
     cmd.arg("-chardev")
-        .arg(format!("socket,id=vsock,path={}", vhost_socket(run).display()))
+        .arg(socket("vsock", inherited.vsock, &vhost_socket(run)))
         .args(["-device", "vhost-user-vsock-device,chardev=vsock"]);
     if let Some(sock) = fs_socket {
         cmd.arg("-chardev")
-            .arg(format!("socket,id=fs,path={}", sock.display()))
+            .arg(socket("fs", inherited.fs, sock))
             .arg("-device")
             .arg(format!("vhost-user-fs-device,chardev=fs,tag={}", super::fsd::FS_TAG));
     }
@@ -140,16 +179,9 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log_file(&vhost_log)?);
-    #[cfg(target_os = "linux")]
-    if super::helper_jail::HelperJail::enabled() {
-        let root = run.join("vhost-root");
-        std::fs::create_dir(&root).map_err(io(format!("create {}", root.display())))?;
-        let jail = super::helper_jail::HelperJail::new(&root, &vhost, vsock_uds.parent().expect("in a directory"))
-            .map_err(io("prepare vhost-device-vsock's jail"))?;
-        jail.apply(&mut daemon_cmd);
-    }
-    let mut daemon =
-        Supervised::spawn("vhost-device-vsock", daemon_cmd).map_err(io(format!("start {}", vhost.display())))?;
+    let daemon_jail = vhost_jail(&run, &vhost, vsock_uds.parent().expect("in a directory"))?;
+    let mut daemon = Supervised::spawn_jailed("vhost-device-vsock", daemon_cmd, daemon_jail)
+        .map_err(io(format!("start {}", vhost.display())))?;
     // QEMU connects to the vhost-user socket once, when it starts: the socket must listen, not
     // merely exist (the file appears at bind(), before listen()).
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -176,9 +208,127 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let folders = start_folder_server(spec, &run, &mut children).await?;
     // KVM runs only the host's architecture; another one is emulated.
     let accel_kvm = KvmKind::detect() == KvmKind::Hardware && spec.image.arch == Arch::host();
-    let cmd = qemu_command(&qemu, spec, &run, accel_kvm, folders.as_ref().map(FolderServer::socket));
-    let guest = GuestProcess { name: program.name, binary: &qemu, cmd, log: run.join("qemu.log"), log_label: "qemu: " };
+    let fs_socket = folders.as_ref().map(FolderServer::socket);
+    let (inherited, held, jail) = qemu_jail(spec, &run, &qemu, accel_kvm, &vhost_sock, fs_socket)?;
+    let cmd = qemu_command(&qemu, spec, &run, accel_kvm, fs_socket, &inherited);
+    let guest = GuestProcess {
+        name: program.name,
+        binary: &qemu,
+        cmd,
+        log: run.join("qemu.log"),
+        log_label: "qemu: ",
+        jail,
+        held,
+    };
     Launch { backend: BackendKind::Qemu, started, id, run, children, folders }.finish(spec, guest).await
+}
+
+/// vhost-device-vsock's jail, unless helpers run unjailed; `dir` is its sockets' directory, the
+/// only one it writes.
+#[cfg(target_os = "linux")]
+fn vhost_jail(run: &RunDir, vhost: &Path, dir: &Path) -> Result<Option<Jail>, VmError> {
+    if !HelperJail::enabled() {
+        return Ok(None);
+    }
+    let mut jail =
+        HelperJail::new(&jail_root(run, "vhost-root")?, vhost).map_err(io("prepare vhost-device-vsock's jail"))?;
+    jail.writable(dir).map_err(io(format!("give {} to vhost-device-vsock", dir.display())))?;
+    Ok(Some(jail))
+}
+
+/// QEMU's jail and what it inherits, unless helpers run unjailed.
+#[cfg(target_os = "linux")]
+fn qemu_jail(
+    spec: &VmSpec,
+    run: &RunDir,
+    qemu: &Path,
+    accel_kvm: bool,
+    vhost_sock: &Path,
+    fs_socket: Option<&Path>,
+) -> Result<(Inherited, Vec<OwnedFd>, Option<Jail>), VmError> {
+    use std::os::fd::AsRawFd;
+    if !HelperJail::enabled() {
+        return Ok((Inherited::default(), Vec::new(), None));
+    }
+    let (inherited, held) = open_for_jail(spec, vhost_sock, fs_socket)?;
+    let mut jail = HelperJail::new(&jail_root(run, "qemu-root")?, qemu).map_err(io("prepare QEMU's jail"))?;
+    let image = &spec.image;
+    for file in [Some(&image.kernel), image.initrd.as_ref(), image.rootfs.as_ref()].into_iter().flatten() {
+        jail.read_only(file).map_err(io(format!("show {} to QEMU", file.display())))?;
+    }
+    if accel_kvm {
+        jail.device(Path::new("/dev/kvm")).map_err(io("show /dev/kvm to QEMU"))?;
+    }
+    for fd in &held {
+        jail.inherit(fd.as_raw_fd());
+    }
+    Ok((inherited, held, Some(jail)))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn vhost_jail(_: &RunDir, _: &Path, _: &Path) -> Result<Option<Jail>, VmError> {
+    Ok(None)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn qemu_jail(
+    _: &VmSpec,
+    _: &RunDir,
+    _: &Path,
+    _: bool,
+    _: &Path,
+    _: Option<&Path>,
+) -> Result<(Inherited, Vec<OwnedFd>, Option<Jail>), VmError> {
+    Ok((Inherited::default(), Vec::new(), None))
+}
+
+/// An empty directory in the run directory for a jail's root.
+#[cfg(target_os = "linux")]
+fn jail_root(run: &RunDir, name: &str) -> Result<std::path::PathBuf, VmError> {
+    let root = run.join(name);
+    std::fs::create_dir(&root).map_err(io(format!("create {}", root.display())))?;
+    Ok(root)
+}
+
+#[cfg(target_os = "linux")]
+/// Opens what a jailed QEMU inherits: connections to the vhost-user daemons (they accept one
+/// each, so this is QEMU's) and the session disk in both access modes. The descriptors stay
+/// open until QEMU has started.
+fn open_for_jail(
+    spec: &VmSpec,
+    vhost_sock: &Path,
+    fs_socket: Option<&Path>,
+) -> Result<(Inherited, Vec<OwnedFd>), VmError> {
+    use std::os::fd::AsRawFd;
+    let connect = |path: &Path| -> Result<OwnedFd, VmError> {
+        let stream =
+            std::os::unix::net::UnixStream::connect(path).map_err(io(format!("connect to {}", path.display())))?;
+        Ok(OwnedFd::from(stream))
+    };
+    let mut held = Vec::new();
+    let mut inherited = Inherited::default();
+    let vsock = connect(vhost_sock)?;
+    inherited.vsock = Some(vsock.as_raw_fd());
+    held.push(vsock);
+    if let Some(path) = fs_socket {
+        let fs = connect(path)?;
+        inherited.fs = Some(fs.as_raw_fd());
+        held.push(fs);
+    }
+    if let Some(disk) = &spec.disk {
+        let open = |write: bool| -> Result<OwnedFd, VmError> {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(write)
+                .open(disk)
+                .map_err(io(format!("open {}", disk.display())))?;
+            Ok(OwnedFd::from(file))
+        };
+        let (rw, ro) = (open(true)?, open(false)?);
+        inherited.disk = Some([rw.as_raw_fd(), ro.as_raw_fd()]);
+        held.extend([rw, ro]);
+    }
+    Ok((inherited, held))
 }
 
 #[cfg(test)]
@@ -203,7 +353,7 @@ mod tests {
 
     fn args(spec: &VmSpec) -> Vec<String> {
         let run = RunDir::create(&new_vm_id()).unwrap();
-        let cmd = qemu_command(Path::new("qemu"), spec, &run, false, None);
+        let cmd = qemu_command(Path::new("qemu"), spec, &run, false, None, &Inherited::default());
         cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect()
     }
 
