@@ -120,3 +120,22 @@ fn without_umbrad_session_commands_say_how_to_start_it_and_run_still_works() {
         .unwrap();
     assert_eq!((text(&out.stdout), out.status.code()), ("no daemon needed\n".into(), Some(0)));
 }
+
+/// The README's quick start: umbrad with its defaults and `vmctl session start dev` naming no
+/// bundle. Nothing is installed in this daemon's store, so the default (`current`) boots the
+/// flavor this machine built; the same default as `vmctl run` and the clients'.
+#[test]
+fn the_quick_start_needs_no_bundle_named() {
+    let daemon = TestDaemon::start("vmctl-quick-start", serde_json::json!({ "bundle": "current" }));
+    let out = vmctl(&daemon).args(["start", "dev", "--memory", "192"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = vmctl(&daemon).args(["exec", "dev", "--", "cat", "/etc/os-release"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(umbra_tests::test_bundle("minimal").join("manifest.json")).unwrap())
+            .unwrap();
+    let out = vmctl(&daemon).args(["ls", "--json"]).output().unwrap();
+    let listed = text(&out.stdout);
+    assert!(listed.contains(manifest["bundle_version"].as_str().unwrap()), "{listed}");
+    assert!(vmctl(&daemon).args(["rm", "dev"]).status().unwrap().success());
+}

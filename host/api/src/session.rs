@@ -112,7 +112,8 @@ pub struct SessionSettings {
     /// How long a ping may take before the VM counts as failed and is restarted.
     pub heartbeat_timeout_secs: u64,
     /// Which bundle boots it: an installed version, `current`, or a built flavor (`minimal`,
-    /// `standard`) or bundle directory.
+    /// `standard`) or bundle directory. `current` with nothing installed is the flavor this
+    /// machine built (`minimal` first).
     pub bundle: String,
     /// Which VM backend runs it.
     pub backend: BackendChoice,

@@ -12,14 +12,47 @@ use crate::paths;
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     #[error(
-        "no bundle {spec:?}: not a bundle directory, not a built flavor in {built}, not installed in {store} \
-         (build one with `vmctl bundle build --flavor minimal`, or `vmctl bundle pull URL`)"
+        "no bundle {spec:?}: not a bundle directory, not a built flavor in {built} (built: {built_names}), not \
+         installed in {store} (installed: {installed_names}); build one with `vmctl bundle build --flavor \
+         minimal`, or `vmctl bundle pull URL`",
+        built_names = none_if_empty(built_flavors),
+        installed_names = none_if_empty(installed)
     )]
-    NoSuchBundle { spec: String, built: String, store: String },
+    NoSuchBundle { spec: String, built: String, built_flavors: Vec<String>, store: String, installed: Vec<String> },
     #[error("bundle {spec:?} failed verification: {source}")]
     Invalid { spec: String, source: Box<BundleError> },
     #[error("cannot promote the warm bundle: {0}")]
     Promote(Box<BundleError>),
+}
+
+fn none_if_empty(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// The flavors `vmctl bundle build` has built for this host's architecture, in the order a
+/// missing `current` falls back to them: `minimal` (what `scripts/sandbox` builds), then
+/// `standard`, then the rest by name.
+pub fn built_flavors() -> Vec<String> {
+    let dir = paths::built_bundles_dir();
+    let host = umbra_bundle::Arch::host().as_str();
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            let manifest: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(e.path().join("manifest.json")).ok()?).ok()?;
+            (manifest["arch"].as_str() == Some(host)).then_some(name)
+        })
+        .collect();
+    let rank = |n: &str| ["minimal", "standard"].iter().position(|f| *f == n).unwrap_or(2);
+    names.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
+    names
 }
 
 /// A boot image and what resolving it did on the way.
@@ -60,15 +93,30 @@ pub fn resolve_with(spec: &str, store: &Store, promote: bool) -> Result<Resolved
     } else {
         None
     };
-    let bundle = store.get(spec).map_err(|e| match e {
-        BundleError::NotInstalled { .. } => ImageError::NoSuchBundle {
-            spec: spec.into(),
-            built: paths::built_bundles_dir().display().to_string(),
-            store: store.root().display().to_string(),
-        },
-        other => ImageError::Invalid { spec: spec.into(), source: Box::new(other) },
-    })?;
+    let bundle = match store.get(spec) {
+        Ok(bundle) => bundle,
+        // The default, with nothing installed yet: the flavor this machine built (what a first
+        // `scripts/sandbox` or `vmctl bundle build` leaves), so a first session just works.
+        Err(BundleError::NotInstalled { .. }) if spec == "current" => {
+            if let Some(flavor) = built_flavors().into_iter().next() {
+                return resolve_with(&flavor, store, promote);
+            }
+            return Err(no_such_bundle(spec, store));
+        }
+        Err(BundleError::NotInstalled { .. }) => return Err(no_such_bundle(spec, store)),
+        Err(other) => return Err(ImageError::Invalid { spec: spec.into(), source: Box::new(other) }),
+    };
     Ok(Resolved { image: BootImage::from_extracted(&bundle), promoted_warm })
+}
+
+fn no_such_bundle(spec: &str, store: &Store) -> ImageError {
+    ImageError::NoSuchBundle {
+        spec: spec.into(),
+        built: paths::built_bundles_dir().display().to_string(),
+        built_flavors: built_flavors(),
+        store: store.root().display().to_string(),
+        installed: store.list().into_iter().filter(|b| !b.warm).map(|b| b.version).collect(),
+    }
 }
 
 /// [`resolve`] against the default store.
@@ -86,6 +134,7 @@ mod tests {
         let store = Store::new(dir.path().join("store"));
         let e = resolve("no-such-bundle", &store).unwrap_err().to_string();
         assert!(e.contains("no-such-bundle") && e.contains("store") && e.contains("vmctl bundle build"), "{e}");
+        assert!(e.contains("installed: none"), "{e}");
         assert!(packed_dir("../../etc").is_none());
     }
 }

@@ -50,8 +50,10 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "auto")]
     backend: BackendChoice,
     /// Bundle: a directory holding manifest.json, a flavor built by `vmctl bundle build`, or an
-    /// installed version (`current` promotes a warm download first).
-    #[arg(long, default_value = "minimal")]
+    /// installed version. The default, `current`, is the installed current bundle (a warm
+    /// download promoted first), else the flavor this machine built (`minimal` first): the
+    /// same default as sessions and the clients.
+    #[arg(long, default_value = "current")]
     bundle: String,
     #[arg(long, default_value_t = 1)]
     cpus: u32,

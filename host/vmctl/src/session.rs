@@ -57,7 +57,8 @@ pub struct StartArgs {
     /// Size of its writable disk in MiB (0: guest writes stay in RAM).
     #[arg(long)]
     disk_size: Option<u64>,
-    /// Bundle (a built flavor, a directory, or an installed version).
+    /// Bundle (a built flavor, a directory, or an installed version); default: the daemon's
+    /// (`current`: the installed current bundle, else the flavor this machine built).
     #[arg(long)]
     bundle: Option<String>,
     #[command(flatten)]

@@ -175,7 +175,8 @@ export interface DaemonConfig {
   boot_timeout_secs?: number;
   /**
    * Which bundle boots it: an installed version, `current`, or a built flavor (`minimal`,
-   * `standard`) or bundle directory.
+   * `standard`) or bundle directory. `current` with nothing installed is the flavor this
+   * machine built (`minimal` first).
    *
    * @defaultValue `"current"`
    */
@@ -1274,7 +1275,8 @@ export interface SessionSettings {
   backend?: BackendChoice;
   /**
    * Which bundle boots it: an installed version, `current`, or a built flavor (`minimal`,
-   * `standard`) or bundle directory.
+   * `standard`) or bundle directory. `current` with nothing installed is the flavor this
+   * machine built (`minimal` first).
    *
    * @defaultValue `"current"`
    */
