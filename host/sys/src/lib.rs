@@ -5,6 +5,35 @@ use std::path::Path;
 #[cfg(target_os = "linux")]
 pub mod pidns;
 
+/// The flags of the mount holding `path` that the kernel locks when a user namespace gets a copy
+/// of it (read-only, noexec, the atime mode), as `MS_*` flags: a remount of a bind of it there
+/// must keep them, so a jail starts its remount flags from these. Only a system call: safe
+/// between fork and exec.
+#[cfg(target_os = "linux")]
+pub fn locked_mount_flags(path: &std::ffi::CStr) -> std::io::Result<libc::c_ulong> {
+    // SAFETY: statvfs fills the struct it is given from a NUL-terminated path.
+    let st = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(path.as_ptr(), &mut st) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        st
+    };
+    let mut flags = 0;
+    for (st_flag, ms_flag) in [
+        (libc::ST_RDONLY, libc::MS_RDONLY),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+    ] {
+        if st.f_flag & st_flag != 0 {
+            flags |= ms_flag;
+        }
+    }
+    Ok(flags)
+}
+
 /// Whether the Unix socket at `path` is listening, from /proc/net/unix.
 ///
 /// The socket file appears at bind(), before listen(): a client connecting in between is

@@ -153,21 +153,8 @@ fn inside(jail: &JailConfig, user_namespace: bool) -> Result<Option<i64>, String
         }
         // A remount of a bind must keep the flags the kernel locked (in a user namespace):
         // start from the ones it has and add nosuid, nodev, noexec.
-        let mut st: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(dir.as_ptr(), &mut st) != 0 {
-            return Err(os_error("statvfs"));
-        }
-        let mut flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-        for (st_flag, ms_flag) in [
-            (libc::ST_RDONLY, libc::MS_RDONLY),
-            (libc::ST_NOATIME, libc::MS_NOATIME),
-            (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
-            (libc::ST_RELATIME, libc::MS_RELATIME),
-        ] {
-            if st.f_flag & st_flag != 0 {
-                flags |= ms_flag;
-            }
-        }
+        let locked = umbra_sys::locked_mount_flags(&dir).map_err(|e| format!("jail: statvfs: {e}"))?;
+        let flags = locked | libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
         if libc::mount(std::ptr::null(), dir.as_ptr(), std::ptr::null(), flags, std::ptr::null()) != 0 {
             return Err(os_error("remount the jail nosuid,nodev,noexec"));
         }

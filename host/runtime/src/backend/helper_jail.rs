@@ -92,22 +92,10 @@ fn dirs_under(root: &Path, path: &Path) -> Vec<PathBuf> {
 }
 
 /// The flags a read-only remount of a bind of `path` needs: the ones the kernel locks on its
-/// mount (in a user namespace a remount may not clear them) plus read-only, nosuid, nodev.
+/// mount plus read-only, nosuid, nodev.
 fn read_only_flags(path: &Path) -> io::Result<libc::c_ulong> {
-    let st = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
-    use nix::sys::statvfs::FsFlags as F;
-    let mut flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
-    for (st_flag, ms_flag) in [
-        (F::ST_NOEXEC, libc::MS_NOEXEC),
-        (F::ST_NOATIME, libc::MS_NOATIME),
-        (F::ST_NODIRATIME, libc::MS_NODIRATIME),
-        (F::ST_RELATIME, libc::MS_RELATIME),
-    ] {
-        if st.flags().contains(st_flag) {
-            flags |= ms_flag;
-        }
-    }
-    Ok(flags)
+    let locked = umbra_sys::locked_mount_flags(&c(path)?)?;
+    Ok(locked | libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV)
 }
 
 impl HelperJail {
