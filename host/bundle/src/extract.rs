@@ -38,6 +38,11 @@ pub(crate) fn extract_into(
     let result = extract_to(compressed, artifact, source, &tmp);
     match result {
         Ok(()) => {
+            // Never written again, and read by helpers that run as another user (a jailed QEMU
+            // is `nobody`): read-only for everyone, whatever the umask.
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&tmp, fs::Permissions::from_mode(0o444))
+                .map_err(io_err("cannot set the mode of", &tmp))?;
             fs::rename(&tmp, &dst).map_err(io_err("cannot rename into", &dst))?;
             Ok(dst)
         }

@@ -91,6 +91,17 @@ fn dirs_under(root: &Path, path: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Why an unprivileged user cannot make a user namespace here, if a known switch says so.
+fn user_namespaces_off() -> Option<String> {
+    let read = |knob: &str| std::fs::read_to_string(format!("/proc/sys/{knob}")).ok().map(|v| v.trim().to_string());
+    for (knob, off) in [("kernel/unprivileged_userns_clone", "0"), ("user/max_user_namespaces", "0")] {
+        if read(knob).as_deref() == Some(off) {
+            return Some(format!("sysctl {} is {off}", knob.replace('/', ".")));
+        }
+    }
+    None
+}
+
 /// The flags a read-only remount of a bind of `path` needs: the ones the kernel locks on its
 /// mount plus read-only, nosuid, nodev.
 fn read_only_flags(path: &Path) -> io::Result<libc::c_ulong> {
@@ -119,6 +130,16 @@ impl HelperJail {
         let identity = if uid == 0 {
             Identity::Drop { uid: HELPER_ID, gid: HELPER_ID, groups: Vec::new() }
         } else {
+            // Between fork and exec only an errno gets back: say here what a refusal would mean.
+            if let Some(why) = user_namespaces_off() {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "the helpers' jail needs a user namespace and {why}: allow them, run as root, or set \
+                         UMBRA_HELPER_JAIL=off to start QEMU and vhost-device-vsock unjailed"
+                    ),
+                ));
+            }
             Identity::Namespace {
                 uid_map: CString::new(format!("{uid} {uid} 1")).expect("digits"),
                 gid_map: CString::new(format!("{gid} {gid} 1")).expect("digits"),
