@@ -490,6 +490,7 @@ mod tests {
         );
         assert_eq!(status.code(), Some(7), "{out}");
         assert!(out.contains("pid=1\n"), "{out}");
+        // SAFETY: geteuid has no preconditions.
         let uid = if HelperJail::as_root() { HELPER_ID } else { unsafe { libc::geteuid() } };
         assert!(out.contains(&format!("\n{uid}\n")), "{out}");
         assert!(out.contains("hi\n"), "{out}");
