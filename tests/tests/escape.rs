@@ -18,7 +18,7 @@ use umbra_api::session::{FolderSpec, NetworkMode, NetworkPolicy, SettingsPatch};
 use umbra_proto::ShareMode;
 use umbra_runtime::backend::BackendKind;
 use umbra_runtime::session::{ExecRequest, Session};
-use umbra_tests::TempDir;
+use umbra_tests::{comm, TempDir};
 
 const SESSION: &str = "esc";
 const MEMORY_MIB: u32 = 512;
@@ -99,10 +99,6 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, (Vec<u8>, u32)> {
 /// umbra-vmm is the child of the process the runtime started).
 fn vm_processes(s: &Session) -> Vec<u32> {
     umbra_tests::with_descendants(&s.info().vm.map(|v| v.pids).unwrap_or_default())
-}
-
-fn comm(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string()
 }
 
 fn total_rss_mib(pids: &[u32]) -> u64 {

@@ -19,6 +19,7 @@ use umbra_api::methods::*;
 use umbra_api::session::SettingsPatch;
 use umbra_api::{EventKind, FolderSpec, SessionStatus};
 use umbra_proto::ShareMode;
+use umbra_tests::comm;
 use umbra_tests::daemon::{boot_timeout_secs, process_output, wait_event, Inbox, TestDaemon};
 
 type Outcome = Result<String, String>;
@@ -92,10 +93,6 @@ async fn gone_within(pids: &[u32], limit: Duration) -> Result<(), String> {
 async fn session_pids(client: &Client, name: &str) -> Vec<u32> {
     let info = client.call::<SessionGet>(SessionRef { name: name.into() }).await.unwrap();
     info.vm.map(|v| v.pids).unwrap_or_default()
-}
-
-fn comm(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string()
 }
 
 /// A ready session `name` with a rwd folder holding `seen.txt` and a mark on its disk.
