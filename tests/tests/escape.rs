@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use umbra_api::methods::StartParams;
 use umbra_api::session::{FolderSpec, NetworkMode, NetworkPolicy, SettingsPatch};
+use umbra_policy::SandboxPolicy;
 use umbra_proto::ShareMode;
 use umbra_runtime::backend::BackendKind;
 use umbra_runtime::session::{ExecRequest, Session};
@@ -103,6 +104,16 @@ fn vm_processes(s: &Session) -> Vec<u32> {
 
 fn total_rss_mib(pids: &[u32]) -> u64 {
     pids.iter().map(|p| umbra_tests::rss_kib(*p)).sum::<u64>() / 1024
+}
+
+/// What the helpers other than the VMM may grow by while a guest exhausts its memory.
+const HELPERS_GROWTH_MIB: u64 = 64;
+
+/// RSS of the VMM processes (QEMU, umbra-vmm) and of every other helper, in MiB.
+fn vmm_and_helpers_rss_mib(pids: &[u32]) -> (u64, u64) {
+    let (vmm, helpers): (Vec<u32>, Vec<u32>) =
+        pids.iter().partition(|p| ["qemu-system", "umbra-vmm"].iter().any(|n| comm(**p).starts_with(n)));
+    (total_rss_mib(&vmm), total_rss_mib(&helpers))
 }
 
 fn total_fds(pids: &[u32]) -> usize {
@@ -213,6 +224,12 @@ for mode in (0o4755, 0o2755, 0o6777):
         print("CREATE", oct(mode), oct(os.stat("created-%o" % mode).st_mode))
     except OSError as e:
         print("CREATE", oct(mode), e.strerror)
+# A rename that leaves a whiteout (a 0:0 character device) where the file was.
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+open("wo-from", "w").close()
+r = libc.renameat2(-100, b"wo-from", -100, b"wo-to", 4)
+print("WHITEOUT", r, os.strerror(ctypes.get_errno()))
 "#;
 
 /// Set-id files, device nodes and privileged extended attributes below `root` on the host.
@@ -289,6 +306,12 @@ async fn run_suite(backend: BackendKind) {
     std::os::unix::fs::symlink(&secret, rw.join("abs-link")).unwrap();
     std::os::unix::fs::symlink("../secret", rw.join("rel-link")).unwrap();
     std::os::unix::fs::symlink("/etc/shadow", rw.join("shadow-link")).unwrap();
+    // Files the session's `ignore` patterns hide: their bytes must never reach the guest (as
+    // root, fanotify refuses the opens; without root, the seccomp open check does).
+    std::fs::create_dir_all(rw.join("vault")).unwrap();
+    std::fs::write(rw.join("api.key"), format!("{canary} api\n")).unwrap();
+    std::fs::write(rw.join("vault/token"), format!("{canary} vault\n")).unwrap();
+    std::fs::write(ro.join("ro.key"), format!("{canary} ro\n")).unwrap();
     give_to_share_owner(&ro);
     give_to_share_owner(&rw);
     let (ro_before, rw_before) = (snapshot(&ro), snapshot(&rw));
@@ -305,6 +328,7 @@ async fn run_suite(backend: BackendKind) {
             backend: Some(backend_choice),
             disk_size_mib: Some(DISK_MIB),
             network: Some(NetworkPolicy { mode: NetworkMode::Any, ..Default::default() }),
+            policy: Some(SandboxPolicy { ignore: Some(vec!["*.key".into(), "vault/".into()]), ..Default::default() }),
             ..Default::default()
         },
     };
@@ -325,6 +349,7 @@ async fn run_suite(backend: BackendKind) {
     let vm = vm_processes(&s);
     let info = s.info().vm.unwrap();
     let (rss_boot, fds_boot) = (total_rss_mib(&vm), total_fds(&vm));
+    let (vmm_boot, helpers_boot) = vmm_and_helpers_rss_mib(&vm);
 
     let mut cases: Vec<(&str, Case)> = Vec::new();
 
@@ -413,6 +438,37 @@ async fn run_suite(backend: BackendKind) {
         }),
     ));
 
+    cases.push((
+        "ignored files: no byte of them, by any open, rename or link",
+        Box::pin(async {
+            // Created on the host while the session runs: refused by name.
+            std::fs::write(rw.join("late.key"), format!("{canary} late\n")).unwrap();
+            give_to_share_owner(&rw.join("late.key"));
+            let (_, out) = g
+                .sh("cd /sessions/esc/mnt/rw; cat api.key vault/token late.key ../ro/ro.key 2>&1; \
+                     dd if=api.key bs=1 count=64 2>&1; cp api.key /tmp/c 2>&1; cat /tmp/c 2>&1; \
+                     sh -c 'exec 3<api.key; cat <&3' 2>&1; echo appended >> api.key 2>&1; \
+                     mv api.key stolen 2>&1; ln api.key linked 2>&1; ln -s api.key sym && cat sym 2>&1; \
+                     mv vault v2 2>&1; cat v2/token 2>&1; cp -r . /tmp/all 2>&1; grep -r . /tmp/all 2>&1; \
+                     echo made > new.key 2>&1; cat new.key 2>&1; ls -la; cat keep.txt ../ro/README; true")
+                .await;
+            g.clean("ignored", &out)?;
+            if !out.contains("keep me") || !out.contains("read only") {
+                return Err(format!("files no pattern matches were not readable:\n{out}"));
+            }
+            for (name, marker) in [("api.key", "api"), ("vault/token", "vault"), ("late.key", "late")] {
+                if std::fs::read_to_string(rw.join(name)).ok() != Some(format!("{canary} {marker}\n")) {
+                    return Err(format!("the host's {name} changed:\n{out}"));
+                }
+            }
+            if rw.join("stolen").exists() || rw.join("linked").exists() || rw.join("v2").exists() {
+                return Err(format!("an ignored entry was renamed or linked:\n{out}"));
+            }
+            // SAFETY: geteuid has no preconditions.
+            let how = if unsafe { libc::geteuid() } == 0 { "fanotify" } else { "open check" };
+            Ok(format!("refused ({how})"))
+        }),
+    ));
     cases.push((
         "share paths: symlinks, .., /proc tricks",
         Box::pin(async {
@@ -530,22 +586,30 @@ async fn run_suite(backend: BackendKind) {
             let t = g.answers(Duration::from_secs(60)).await?;
             all_alive(&vm)?;
             let rss = total_rss_mib(&vm);
+            let (vmm, helpers) = vmm_and_helpers_rss_mib(&vm);
             // The guest may have touched all its memory once; beyond it the VMM holds only its
             // own working set (QEMU's TCG keeps a translation cache; umbra-vmm almost nothing).
+            // The other helpers (umbra-fsd, virtiofsd, vhost-device-vsock, their relays) are
+            // bounded by what they held at boot: a guest's memory use is not theirs to grow.
             let own = match backend {
                 BackendKind::Qemu => 384,
                 BackendKind::Kvm => 64,
                 BackendKind::Vz => unreachable!("the escape suite runs on Linux backends"),
             };
-            if rss > MEMORY_MIB as u64 + own {
+            if vmm > MEMORY_MIB as u64 + own {
                 return Err(format!(
-                    "the VM's host RSS grew from {rss_boot} to {rss} MiB, over the guest's {MEMORY_MIB} + {own}"
+                    "the VMM's host RSS grew from {vmm_boot} to {vmm} MiB, over the guest's {MEMORY_MIB} + {own}"
+                ));
+            }
+            if helpers > helpers_boot + HELPERS_GROWTH_MIB {
+                return Err(format!(
+                    "the helpers' host RSS grew from {helpers_boot} to {helpers} MiB (more than {HELPERS_GROWTH_MIB})"
                 ));
             }
             let how = if out.contains("MemoryError") { "MemoryError".to_string() } else { format!("exit {code}") };
             Ok(format!(
-                "the hog ended ({how}); agent answered in {t:.1?}; VM RSS {rss_boot} → {rss} MiB \
-                 (bound {MEMORY_MIB} + {own})"
+                "the hog ended ({how}); agent answered in {t:.1?}; VM RSS {rss_boot} → {rss} MiB: VMM \
+                 {vmm_boot} → {vmm} (bound {MEMORY_MIB} + {own}), other helpers {helpers_boot} → {helpers}"
             ))
         }),
     ));
@@ -566,7 +630,7 @@ async fn run_suite(backend: BackendKind) {
                 ))
                 .await;
             g.clean("privileges", &out)?;
-            if !out.contains("fifo=0") || !out.contains("XATTR") {
+            if !out.contains("fifo=0") || !out.contains("XATTR") || !out.contains("WHITEOUT") {
                 return Err(format!("the probe did not run:\n{out}"));
             }
             let found = privileges_found(&rw.join("priv"));
@@ -580,7 +644,8 @@ async fn run_suite(backend: BackendKind) {
                     return Err(format!("files belong to {owners:?}, not the invoking user {uid}:{gid}"));
                 }
             }
-            Ok(format!("no set-id bit, device or capability on the host; owners {owners:?}"))
+            let whiteout = out.lines().find(|l| l.starts_with("WHITEOUT")).unwrap_or_default();
+            Ok(format!("no set-id bit, device or capability on the host; owners {owners:?}; {whiteout}"))
         }),
     ));
     cases.push((

@@ -8,7 +8,8 @@
 //! is opened through, so it covers files the host creates after the share; ignored entries that
 //! exist when the share starts are also pinned (`pins.rs`), so a guest cannot rename or link
 //! them to a name no pattern matches. Permission events need `CAP_SYS_ADMIN` in the initial
-//! user namespace: without it, a share with patterns is refused, never served unfiltered.
+//! user namespace: without root, virtiofsd's opens are checked against the same rules through
+//! seccomp user notification instead (`notify.rs`), and no fanotify group is made.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -18,15 +19,17 @@ use std::sync::{Arc, Mutex};
 
 use umbra_policy::IgnoreSet;
 
-struct Rule {
+pub(crate) struct Rule {
     root: PathBuf,
     set: IgnoreSet,
 }
 
-type Rules = Arc<Mutex<Vec<Rule>>>;
+pub(crate) type Rules = Arc<Mutex<Vec<Rule>>>;
 
 pub struct Hider {
-    group: Arc<OwnedFd>,
+    /// The fanotify group; `None` when virtiofsd's opens are checked by seccomp notification
+    /// (`notify.rs`), which reads the same rules.
+    group: Option<Arc<OwnedFd>>,
     rules: Rules,
 }
 
@@ -108,19 +111,26 @@ impl Hider {
         let group = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
         let rules: Rules = Arc::default();
         standby.tx.send((group.clone(), rules.clone())).map_err(|_| "the hide thread has ended".to_string())?;
-        Ok(Self { group, rules })
+        Ok(Self { group: Some(group), rules })
+    }
+
+    /// Without root: the rules the open-check thread of `notify.rs` reads, which it is handed.
+    pub fn notified() -> (Self, Rules) {
+        let rules: Rules = Arc::default();
+        (Self { group: None, rules: rules.clone() }, rules)
     }
 
     /// Hides what `set` matches below `root` (a share's mount point), on every mount in `mounts`
     /// (the share's and its pins').
     pub fn hide(&self, root: &Path, set: IgnoreSet, mounts: &[PathBuf]) -> Result<(), String> {
         self.rules.lock().unwrap().push(Rule { root: root.to_path_buf(), set });
+        let Some(group) = &self.group else { return Ok(()) };
         for mount in mounts {
             let c = CString::new(mount.as_os_str().as_bytes()).map_err(|_| format!("{mount:?} has a NUL byte"))?;
             // SAFETY: the group fd is open, `c` is a valid NUL-terminated path.
             let rc = unsafe {
                 libc::fanotify_mark(
-                    self.group.as_raw_fd(),
+                    group.as_raw_fd(),
                     libc::FAN_MARK_ADD | libc::FAN_MARK_MOUNT,
                     PERM_EVENTS | libc::FAN_ONDIR,
                     libc::AT_FDCWD,
@@ -143,7 +153,7 @@ impl Hider {
 }
 
 /// Whether an open of `path` (a directory if `is_dir`) is refused.
-fn refused(rules: &Rules, path: &Path, is_dir: bool) -> bool {
+pub(crate) fn refused(rules: &Rules, path: &Path, is_dir: bool) -> bool {
     let rules = rules.lock().unwrap();
     rules.iter().any(|r| path.starts_with(&r.root) && r.set.is_ignored(path, is_dir))
 }
@@ -204,7 +214,7 @@ fn answer_loop(group: &OwnedFd, rules: &Rules) {
 }
 
 /// The path `file` was opened through, and whether it is a directory.
-fn describe(file: &OwnedFd) -> Option<(PathBuf, bool)> {
+pub(crate) fn describe(file: &OwnedFd) -> Option<(PathBuf, bool)> {
     let link = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()?;
     let bytes = link.as_os_str().as_bytes();
     let path = match bytes.strip_suffix(b" (deleted)") {

@@ -20,6 +20,7 @@
 mod hide;
 mod mounts;
 mod namespace;
+mod notify;
 mod pins;
 mod privileges;
 mod seccomp;
@@ -111,7 +112,9 @@ fn high_fd(fd: std::os::fd::OwnedFd) -> Result<std::os::fd::OwnedFd, String> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(high) })
 }
 
-fn start_virtiofsd(args: &Args) -> Result<Child, String> {
+/// Starts virtiofsd; with `open_check`, under the notifying filter of `notify.rs`, answered
+/// with those rules from a thread started here (virtiofsd's loader opens its libraries first).
+fn start_virtiofsd(args: &Args, open_check: Option<hide::Rules>) -> Result<Child, String> {
     let stderr = match &args.log {
         Some(p) => Stdio::from(std::fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?),
         None => Stdio::inherit(),
@@ -172,6 +175,12 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
         None => None,
     };
     let child_side = userns.as_ref().map(|(child, _)| *child);
+    let notify_filter = open_check.is_some().then(notify::filter);
+    let pair = match open_check {
+        Some(_) => Some(std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?),
+        None => None,
+    };
+    let notify_socket = pair.as_ref().map(|(_, child)| std::os::fd::AsRawFd::as_raw_fd(child));
     // SAFETY: the pre_exec closure only makes async-signal-safe calls (prctl, dup2, unshare,
     // read, write, close, set*id, fork, seccomp) on data prepared before the fork.
     unsafe {
@@ -200,7 +209,12 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
                 return Err(std::io::Error::last_os_error());
             }
             umbra_sys::pidns::split(parent)?;
-            privileges::install(&no_privileges)
+            privileges::install(&no_privileges)?;
+            if let (Some(filter), Some(socket)) = (&notify_filter, notify_socket) {
+                // The socket is this child's end of the pair, open until exec.
+                notify::install_and_send(filter, socket)?;
+            }
+            Ok(())
         });
     }
     let guard = match (userns, args.owner) {
@@ -216,6 +230,13 @@ fn start_virtiofsd(args: &Args) -> Result<Child, String> {
     // virtiofsd has its own copy of the listening socket now.
     drop(listener);
     let mut child = spawned.map_err(|e| format!("cannot start {}: {e}", args.virtiofsd.display()))?;
+    if let (Some((ours, theirs)), Some(rules)) = (pair, open_check) {
+        drop(theirs);
+        if let Err(e) = notify::receive(&ours, 10_000).and_then(|listener| notify::start(listener, rules)) {
+            let _ = child.kill();
+            return Err(e);
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
     while !umbra_sys::unix_socket_listening(&args.socket) {
         if let Ok(Some(status)) = child.try_wait() {
@@ -295,6 +316,9 @@ fn main() -> ExitCode {
     // the VM's run directory is root's alone: the staging directory moves to a fresh one in
     // /tmp (an empty host directory; in this namespace a tmpfs covers it, gone at exit).
     let moved_staging = args.owner.is_some();
+    // SAFETY: geteuid has no preconditions. Read before this process enters its own user
+    // namespace, where it is root either way.
+    let privileged = unsafe { libc::geteuid() } == 0;
     if moved_staging {
         match shares::fresh_staging() {
             Ok(dir) => args.staging = dir,
@@ -307,14 +331,26 @@ fn main() -> ExitCode {
     if let Err(e) = shares::mount_both(&args.staging) {
         return fail(e);
     }
-    let mut virtiofsd = match start_virtiofsd(&args) {
+    // Hidden files are refused by fanotify as root; without it (or when asked, to test it) by
+    // checking virtiofsd's opens through seccomp notification, set up before virtiofsd starts.
+    let open_check = !privileged || std::env::var("UMBRA_FSD_OPEN_CHECK").is_ok_and(|v| v == "notify");
+    let notified = open_check.then(hide::Hider::notified);
+    let rules = notified.as_ref().map(|(_, rules)| rules.clone());
+    let mut virtiofsd = match start_virtiofsd(&args, rules) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
     let stopping = watch_virtiofsd(virtiofsd.id());
-    let mut hiding = match hide::Standby::start() {
-        Ok(s) => hide::Hiding::Standby(s),
-        Err(e) => return fail(e),
+    let started = match notified {
+        Some((hider, _)) => Ok(hide::Hiding::Active(hider)),
+        None => hide::Standby::start().map(hide::Hiding::Standby),
+    };
+    let mut hiding = match started {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = virtiofsd.kill();
+            return fail(e);
+        }
     };
     // Every thread exists now (virtiofsd runs in its own process, under its own filter).
     if let Err(e) = seccomp::install() {

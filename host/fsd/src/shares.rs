@@ -41,7 +41,9 @@ pub fn prep_dir(staging: &Path) -> PathBuf {
 /// A new, empty staging directory (and its preparation directory) in `/tmp`, `0755`: one a
 /// virtiofsd running as another user can resolve.
 pub fn fresh_staging() -> Result<PathBuf, String> {
-    let mut template = *b"/tmp/umbra-fsd-XXXXXX\0";
+    sweep_stale_staging();
+    let template = format!("/tmp/{STAGING_PREFIX}{}-XXXXXX", std::process::id());
+    let mut template = std::ffi::CString::new(template).expect("no NUL").into_bytes_with_nul();
     // SAFETY: mkdtemp rewrites the X's of the NUL-terminated template in place.
     let made = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
     if made.is_null() {
@@ -54,6 +56,26 @@ pub fn fresh_staging() -> Result<PathBuf, String> {
         .and_then(|()| std::fs::create_dir(&prep))
         .map_err(|e| format!("prepare {}: {e}", staging.display()))?;
     Ok(staging)
+}
+
+const STAGING_PREFIX: &str = "umbra-fsd-";
+
+/// Removes the staging directories of umbra-fsd processes that died without cleaning up
+/// (`SIGKILL`): named with their pid, and empty on the host (their mounts lived only in the
+/// dead process's namespace), so `rmdir` removes them and nothing else.
+fn sweep_stale_staging() {
+    let Ok(entries) = std::fs::read_dir("/tmp") else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(STAGING_PREFIX)) else { continue };
+        let Some(Ok(pid)) = rest.split_once('-').map(|(pid, _)| pid.parse::<u32>()) else { continue };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let staging = entry.path();
+        let _ = std::fs::remove_dir(prep_dir(&staging));
+        let _ = std::fs::remove_dir(&staging);
+    }
 }
 
 /// Removes what [`fresh_staging`] made, once its mounts are gone.
@@ -264,5 +286,28 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "../x", "a b", "x\0", &"y".repeat(65)] {
             assert!(!valid_name(bad), "{bad:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod sweep_tests {
+    #[test]
+    fn staging_of_dead_processes_is_swept_and_live_ones_kept() {
+        // A pid that is certainly gone: a child that exited and was reaped.
+        let dead = std::process::Command::new("true").spawn().unwrap();
+        let pid = dead.id();
+        let mut dead = dead;
+        dead.wait().unwrap();
+        let gone = std::path::PathBuf::from(format!("/tmp/umbra-fsd-{pid}-sweeptest"));
+        let gone_prep = super::prep_dir(&gone);
+        let live = std::path::PathBuf::from(format!("/tmp/umbra-fsd-1-sweeptest{pid}"));
+        for d in [&gone, &gone_prep, &live] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        super::sweep_stale_staging();
+        let (gone_left, prep_left, live_kept) = (gone.exists(), gone_prep.exists(), live.exists());
+        let _ = std::fs::remove_dir(&live);
+        assert!(!gone_left && !prep_left, "a dead process's staging stayed");
+        assert!(live_kept, "a live process's staging was removed");
     }
 }
