@@ -56,10 +56,10 @@ impl Vmm {
     fn start_with_fs(spec: &VmSpec, root: &Path, name: &str, restore: Option<&Path>, fs: Option<&Path>) -> Vmm {
         let dir = root.join(name);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut cfg = kvm::vm_config(spec, &dir.join("vsock.sock"), fs, false);
-        cfg["control"] = serde_json::json!(dir.join("control.sock"));
-        cfg["console_log"] = serde_json::json!(dir.join("console.log"));
-        std::fs::write(dir.join("vm.json"), cfg.to_string()).unwrap();
+        let mut cfg = kvm::vm_config(spec, &dir.join("vsock.sock"), fs, false).unwrap();
+        cfg.control = Some(dir.join("control.sock"));
+        cfg.console_log = Some(dir.join("console.log"));
+        std::fs::write(dir.join("vm.json"), serde_json::to_string(&cfg).unwrap()).unwrap();
         let mut cmd = Command::new(workspace_bin("umbra-vmm"));
         cmd.arg("--config").arg(dir.join("vm.json"));
         if let Some(snapshot) = restore {

@@ -8,14 +8,11 @@
 //! namespace: they vanish with the process, never touch the host's mount table, and need no
 //! cleanup after a crash.
 //!
-//! Control protocol: one JSON object per line on stdin, one reply per line on stdout.
-//! - start-up: `{"ready":true}` once virtiofsd listens (or `{"ok":false,"error":…}` and exit 1)
-//! - `{"op":"add","name":"proj","source":"/home/me/proj","read_only":true}` → `{"ok":true}`;
-//!   optional `"protect_git":true` pins every `.git` read-only (`pins.rs`), and
-//!   `"hide":[".env","*.pem"]` refuses opening what those gitignore patterns match (`hide.rs`)
-//! - `{"op":"remove","name":"proj"}` → `{"ok":true}`
-//!
-//! Closing stdin ends it (and virtiofsd with it).
+//! Control protocol (`umbra_contract::fsd`, the runtime's side uses the same types): one JSON
+//! object per line on stdin, one reply per line on stdout. `ready` once virtiofsd listens (or
+//! `error` and exit 1); `add` shares a folder — `protect_git` pins every `.git` read-only
+//! (`pins.rs`), `hide` refuses opening what those gitignore patterns match (`hide.rs`) — and
+//! `remove` unshares one. Closing stdin ends it (and virtiofsd with it).
 
 mod hide;
 mod mounts;
@@ -31,30 +28,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
-use serde_json::json;
+use umbra_contract::fsd::{FsdReply, FsdRequest};
 
 const USAGE: &str = "usage: umbra-fsd --staging DIR --socket PATH [--virtiofsd BIN] [--log FILE] [--owner UID:GID]";
-
-#[derive(Deserialize)]
-#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
-enum Request {
-    Add {
-        name: String,
-        source: PathBuf,
-        read_only: bool,
-        #[serde(default)]
-        protect_git: bool,
-        #[serde(default)]
-        hide: Vec<String>,
-        /// The folder's identity when it was first shared: anything else there is refused.
-        #[serde(default)]
-        identity: Option<mounts::Identity>,
-    },
-    Remove {
-        name: String,
-    },
-}
 
 struct Args {
     staging: PathBuf,
@@ -88,14 +64,15 @@ fn parse_args() -> Result<Args, String> {
     })
 }
 
-fn reply(value: serde_json::Value) {
+fn reply(value: &FsdReply) {
+    let line = serde_json::to_string(value).unwrap_or_else(|_| r#"{"reply":"error","error":"unprintable"}"#.into());
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{value}");
+    let _ = writeln!(out, "{line}");
     let _ = out.flush();
 }
 
 fn fail(msg: String) -> ExitCode {
-    reply(json!({"ok": false, "error": msg}));
+    reply(&FsdReply::Error { error: msg });
     ExitCode::from(1)
 }
 
@@ -357,7 +334,7 @@ fn main() -> ExitCode {
         let _ = virtiofsd.kill();
         return fail(e);
     }
-    reply(json!({"ready": true}));
+    reply(&FsdReply::Ready);
 
     let mut shares = shares::Shares::default();
     for line in std::io::stdin().lock().lines() {
@@ -365,22 +342,22 @@ fn main() -> ExitCode {
         if line.trim().is_empty() {
             continue;
         }
-        let result = match serde_json::from_str::<Request>(&line) {
+        let result = match serde_json::from_str::<FsdRequest>(&line) {
             Err(e) => Err(format!("bad request: {e}")),
-            Ok(Request::Add { name, source, read_only, protect_git, hide, identity }) => {
+            Ok(FsdRequest::Add { name, source, read_only, protect_git, hide, identity }) => {
                 add(&args.staging, &mut shares, &mut hiding, &name, &source, read_only, protect_git, &hide, identity)
-                    .map(|found| json!({"ok": true, "identity": found}))
+                    .map(|identity| FsdReply::Shared { identity })
             }
-            Ok(Request::Remove { name }) => {
+            Ok(FsdRequest::Remove { name }) => {
                 if let Some(h) = hiding.active() {
                     h.forget(&args.staging.join(&name));
                 }
-                shares.remove(&args.staging, &name).map(|()| json!({"ok": true}))
+                shares.remove(&args.staging, &name).map(|()| FsdReply::Removed)
             }
         };
         match result {
-            Ok(answer) => reply(answer),
-            Err(e) => reply(json!({"ok": false, "error": e})),
+            Ok(answer) => reply(&answer),
+            Err(error) => reply(&FsdReply::Error { error }),
         }
     }
     stopping.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -197,9 +197,9 @@ impl UmbraVmm {
         for stale in ["vsock.sock", "control.sock"] {
             let _ = std::fs::remove_file(dir.join(stale));
         }
-        let mut cfg = kvm::vm_config(spec, &dir.join("vsock.sock"), None, false);
-        cfg["control"] = serde_json::json!(dir.join("control.sock"));
-        std::fs::write(dir.join("vm.json"), cfg.to_string())?;
+        let mut cfg = kvm::vm_config(spec, &dir.join("vsock.sock"), None, false)?;
+        cfg.control = Some(dir.join("control.sock"));
+        std::fs::write(dir.join("vm.json"), serde_json::to_string(&cfg)?)?;
         let mut cmd = Command::new(vmm);
         cmd.arg("--config").arg(dir.join("vm.json"));
         if let Some(snapshot) = restore {

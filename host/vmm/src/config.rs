@@ -1,4 +1,6 @@
-//! The microVM a `umbra-vmm` process runs, as JSON (`--config vm.json`) and/or flags.
+//! The microVM a `umbra-vmm` process runs, as JSON (`--config vm.json`) and/or flags. The
+//! types are the runtime's contract with umbra-vmm (`umbra_contract::vm`); what this machine can
+//! build of them is checked here ([`validate`]).
 //!
 //! ```json
 //! { "kernel": "vmlinux", "initrd": "initramfs.cpio.zst", "cmdline": "console=ttyS0 reboot=k",
@@ -10,104 +12,13 @@
 //!   "jail": { "dir": "/run/user/1000/umbra/vms/x/vsock", "uid": 65534, "gid": 65534 } }
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+pub use umbra_contract::vm::{DiskConfig, FsConfig, JailConfig, VmConfig, VsockConfig, NOBODY};
 
 use crate::boot::layout::{IRQ_MAX, VIRTIO_IRQ_START};
 use crate::boot::mptable::MAX_CPUS;
 use crate::devices::virtio::fs::device::{tag_is_valid, MAX_TAG_LEN};
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VmConfig {
-    pub kernel: PathBuf,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initrd: Option<PathBuf>,
-    #[serde(default)]
-    pub cmdline: String,
-    #[serde(default = "default_cpus")]
-    pub cpus: u8,
-    #[serde(default = "default_memory_mib")]
-    pub memory_mib: u32,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub disks: Vec<DiskConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vsock: Option<VsockConfig>,
-    /// Shared folders: one virtio-fs device per entry, served by the virtiofsd listening on
-    /// `socket` (started by whoever launches the VM, before it).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub fs: Vec<FsConfig>,
-    /// Where the serial console goes; standard output when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub console_log: Option<PathBuf>,
-    #[serde(default = "default_true")]
-    pub rng: bool,
-    /// Run confined in a jail (see [`crate::jail`]); absent: unconfined but for seccomp.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub jail: Option<JailConfig>,
-    /// A Unix socket where the VMM takes requests while the guest runs (see
-    /// [`crate::control`]); in a jail, it must be directly in the jail dir.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub control: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JailConfig {
-    /// The jail's root: an existing directory that holds the vsock socket, where host services
-    /// listen for the guest's connections (`<uds_path>_<port>`). The VMM sees nothing else.
-    pub dir: PathBuf,
-    /// The user and group the VMM runs as when started as root (never 0); started as another
-    /// user it keeps its own, in a user namespace.
-    #[serde(default = "nobody")]
-    pub uid: u32,
-    #[serde(default = "nobody")]
-    pub gid: u32,
-}
-
-/// `nobody`/`nogroup`: owns no files, so a VMM running as it can open none.
-pub const NOBODY: u32 = 65534;
-
-fn nobody() -> u32 {
-    NOBODY
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DiskConfig {
-    pub path: PathBuf,
-    #[serde(default)]
-    pub read_only: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VsockConfig {
-    pub guest_cid: u64,
-    /// The hybrid vsock socket: hosts connect here and send `CONNECT <port>\n`; guest
-    /// connections to host port P go to `<uds_path>_P`.
-    pub uds_path: PathBuf,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FsConfig {
-    /// The name the guest mounts it by (`mount -t virtiofs TAG DIR`): 1 to 36 bytes.
-    pub tag: String,
-    /// virtiofsd's vhost-user socket.
-    pub socket: PathBuf,
-}
-
-fn default_cpus() -> u8 {
-    1
-}
-fn default_memory_mib() -> u32 {
-    256
-}
-fn default_true() -> bool {
-    true
-}
 
 /// Memory bounds: enough for a kernel and initramfs; at most what the host has, and never
 /// more than a 64-bit guest with our page tables can address sensibly.
@@ -128,67 +39,59 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-impl VmConfig {
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text =
-            std::fs::read(path).map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
-        serde_json::from_slice(&text).map_err(|source| ConfigError::Parse { path: path.display().to_string(), source })
-    }
+/// Reads a config from a JSON file.
+pub fn from_file(path: &Path) -> Result<VmConfig, ConfigError> {
+    let text = std::fs::read(path).map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+    serde_json::from_slice(&text).map_err(|source| ConfigError::Parse { path: path.display().to_string(), source })
+}
 
-    pub fn device_count(&self) -> u32 {
-        self.disks.len() as u32 + self.vsock.is_some() as u32 + self.fs.len() as u32 + self.rng as u32
+/// Whether this VMM can build `cfg`: counts, ranges, names and the jail's layout.
+pub fn validate(cfg: &VmConfig) -> Result<(), ConfigError> {
+    let invalid = |m: String| Err(ConfigError::Invalid(m));
+    if cfg.cpus == 0 || cfg.cpus > MAX_CPUS {
+        return invalid(format!("cpus must be 1 to {MAX_CPUS}, not {}", cfg.cpus));
     }
-
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |m: String| Err(ConfigError::Invalid(m));
-        if self.cpus == 0 || self.cpus > MAX_CPUS {
-            return invalid(format!("cpus must be 1 to {MAX_CPUS}, not {}", self.cpus));
-        }
-        if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&self.memory_mib) {
-            return invalid(format!(
-                "memory_mib must be {MIN_MEMORY_MIB} to {MAX_MEMORY_MIB}, not {}",
-                self.memory_mib
-            ));
-        }
-        if self.device_count() > MAX_DEVICES {
-            return invalid(format!("{} virtio devices requested; at most {MAX_DEVICES} fit", self.device_count()));
-        }
-        if let Some(v) = &self.vsock {
-            // 0–2 are reserved (hypervisor, local, host); u32::MAX is VMADDR_CID_ANY.
-            if v.guest_cid < 3 || v.guest_cid >= u32::MAX as u64 {
-                return invalid(format!("vsock guest_cid must be 3 to {}, not {}", u32::MAX - 1, v.guest_cid));
-            }
-        }
-        if self.fs.len() > MAX_FS_DEVICES {
-            return invalid(format!("{} shared folders (fs) requested; at most {MAX_FS_DEVICES}", self.fs.len()));
-        }
-        if let Some(jail) = &self.jail {
-            if !jail.dir.is_absolute() {
-                return invalid(format!("jail dir {} must be an absolute path", jail.dir.display()));
-            }
-            if jail.uid == 0 || jail.gid == 0 {
-                return invalid("the jail's uid and gid must not be 0 (root)".to_string());
-            }
-            match &self.vsock {
-                Some(v) if v.uds_path.parent() == Some(jail.dir.as_path()) => {}
-                _ => {
-                    return invalid(format!(
-                        "a jailed VMM needs its vsock socket directly in the jail dir {}",
-                        jail.dir.display()
-                    ))
-                }
-            }
-        }
-        for (i, f) in self.fs.iter().enumerate() {
-            if !tag_is_valid(&f.tag) {
-                return invalid(format!("fs tag {:?} must be 1 to {MAX_TAG_LEN} bytes and contain no NUL", f.tag));
-            }
-            if self.fs[..i].iter().any(|earlier| earlier.tag == f.tag) {
-                return invalid(format!("fs tag {:?} is used twice; the guest mounts shares by tag", f.tag));
-            }
-        }
-        Ok(())
+    if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&cfg.memory_mib) {
+        return invalid(format!("memory_mib must be {MIN_MEMORY_MIB} to {MAX_MEMORY_MIB}, not {}", cfg.memory_mib));
     }
+    if cfg.device_count() > MAX_DEVICES {
+        return invalid(format!("{} virtio devices requested; at most {MAX_DEVICES} fit", cfg.device_count()));
+    }
+    if let Some(v) = &cfg.vsock {
+        // 0–2 are reserved (hypervisor, local, host); u32::MAX is VMADDR_CID_ANY.
+        if v.guest_cid < 3 || v.guest_cid >= u32::MAX as u64 {
+            return invalid(format!("vsock guest_cid must be 3 to {}, not {}", u32::MAX - 1, v.guest_cid));
+        }
+    }
+    if cfg.fs.len() > MAX_FS_DEVICES {
+        return invalid(format!("{} shared folders (fs) requested; at most {MAX_FS_DEVICES}", cfg.fs.len()));
+    }
+    if let Some(jail) = &cfg.jail {
+        if !jail.dir.is_absolute() {
+            return invalid(format!("jail dir {} must be an absolute path", jail.dir.display()));
+        }
+        if jail.uid == 0 || jail.gid == 0 {
+            return invalid("the jail's uid and gid must not be 0 (root)".to_string());
+        }
+        match &cfg.vsock {
+            Some(v) if v.uds_path.parent() == Some(jail.dir.as_path()) => {}
+            _ => {
+                return invalid(format!(
+                    "a jailed VMM needs its vsock socket directly in the jail dir {}",
+                    jail.dir.display()
+                ))
+            }
+        }
+    }
+    for (i, f) in cfg.fs.iter().enumerate() {
+        if !tag_is_valid(&f.tag) {
+            return invalid(format!("fs tag {:?} must be 1 to {MAX_TAG_LEN} bytes and contain no NUL", f.tag));
+        }
+        if cfg.fs[..i].iter().any(|earlier| earlier.tag == f.tag) {
+            return invalid(format!("fs tag {:?} is used twice; the guest mounts shares by tag", f.tag));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -199,7 +102,7 @@ mod tests {
     fn a_minimal_config_gets_defaults() {
         let c: VmConfig = serde_json::from_str(r#"{"kernel":"vmlinux"}"#).unwrap();
         assert_eq!((c.cpus, c.memory_mib, c.rng), (1, 256, true));
-        c.validate().unwrap();
+        validate(&c).unwrap();
     }
 
     #[test]
@@ -207,13 +110,13 @@ mod tests {
         let e = serde_json::from_str::<VmConfig>(r#"{"kernel":"k","memory":1}"#).unwrap_err().to_string();
         assert!(e.contains("unknown field `memory`"), "{e}");
         let mut c: VmConfig = serde_json::from_str(r#"{"kernel":"k","cpus":0}"#).unwrap();
-        assert!(c.validate().unwrap_err().to_string().contains("cpus must be 1 to 32"));
+        assert!(validate(&c).unwrap_err().to_string().contains("cpus must be 1 to 32"));
         c.cpus = 1;
         c.vsock = Some(VsockConfig { guest_cid: 2, uds_path: "s".into() });
-        assert!(c.validate().unwrap_err().to_string().contains("guest_cid"));
+        assert!(validate(&c).unwrap_err().to_string().contains("guest_cid"));
         c.vsock = None;
         c.disks = (0..20).map(|i| DiskConfig { path: format!("d{i}").into(), read_only: true }).collect();
-        assert!(c.validate().unwrap_err().to_string().contains("virtio devices"));
+        assert!(validate(&c).unwrap_err().to_string().contains("virtio devices"));
     }
 
     #[test]
@@ -223,17 +126,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.jail, Some(JailConfig { dir: "/r/j".into(), uid: NOBODY, gid: NOBODY }));
-        c.validate().unwrap();
+        validate(&c).unwrap();
         let jail = c.jail.clone().unwrap();
         c.jail = Some(JailConfig { dir: "/r".into(), ..jail.clone() });
-        assert!(c.validate().unwrap_err().to_string().contains("directly in the jail dir /r"));
+        assert!(validate(&c).unwrap_err().to_string().contains("directly in the jail dir /r"));
         c.jail = Some(JailConfig { dir: "r/j".into(), ..jail.clone() });
-        assert!(c.validate().unwrap_err().to_string().contains("absolute"));
+        assert!(validate(&c).unwrap_err().to_string().contains("absolute"));
         c.jail = Some(JailConfig { uid: 0, ..jail.clone() });
-        assert!(c.validate().unwrap_err().to_string().contains("not be 0"));
+        assert!(validate(&c).unwrap_err().to_string().contains("not be 0"));
         c.jail = Some(jail);
         c.vsock = None;
-        assert!(c.validate().unwrap_err().to_string().contains("needs its vsock socket"));
+        assert!(validate(&c).unwrap_err().to_string().contains("needs its vsock socket"));
     }
 
     #[test]
@@ -242,20 +145,20 @@ mod tests {
             serde_json::from_str(r#"{"kernel":"k","fs":[{"tag":"work","socket":"/run/fs.sock"}]}"#).unwrap();
         assert_eq!(c.fs, vec![FsConfig { tag: "work".into(), socket: "/run/fs.sock".into() }]);
         assert_eq!(c.device_count(), 2, "fs + rng");
-        c.validate().unwrap();
+        validate(&c).unwrap();
         let e = serde_json::from_str::<VmConfig>(r#"{"kernel":"k","fs":[{"tag":"t","path":"s"}]}"#).unwrap_err();
         assert!(e.to_string().contains("unknown field `path`"), "{e}");
         assert!(!serde_json::to_string(&VmConfig { fs: vec![], ..c.clone() }).unwrap().contains("fs"));
 
         for bad in ["", "a\0b", &"x".repeat(37)] {
             c.fs[0].tag = bad.to_string();
-            assert!(c.validate().unwrap_err().to_string().contains("fs tag"), "{bad:?}");
+            assert!(validate(&c).unwrap_err().to_string().contains("fs tag"), "{bad:?}");
         }
         c.fs[0].tag = "x".repeat(36);
-        c.validate().unwrap();
+        validate(&c).unwrap();
         c.fs.push(c.fs[0].clone());
-        assert!(c.validate().unwrap_err().to_string().contains("used twice"));
+        assert!(validate(&c).unwrap_err().to_string().contains("used twice"));
         c.fs = (0..9).map(|i| FsConfig { tag: format!("t{i}"), socket: "s".into() }).collect();
-        assert!(c.validate().unwrap_err().to_string().contains("at most 8"));
+        assert!(validate(&c).unwrap_err().to_string().contains("at most 8"));
     }
 }

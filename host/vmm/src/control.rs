@@ -1,11 +1,7 @@
-//! The control socket: requests to a running VMM, one per connection, one JSON line each way.
-//!
-//! ```text
-//! → {"snapshot": {}}        with two descriptors attached (SCM_RIGHTS): the state file, then
-//!                           the memory file, both open for writing and empty
-//! ← {"ok": {"memory_bytes": 1234}}
-//! ← {"error": "why"}
-//! ```
+//! The control socket: requests to a running VMM, one per connection, one JSON line each way
+//! (`umbra_contract::control`: `{"snapshot":{}}` with two descriptors attached (SCM_RIGHTS),
+//! the state file then the memory file, both open for writing and empty; `{"ok":{…}}` or
+//! `{"error":"why"}` back).
 //!
 //! The caller creates the files and hands them over: no VMM thread opens a path (the filters
 //! forbid `openat`), and in a jail there would be no path to open. A snapshot pauses every vCPU
@@ -35,11 +31,7 @@ const MAX_REQUEST: usize = 4096;
 /// How long a client may take to send its request, and the vCPUs to pause.
 const PATIENCE: Duration = Duration::from_secs(5);
 
-#[derive(Debug, serde::Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-enum Request {
-    Snapshot {},
-}
+use umbra_contract::control::{ControlReply, ControlRequest, Phases, SnapshotTaken};
 
 /// What taking a snapshot needs of the running machine.
 pub struct Snapshotter {
@@ -69,7 +61,7 @@ pub fn serve(listener: UnixListener, snapshotter: Snapshotter, exits: Sender<VmE
         let Ok(mut stream) = stream else { continue };
         let reply = match read_request(&stream) {
             Err(e) => Err(Failure::Refused(e)),
-            Ok((Request::Snapshot {}, files)) => match <[File; 2]>::try_from(files) {
+            Ok((ControlRequest::Snapshot {}, files)) => match <[File; 2]>::try_from(files) {
                 Ok([state, memory]) => snapshotter.take(&state, &memory),
                 Err(files) => Err(Failure::Refused(format!(
                     "a snapshot request carries two files (state, memory), this one {}",
@@ -77,14 +69,15 @@ pub fn serve(listener: UnixListener, snapshotter: Snapshotter, exits: Sender<VmE
                 ))),
             },
         };
-        let (line, exit) = match reply {
-            Ok(ok) => (serde_json::json!({ "ok": ok }), Some(VmExit::Snapshotted)),
-            Err(Failure::Refused(e)) => (serde_json::json!({ "error": e }), None),
+        let (answer, exit) = match reply {
+            Ok(taken) => (ControlReply::Ok(taken), Some(VmExit::Snapshotted)),
+            Err(Failure::Refused(e)) => (ControlReply::Error(e), None),
             Err(Failure::Broken(e)) => {
                 let why = format!("snapshot failed after the VM was paused: {e}");
-                (serde_json::json!({ "error": why }), Some(VmExit::Internal(why)))
+                (ControlReply::Error(why.clone()), Some(VmExit::Internal(why)))
             }
         };
+        let line = serde_json::to_string(&answer).unwrap_or_else(|_| r#"{"error":"unprintable reply"}"#.into());
         let _ = writeln!(stream, "{line}");
         if let Some(exit) = exit {
             let _ = exits.send(exit);
@@ -94,7 +87,7 @@ pub fn serve(listener: UnixListener, snapshotter: Snapshotter, exits: Sender<VmE
 }
 
 /// One request line and the descriptors that came with it (at most two are kept; more close).
-fn read_request(stream: &UnixStream) -> Result<(Request, Vec<File>), String> {
+fn read_request(stream: &UnixStream) -> Result<(ControlRequest, Vec<File>), String> {
     use vmm_sys_util::sock_ctrl_msg::ScmSocket;
     stream.set_read_timeout(Some(PATIENCE)).map_err(|e| format!("control socket: {e}"))?;
     let mut buf = vec![0u8; MAX_REQUEST];
@@ -115,7 +108,7 @@ fn read_request(stream: &UnixStream) -> Result<(Request, Vec<File>), String> {
 }
 
 impl Snapshotter {
-    fn take(&self, state_file: &File, memory_file: &File) -> Result<serde_json::Value, Failure> {
+    fn take(&self, state_file: &File, memory_file: &File) -> Result<SnapshotTaken, Failure> {
         // Each phase's milliseconds go back with the answer: where a long pause goes.
         let mut at = std::time::Instant::now();
         let mut lap = || {
@@ -147,9 +140,7 @@ impl Snapshotter {
         let vmm = env!("CARGO_PKG_VERSION").into();
         let state = SnapshotState { vmm, memory_size: self.memory_size, vm, vcpus, devices, serial };
         snapshot::file::write_to(&state, state_file).map_err(|e| broken(e.to_string()))?;
-        let phases = serde_json::json!({
-            "1_vcpus": vcpus_ms, "2_devices": devices_ms, "3_memory": memory_ms, "4_state": lap()
-        });
-        Ok(serde_json::json!({ "memory_bytes": memory_bytes, "phases_ms": phases }))
+        let phases_ms = Phases { vcpus: vcpus_ms, devices: devices_ms, memory: memory_ms, state: lap() };
+        Ok(SnapshotTaken { memory_bytes, phases_ms })
     }
 }

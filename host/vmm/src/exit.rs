@@ -1,9 +1,11 @@
 //! How a VM ended. Each outcome maps to its own process exit status so the runtime can tell a
 //! clean guest shutdown from a crash without parsing text.
 
+use umbra_contract::exit::VmmStatus;
+
 /// The `umbra-vmm` exit status when the VMM itself failed (bad configuration, KVM refused a
 /// setup step); the message is on stderr.
-pub const VMM_ERROR_STATUS: i32 = 1;
+pub const VMM_ERROR_STATUS: i32 = VmmStatus::VmmFailed.code();
 
 /// Why the VM stopped running.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,16 +26,17 @@ pub enum VmExit {
 }
 
 impl VmExit {
-    /// The VMM process exit status for this outcome.
+    /// The VMM process exit status for this outcome (the runtime's contract).
     pub fn status(&self) -> i32 {
         match self {
-            VmExit::Reset => 0,
-            VmExit::GuestPanic => 2,
-            VmExit::TripleFault => 3,
-            VmExit::Halted => 4,
-            VmExit::Internal(_) => 5,
-            VmExit::Snapshotted => 6,
+            VmExit::Reset => VmmStatus::Shutdown,
+            VmExit::GuestPanic => VmmStatus::GuestPanic,
+            VmExit::TripleFault => VmmStatus::TripleFault,
+            VmExit::Halted => VmmStatus::Halted,
+            VmExit::Internal(_) => VmmStatus::Internal,
+            VmExit::Snapshotted => VmmStatus::Snapshotted,
         }
+        .code()
     }
 
     /// A one-line description for logs and error messages.

@@ -88,7 +88,7 @@ pub struct HostFiles {
 
 impl HostFiles {
     pub fn open(cfg: &VmConfig) -> Result<Self, MachineError> {
-        cfg.validate()?;
+        crate::config::validate(cfg)?;
         let kvm = Kvm::new().map_err(VstateError::Kvm)?;
         let kernel = boot::open("kernel", &cfg.kernel)?;
         let initrd = cfg.initrd.as_deref().map(|path| boot::open("initrd", path)).transpose()?;
@@ -204,7 +204,7 @@ impl Machine {
 
     /// Assembles the machine `cfg` describes over files opened earlier; opens nothing by path.
     pub fn assemble(cfg: &VmConfig, files: HostFiles) -> Result<Self, MachineError> {
-        cfg.validate()?;
+        crate::config::validate(cfg)?;
         let vsock_socket = files.vsock_path().map(Path::to_path_buf);
         let HostFiles { kvm, kernel, initrd, disks, console, vsock, fs, control, .. } = files;
         let size = (cfg.memory_mib as usize) << 20;
@@ -255,7 +255,7 @@ impl Machine {
     /// (which must be those of the snapshot, in order) restored onto new host resources, the
     /// vCPUs where they were. Nothing is loaded or booted; the guest resumes.
     pub fn restore(cfg: &VmConfig, mut files: HostFiles) -> Result<Self, MachineError> {
-        cfg.validate()?;
+        crate::config::validate(cfg)?;
         let snapshot_error = |e: crate::snapshot::SnapshotError| MachineError::Snapshot(e.to_string());
         let (state, memory_file, memory_path) =
             files.snapshot.take().ok_or_else(|| MachineError::Snapshot("no snapshot was opened".into()))?;

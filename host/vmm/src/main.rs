@@ -81,10 +81,10 @@ enum SeccompArg {
 
 fn config(args: Args) -> Result<VmConfig, String> {
     let mut cfg = match &args.config {
-        Some(path) => VmConfig::from_file(path).map_err(|e| e.to_string())?,
+        Some(path) => umbra_vmm::config::from_file(path).map_err(|e| e.to_string())?,
         None => {
             let kernel = args.kernel.clone().ok_or("either --config or --kernel is required")?;
-            serde_json::from_value(serde_json::json!({ "kernel": kernel })).map_err(|e| e.to_string())?
+            VmConfig::new(kernel)
         }
     };
     if let Some(k) = args.kernel {

@@ -4,6 +4,8 @@
 //! registers it had.
 
 use std::path::PathBuf;
+use umbra_contract::control::ControlReply;
+use umbra_contract::exit::VmmStatus;
 
 use kvm_ioctls::VcpuExit;
 use umbra_vmm::bare::{BareGuest, LOAD_ADDR};
@@ -249,18 +251,24 @@ fn the_vmm_process_snapshots_through_its_control_socket_and_restores() {
         s.send_with_fds(&[format!("{request}\n").as_bytes()], &fds).unwrap();
         let mut line = String::new();
         BufReader::new(s).read_line(&mut line).unwrap();
-        serde_json::from_str::<serde_json::Value>(&line).unwrap()
+        serde_json::from_str::<ControlReply>(&line).unwrap()
+    };
+    let error = |reply: ControlReply| match reply {
+        ControlReply::Error(e) => e,
+        ok => panic!("not refused: {ok:?}"),
     };
     let (state_file, memory_file) =
         (std::fs::File::create(snap.join("state")).unwrap(), std::fs::File::create(snap.join("memory")).unwrap());
-    let refused = ask(r#"{"snapshot": {}}"#, &[&state_file]);
-    assert!(refused["error"].as_str().unwrap().contains("carries two files (state, memory), this one 1"), "{refused}");
-    let refused = ask(r#"{"reboot": {}}"#, &[]);
-    assert!(refused["error"].as_str().unwrap().contains("bad request"), "{refused}");
-    let reply = ask(r#"{"snapshot": {}}"#, &[&state_file, &memory_file]);
-    assert!(reply["ok"]["memory_bytes"].as_u64().unwrap() > 0, "{reply}");
+    let refused = error(ask(r#"{"snapshot": {}}"#, &[&state_file]));
+    assert!(refused.contains("carries two files (state, memory), this one 1"), "{refused}");
+    let refused = error(ask(r#"{"reboot": {}}"#, &[]));
+    assert!(refused.contains("bad request"), "{refused}");
+    match ask(r#"{"snapshot": {}}"#, &[&state_file, &memory_file]) {
+        ControlReply::Ok(taken) => assert!(taken.memory_bytes > 0, "{taken:?}"),
+        refused => panic!("{refused:?}"),
+    }
     let status = running.wait().unwrap();
-    assert_eq!(status.code(), Some(6), "a snapshot ends the VM with status 6");
+    assert_eq!(status.code(), Some(VmmStatus::Snapshotted.code()), "a snapshot ends the VM with status 6");
 
     // Restore with the go-ahead written into the memory file.
     use std::os::unix::fs::FileExt;

@@ -9,13 +9,13 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdin, ChildStdout};
 
+use umbra_contract::fsd::{FsdReply, FsdRequest};
 use umbra_sys::FolderIdentity;
 
 use super::rundir::RunDir;
 use super::{Supervised, VmError};
 
-/// The virtio-fs tag the guest agent mounts.
-pub const FS_TAG: &str = "umbra";
+pub use umbra_contract::fsd::FS_TAG;
 /// A mount in a private namespace takes microseconds; anything slower is a stuck server.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -98,8 +98,10 @@ impl FolderServer {
         let stdout = ChildStdout::from_std(child.take_stdout().expect("piped")).map_err(io)?;
         let mut server = Self { stdin, replies: BufReader::new(stdout).lines(), socket };
         let ready = server.reply(&log).await?;
-        if ready.get("ready") != Some(&serde_json::Value::Bool(true)) {
-            return Err(failed(ready["error"].as_str().unwrap_or("did not start").to_string(), &log));
+        match ready {
+            FsdReply::Ready => {}
+            FsdReply::Error { error } => return Err(failed(error, &log)),
+            other => return Err(failed(format!("answered {other:?} before it was ready"), &log)),
         }
         Ok((server, child))
     }
@@ -108,7 +110,7 @@ impl FolderServer {
         &self.socket
     }
 
-    async fn reply(&mut self, log: &Path) -> Result<serde_json::Value, VmError> {
+    async fn reply(&mut self, log: &Path) -> Result<FsdReply, VmError> {
         match tokio::time::timeout(REPLY_TIMEOUT, self.replies.next_line()).await {
             Ok(Ok(Some(line))) => serde_json::from_str(&line).map_err(|_| failed(format!("bad reply {line:?}"), log)),
             Ok(Ok(None)) => Err(failed("exited", log)),
@@ -117,17 +119,16 @@ impl FolderServer {
         }
     }
 
-    async fn request(&mut self, req: serde_json::Value) -> Result<serde_json::Value, VmError> {
-        let line = format!("{req}\n");
+    async fn request(&mut self, req: &FsdRequest) -> Result<FsdReply, VmError> {
+        let line = serde_json::to_string(req).expect("a request serialises") + "\n";
         let log = self.socket.with_file_name("virtiofsd.log");
         self.stdin
             .write_all(line.as_bytes())
             .await
             .map_err(|e| VmError::Io { what: "talk to umbra-fsd".into(), source: e })?;
-        let reply = self.reply(&log).await?;
-        match reply.get("ok") {
-            Some(serde_json::Value::Bool(true)) => Ok(reply),
-            _ => Err(VmError::FolderServer(reply["error"].as_str().unwrap_or("unknown error").to_string())),
+        match self.reply(&log).await? {
+            FsdReply::Error { error } => Err(VmError::FolderServer(error)),
+            reply => Ok(reply),
         }
     }
 
@@ -143,22 +144,24 @@ impl FolderServer {
         protection: &Protection,
         expected: Option<FolderIdentity>,
     ) -> Result<FolderIdentity, VmError> {
-        let reply = self
-            .request(serde_json::json!({
-                "op": "add",
-                "name": name,
-                "source": source,
-                "read_only": read_only,
-                "protect_git": protection.protect_git,
-                "hide": protection.hide,
-                "identity": expected,
-            }))
-            .await?;
-        serde_json::from_value(reply["identity"].clone())
-            .map_err(|_| VmError::FolderServer(format!("umbra-fsd shared {name} without saying what it shared")))
+        let request = FsdRequest::Add {
+            name: name.into(),
+            source: source.into(),
+            read_only,
+            protect_git: protection.protect_git,
+            hide: protection.hide.clone(),
+            identity: expected,
+        };
+        match self.request(&request).await? {
+            FsdReply::Shared { identity } => Ok(identity),
+            other => Err(VmError::FolderServer(format!("umbra-fsd answered {other:?} to sharing {name}"))),
+        }
     }
 
     pub async fn remove(&mut self, name: &str) -> Result<(), VmError> {
-        self.request(serde_json::json!({"op": "remove", "name": name})).await.map(drop)
+        match self.request(&FsdRequest::Remove { name: name.into() }).await? {
+            FsdReply::Removed => Ok(()),
+            other => Err(VmError::FolderServer(format!("umbra-fsd answered {other:?} to unsharing {name}"))),
+        }
     }
 }

@@ -6,6 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use umbra_contract::control::{ControlReply, ControlRequest};
+use umbra_contract::exit::VmmStatus;
+use umbra_contract::vm::{DiskConfig, FsConfig, JailConfig, VmConfig, VsockConfig, NOBODY};
+
 use super::fsd::FolderServer;
 use super::rundir::{new_vm_id, RunDir, VSOCK_DIR};
 use super::{io, start_folder_server, BackendKind, GuestProcess, Launch, Vm, VmError, VmSpec};
@@ -16,8 +20,6 @@ use super::{io, start_folder_server, BackendKind, GuestProcess, Launch, Vm, VmEr
 /// panics ("IO-APIC + timer doesn't work!"); the check only matters on broken real hardware.
 pub const KVM_CMDLINE: &str = "console=ttyS0 reboot=k quiet panic=-1 no_timer_check";
 const GUEST_CID: u64 = 3;
-/// umbra-vmm's exit status once it has written a snapshot (umbra_vmm::exit).
-pub const SNAPSHOT_TAKEN: i32 = 6;
 /// How long a snapshot request may wait for umbra-vmm's answer (it pauses the guest, asks
 /// virtiofsd for its state and writes the memory file: seconds, tens under nested emulation).
 const SNAPSHOT_ANSWER: std::time::Duration = std::time::Duration::from_secs(300);
@@ -35,7 +37,7 @@ pub fn find_vmm() -> Option<PathBuf> {
 
 /// The user a jailed umbra-vmm runs as when the runtime is root (`nobody`): it owns nothing but
 /// the VM's vsock directory.
-pub const JAIL_ID: u32 = 65534;
+pub const JAIL_ID: u32 = NOBODY;
 
 /// Whether umbra-vmm runs jailed (see umbra_vmm::jail): yes unless `UMBRA_VMM_JAIL=off`, a
 /// switch for debugging, not for use.
@@ -43,55 +45,41 @@ pub fn jail_enabled() -> bool {
     std::env::var("UMBRA_VMM_JAIL").map_or(true, |v| v != "off")
 }
 
-/// The VM description umbra-vmm reads (its `config::VmConfig`). With `jail`, the VMM's root is
-/// the directory holding `vsock_uds`.
-pub fn vm_config(spec: &VmSpec, vsock_uds: &Path, fs_socket: Option<&Path>, jail: bool) -> serde_json::Value {
-    let mut disks = Vec::new();
+/// The VM description umbra-vmm reads (`vm.json`). With `jail`, the VMM's root is the
+/// directory holding `vsock_uds`.
+pub fn vm_config(spec: &VmSpec, vsock_uds: &Path, fs_socket: Option<&Path>, jail: bool) -> Result<VmConfig, VmError> {
+    let cpus = u8::try_from(spec.cpus)
+        .map_err(|_| VmError::BackendUnavailable(format!("{} vCPUs asked; umbra-vmm runs at most 255", spec.cpus)))?;
+    let mut cfg = VmConfig::new(spec.image.kernel.clone());
+    cfg.initrd = spec.image.initrd.clone();
+    cfg.cmdline = format!("{KVM_CMDLINE} {}", spec.image.cmdline).trim().to_string();
+    cfg.cpus = cpus;
+    cfg.memory_mib = spec.memory_mib;
     if let Some(rootfs) = &spec.image.rootfs {
-        disks.push(serde_json::json!({ "path": rootfs, "read_only": true }));
+        cfg.disks.push(DiskConfig { path: rootfs.clone(), read_only: true });
     }
     // After the rootfs, so the image's `root=/dev/vda` still names it; the agent finds the
     // session disk by its label, not by its position.
     if let Some(disk) = &spec.disk {
-        disks.push(serde_json::json!({ "path": disk, "read_only": false }));
+        cfg.disks.push(DiskConfig { path: disk.clone(), read_only: false });
     }
-    let cmdline = format!("{KVM_CMDLINE} {}", spec.image.cmdline);
-    let mut cfg = serde_json::json!({
-        "kernel": spec.image.kernel,
-        "cmdline": cmdline.trim(),
-        "cpus": spec.cpus,
-        "memory_mib": spec.memory_mib,
-        "disks": disks,
-        "vsock": { "guest_cid": GUEST_CID, "uds_path": vsock_uds },
-    });
-    if let Some(initrd) = &spec.image.initrd {
-        cfg["initrd"] = serde_json::json!(initrd);
-    }
+    cfg.vsock = Some(VsockConfig { guest_cid: GUEST_CID, uds_path: vsock_uds.to_path_buf() });
     if let Some(socket) = fs_socket {
-        cfg["fs"] = serde_json::json!([{ "tag": super::fsd::FS_TAG, "socket": socket }]);
+        cfg.fs.push(FsConfig { tag: super::fsd::FS_TAG.into(), socket: socket.to_path_buf() });
     }
-    // Beside the vsock socket (see `control_socket`): where `Vm::snapshot` asks for a snapshot.
     if let Some(dir) = vsock_uds.parent() {
-        cfg["control"] = serde_json::json!(dir.join("control.sock"));
+        // Beside the vsock socket (see `control_socket`): where `Vm::snapshot` asks for a snapshot.
+        cfg.control = Some(dir.join("control.sock"));
+        if jail {
+            cfg.jail = Some(JailConfig { dir: dir.to_path_buf(), uid: JAIL_ID, gid: JAIL_ID });
+        }
     }
-    if let (true, Some(dir)) = (jail, vsock_uds.parent()) {
-        cfg["jail"] = serde_json::json!({ "dir": dir, "uid": JAIL_ID, "gid": JAIL_ID });
-    }
-    cfg
+    Ok(cfg)
 }
 
-/// What an umbra-vmm exit status means (see umbra_vmm::exit).
+/// What an umbra-vmm exit status means.
 pub fn describe_exit(code: Option<i32>) -> Option<&'static str> {
-    match code? {
-        0 => Some("the guest shut down"),
-        1 => Some("umbra-vmm failed (see its log)"),
-        2 => Some("the guest kernel panicked"),
-        3 => Some("the guest triple-faulted (crashed)"),
-        4 => Some("the guest vCPU halted for good"),
-        5 => Some("KVM could not run the guest (internal error)"),
-        SNAPSHOT_TAKEN => Some("a snapshot was taken and the VM stopped"),
-        _ => None,
-    }
+    VmmStatus::from_code(code?).map(VmmStatus::describe)
 }
 
 /// Asks the umbra-vmm whose control socket is `control` for a snapshot (umbra_vmm::control):
@@ -108,7 +96,8 @@ pub fn request_snapshot(
         .map_err(|e| format!("cannot connect to the VMM's control socket {}: {e}", control.display()))?;
     // A VMM that never answers must not hold the caller's thread for ever.
     stream.set_read_timeout(Some(SNAPSHOT_ANSWER)).map_err(|e| format!("cannot set a read timeout: {e}"))?;
-    let line = b"{\"snapshot\": {}}\n";
+    let line = serde_json::to_string(&ControlRequest::Snapshot {}).expect("a request serialises") + "\n";
+    let line = line.as_bytes();
     let fds = [state.as_raw_fd(), memory.as_raw_fd()];
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(&fds) as u32) } as usize;
@@ -137,19 +126,10 @@ pub fn request_snapshot(
     std::io::BufReader::new(&stream)
         .read_line(&mut reply)
         .map_err(|e| format!("no answer from the VMM's control socket: {e}"))?;
-    let reply: serde_json::Value =
-        serde_json::from_str(&reply).map_err(|e| format!("the VMM answered {reply:?}: {e}"))?;
-    match (reply["ok"]["memory_bytes"].as_u64(), reply["error"].as_str()) {
-        (Some(bytes), _) => {
-            // `{"1_vcpus": 2, ...}` as "vcpus 2 ms, ..." (the prefixes keep the order).
-            let phases = reply["ok"]["phases_ms"].as_object().map(|m| {
-                let name = |k: &str| k.split_once('_').map_or(k, |(_, n)| n).to_string();
-                m.iter().map(|(k, v)| format!("{} {} ms", name(k), v)).collect::<Vec<_>>().join(", ")
-            });
-            Ok((bytes, phases.unwrap_or_default()))
-        }
-        (None, Some(e)) => Err(format!("the VMM refused the snapshot: {e}")),
-        _ => Err(format!("the VMM answered {reply}")),
+    match serde_json::from_str::<ControlReply>(&reply) {
+        Ok(ControlReply::Ok(taken)) => Ok((taken.memory_bytes, taken.phases_ms.to_string())),
+        Ok(ControlReply::Error(e)) => Err(format!("the VMM refused the snapshot: {e}")),
+        Err(e) => Err(format!("the VMM answered {reply:?}: {e}")),
     }
 }
 
@@ -174,7 +154,7 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         share_before_restore(restore, folders.as_mut()).await?;
     }
     let fs_socket = folders.as_ref().map(FolderServer::socket);
-    let text = serde_json::to_vec_pretty(&vm_config(spec, &vsock_uds, fs_socket, jail)).expect("JSON values serialise");
+    let text = serde_json::to_vec_pretty(&vm_config(spec, &vsock_uds, fs_socket, jail)?).expect("a config serialises");
     std::fs::write(&config, text).map_err(io(format!("write {}", config.display())))?;
 
     let mut cmd = Command::new(&vmm);
@@ -247,21 +227,24 @@ mod tests {
             rootfs: Some(PathBuf::from("/b/root.erofs")),
             cmdline: "root=/dev/vda".into(),
         });
-        let cfg = vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, false);
-        assert_eq!(cfg["disks"], serde_json::json!([{ "path": "/b/root.erofs", "read_only": true }]));
-        assert!(cfg["cmdline"].as_str().unwrap().contains("no_timer_check"));
-        assert!(cfg.get("jail").is_none());
-        let jailed = vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, true);
-        assert_eq!(jailed["jail"], serde_json::json!({ "dir": "/r/vsock", "uid": JAIL_ID, "gid": JAIL_ID }));
+        let cfg = vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, false).unwrap();
+        assert_eq!(cfg.disks, [DiskConfig { path: "/b/root.erofs".into(), read_only: true }]);
+        assert!(cfg.cmdline.contains("no_timer_check"));
+        assert_eq!(cfg.jail, None);
+        assert_eq!(cfg.control, Some(PathBuf::from("/r/vsock/control.sock")));
+        let jailed = vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, true).unwrap();
+        assert_eq!(jailed.jail, Some(JailConfig { dir: "/r/vsock".into(), uid: JAIL_ID, gid: JAIL_ID }));
 
         spec.disk = Some(PathBuf::from("/s/session.img"));
-        let cfg = vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, false);
+        let cfg = vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, false).unwrap();
         assert_eq!(
-            cfg["disks"],
-            serde_json::json!([
-                { "path": "/b/root.erofs", "read_only": true },
-                { "path": "/s/session.img", "read_only": false },
-            ])
+            cfg.disks,
+            [
+                DiskConfig { path: "/b/root.erofs".into(), read_only: true },
+                DiskConfig { path: "/s/session.img".into(), read_only: false },
+            ]
         );
+        spec.cpus = 300;
+        assert!(vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, false).is_err());
     }
 }

@@ -363,7 +363,9 @@ impl Vm {
             let took = started.elapsed();
             let vmm = self.children.last_mut().expect("a running VM has its VMM");
             match vmm.wait_timeout(SNAPSHOT_STOP).await {
-                Some(s) if s.code() == Some(kvm::SNAPSHOT_TAKEN) => Ok(SnapshotTaken { memory_bytes, took, phases }),
+                Some(s) if s.code() == Some(umbra_contract::exit::VmmStatus::Snapshotted.code()) => {
+                    Ok(SnapshotTaken { memory_bytes, took, phases })
+                }
                 Some(s) => Err(VmError::Snapshot(format!("umbra-vmm ended with {s} after writing it"))),
                 None => Err(VmError::Snapshot(format!("umbra-vmm did not stop within {SNAPSHOT_STOP:?} of it"))),
             }
