@@ -616,6 +616,14 @@ async fn run_suite(backend: BackendKind) {
     cases.push((
         "no host privilege through a share: set-id files, devices, capabilities",
         Box::pin(async {
+            // A set-id file the host already has in the folder: the guest's write lands, and
+            // the kernel clears the bits (virtiofsd holds no CAP_FSETID), as for any
+            // unprivileged writer.
+            use std::os::unix::fs::PermissionsExt;
+            let host_setid = rw.join("host-setid");
+            std::fs::write(&host_setid, "#!/bin/sh\n").unwrap();
+            give_to_share_owner(&host_setid);
+            std::fs::set_permissions(&host_setid, std::fs::Permissions::from_mode(0o6755)).unwrap();
             let (_, out) = g
                 .sh(&format!(
                     "mkdir -p /sessions/esc/mnt/rw/priv && cd /sessions/esc/mnt/rw/priv && {{ \
@@ -625,6 +633,7 @@ async fn run_suite(backend: BackendKind) {
                      mknod disk b 7 0; echo block=$?; chmod 666 disk; mknod null c 1 3; echo char=$?; \
                      mknod whiteout c 0 0; echo whiteout=$?; mkfifo fifo; echo fifo=$?; \
                      mkdir setgid-dir; chmod g+s setgid-dir; echo dir-sgid=$?; \
+                     echo 'echo appended' >> ../host-setid; echo host-setid=$?; \
                      {}\n}} 2>&1; true",
                     python(PRIVILEGES_PY)
                 ))
@@ -632,6 +641,15 @@ async fn run_suite(backend: BackendKind) {
             g.clean("privileges", &out)?;
             if !out.contains("fifo=0") || !out.contains("XATTR") || !out.contains("WHITEOUT") {
                 return Err(format!("the probe did not run:\n{out}"));
+            }
+            let mode = std::fs::metadata(&host_setid).map(|m| m.permissions().mode()).unwrap_or(0);
+            let content = std::fs::read_to_string(&host_setid).unwrap_or_default();
+            let _ = std::fs::remove_file(&host_setid);
+            if !content.contains("echo appended") {
+                return Err(format!("the guest's write to a host set-id file did not land:\n{out}"));
+            }
+            if mode & 0o6000 != 0 {
+                return Err(format!("a host set-id file kept mode {mode:o} after the guest wrote it"));
             }
             let found = privileges_found(&rw.join("priv"));
             if !found.is_empty() {

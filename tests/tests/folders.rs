@@ -89,6 +89,17 @@ async fn a_read_write_folder_carries_bytes_both_ways_and_folders_can_be_added_wh
         let (_, out, _) = run(&vm, "cat /umbra/shares/a/from-host").await;
         assert_eq!(out, "written on the host\n", "{backend:?}");
 
+        // A set-id file the folder already holds: the guest's write lands and the host's
+        // kernel clears the bits, whatever the runtime runs as (virtiofsd has no CAP_FSETID).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(a.join("setid"), b"#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(a.join("setid"), std::fs::Permissions::from_mode(0o6755)).unwrap();
+        let (code, _, err) = run(&vm, "echo 'echo guest' >> /umbra/shares/a/setid").await;
+        assert_eq!(code, 0, "{backend:?}: {err}");
+        assert_eq!(std::fs::read_to_string(a.join("setid")).unwrap(), "#!/bin/sh\necho guest\n");
+        let mode = std::fs::metadata(a.join("setid")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o755, "{backend:?}: the set-id bits stayed ({mode:o})");
+
         // A second folder appears in the running VM.
         std::fs::write(b.join("late"), b"added later\n").unwrap();
         vm.add_folder("b", &b, false, &Default::default(), None).await.unwrap();

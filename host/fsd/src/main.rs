@@ -138,6 +138,11 @@ fn start_virtiofsd(args: &Args, open_check: Option<hide::Rules>) -> Result<Child
         // namespace, so later shares appear in it) keeps every name the guest sends beneath
         // the shares, whichever call virtiofsd resolves it with.
         .args(["--sandbox", "chroot", "--inode-file-handles=never", "--announce-submounts"])
+        // Without CAP_FSETID the kernel clears set-id bits on every write and chown, as for
+        // any unprivileged writer: a guest rewriting a set-id file the folder already holds
+        // leaves a plain file. CAP_MKNOD (device nodes) and CAP_SETFCAP (file capabilities)
+        // are refused by the no-privilege filter too; without them the kernel refuses as well.
+        .arg("--modcaps=-fsetid:-mknod:-setfcap")
         // A restored VM's guest may hold an inode the host has since removed or replaced (an
         // editor's atomic save, a shadow apply): it gets errors on that inode alone, and a new
         // lookup by path finds the file, rather than the whole restore failing.
