@@ -20,7 +20,29 @@ use std::path::{Path, PathBuf};
 use crate::network::{NetworkMode, NetworkPolicy};
 use ipnet::IpNet;
 
-use crate::policy::{normalize_path, SandboxPolicy};
+use crate::policy::{normalize_path, EffectivePolicy, PolicyType, SandboxPolicy};
+
+// In this module, not beside the type: the canonical forms are this module's, and the policy
+// module stays below it (no import goes both ways).
+impl SandboxPolicy {
+    /// The policy with defaults for what no source set: `workspace_readwrite`, network `none`,
+    /// no extra paths, git and /tmp writable, nothing ignored; every set in canonical form.
+    pub fn effective(&self) -> EffectivePolicy {
+        let (rw, ro) = PathAccess::from_policy(self).map(|a| a.into_lists()).unwrap_or_default();
+        let mut ignore = self.ignore.clone().unwrap_or_default();
+        ignore.sort();
+        ignore.dedup();
+        EffectivePolicy {
+            kind: self.kind.unwrap_or(PolicyType::WorkspaceReadwrite),
+            network: self.network.as_ref().map(canonical_network).unwrap_or_default(),
+            additional_readwrite_paths: rw,
+            additional_readonly_paths: ro,
+            block_git_writes: self.block_git_writes.unwrap_or(false),
+            disable_tmp_write: self.disable_tmp_write.unwrap_or(false),
+            ignore,
+        }
+    }
+}
 
 /// Access to a path; `Ord` is the restriction order (`None` most restrictive).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -3,8 +3,8 @@
 //!
 //! Every field is optional: a source that leaves a field out has no opinion on it, so merging
 //! (`merge.rs`) only ever combines what sources said, and a policy nobody wrote anything into is
-//! the identity of the merge. [`SandboxPolicy::effective`] fills the gaps with the defaults the
-//! enforcement uses. Field names follow Cursor's `SandboxPolicy` (seeds 002/003) in snake case;
+//! the identity of the merge. `SandboxPolicy::effective` (in `lattice.rs`, with the canonical
+//! forms) fills the gaps with the defaults the enforcement uses. Field names follow Cursor's `SandboxPolicy` (seeds 002/003) in snake case;
 //! the network field is the session's own [`NetworkPolicy`], so the policy drives egress with the
 //! type egress already takes.
 
@@ -133,24 +133,6 @@ impl SandboxPolicy {
             crate::IgnoreSet::new("/", patterns)?;
         }
         Ok(())
-    }
-
-    /// The policy with defaults for what no source set: `workspace_readwrite`, network `none`,
-    /// no extra paths, git and /tmp writable, nothing ignored.
-    pub fn effective(&self) -> EffectivePolicy {
-        let (rw, ro) = crate::lattice::PathAccess::from_policy(self).map(|a| a.into_lists()).unwrap_or_default();
-        let mut ignore = self.ignore.clone().unwrap_or_default();
-        ignore.sort();
-        ignore.dedup();
-        EffectivePolicy {
-            kind: self.kind.unwrap_or(PolicyType::WorkspaceReadwrite),
-            network: self.network.as_ref().map(crate::lattice::canonical_network).unwrap_or_default(),
-            additional_readwrite_paths: rw,
-            additional_readonly_paths: ro,
-            block_git_writes: self.block_git_writes.unwrap_or(false),
-            disable_tmp_write: self.disable_tmp_write.unwrap_or(false),
-            ignore,
-        }
     }
 }
 

@@ -117,8 +117,7 @@ pub fn split(text: &str) -> Result<Vec<Part>, SplitError> {
 pub fn assignment(word: &Word) -> Option<(String, Word)> {
     let (name, value) = word.text.split_once('=')?;
     let name = name.strip_suffix('+').unwrap_or(name);
-    super::rules::is_identifier(name)
-        .then(|| (name.to_string(), Word { text: value.to_string(), literal: word.literal }))
+    is_identifier(name).then(|| (name.to_string(), Word { text: value.to_string(), literal: word.literal }))
 }
 
 /// Builtins whose `NAME=value` arguments set variables for the rest of the line.
@@ -356,7 +355,7 @@ impl Walker {
         }
         let index = self.parts.len();
         self.parts.push(Part { words: words.clone(), via, env });
-        if let Some(inner) = super::rules::unwrap_wrapper(&words) {
+        if let Some(inner) = unwrap_wrapper(&words) {
             if !inner.is_empty() {
                 // `env LD_PRELOAD=x git`, `sudo PATH=/tmp cmd`: the wrapper sets them for its
                 // command.
@@ -364,7 +363,7 @@ impl Walker {
                 self.part(inner.to_vec(), passed, depth + 1, Some(index))?;
             }
         }
-        if let Some(script) = super::rules::shell_script(&words) {
+        if let Some(script) = shell_script(&words) {
             let script = script.ok_or(SplitError::Unsupported("a shell script known only when it runs"))?;
             self.program(&script, depth + 1, Some(index))?;
         }
@@ -437,6 +436,94 @@ fn arithmetic(expr: &ast::UnexpandedArithmeticExpr) -> Result<()> {
         return Err(SplitError::Unsupported("a command inside an arithmetic expression"));
     }
     Ok(())
+}
+
+/// A shell variable name: `[A-Za-z_][A-Za-z0-9_]*`.
+pub fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The program a part runs: its first word's file name, when the word is literal.
+pub fn program_of(words: &[Word]) -> Option<&str> {
+    let w = words.first()?;
+    if !w.literal {
+        return None;
+    }
+    Some(w.text.rsplit('/').next().unwrap_or(&w.text))
+}
+
+/// For a wrapper — a program that runs the command in its arguments (`sudo`, `env`, `nice`,
+/// `timeout`, `xargs`, …) — the words of that command (empty when it runs none). `None` for
+/// any other program.
+pub fn unwrap_wrapper(words: &[Word]) -> Option<&[Word]> {
+    // Options that take a separate value, per wrapper.
+    let (takes_value, positional): (&[&str], usize) = match program_of(words)? {
+        "sudo" => (&["-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T", "-R"], 0),
+        "doas" => (&["-u", "-C"], 0),
+        "env" => (&["-u", "-C", "--unset", "--chdir"], 0),
+        "nice" => (&["-n", "--adjustment"], 0),
+        "timeout" => (&["-s", "-k", "--signal", "--kill-after"], 1),
+        "xargs" => (&["-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s", "--arg-file", "--delimiter", "--max-args"], 0),
+        "stdbuf" => (&["-i", "-o", "-e"], 0),
+        "nohup" | "time" | "command" | "builtin" | "exec" | "setsid" => (&["-a"], 0),
+        _ => return None,
+    };
+    let mut rest = &words[1..];
+    let mut positional_left = positional;
+    while let Some(w) = rest.first() {
+        let t = w.text.as_str();
+        if t == "--" {
+            rest = &rest[1..];
+            break;
+        }
+        if t.starts_with('-') && t.len() > 1 {
+            // `command -v x` and `sudo -l` only look things up.
+            if matches!(program_of(words), Some("command")) && (t == "-v" || t == "-V") {
+                return Some(&[]);
+            }
+            rest = if takes_value.contains(&t) && rest.len() > 1 { &rest[2..] } else { &rest[1..] };
+            continue;
+        }
+        if program_of(words) == Some("env") && t.contains('=') {
+            rest = &rest[1..];
+            continue;
+        }
+        if positional_left > 0 {
+            positional_left -= 1;
+            rest = &rest[1..];
+            continue;
+        }
+        break;
+    }
+    Some(rest)
+}
+
+/// For a shell given a script (`sh -c SCRIPT`, `bash -lc SCRIPT`, `eval WORDS`): `Some(Some
+/// script)`, or `Some(None)` when the script is only known when it runs. `None` otherwise.
+pub fn shell_script(words: &[Word]) -> Option<Option<String>> {
+    let program = program_of(words)?;
+    if program == "eval" {
+        let args = &words[1..];
+        return Some(
+            args.iter().all(|w| w.literal).then(|| args.iter().map(|w| w.text.as_str()).collect::<Vec<_>>().join(" ")),
+        );
+    }
+    if !matches!(program, "sh" | "bash" | "dash" | "zsh" | "ksh" | "ash" | "mksh") {
+        return None;
+    }
+    let mut args = words[1..].iter();
+    while let Some(w) = args.next() {
+        let t = w.text.as_str();
+        if !t.starts_with('-') || t == "-" || t == "--" {
+            return None;
+        }
+        if !t.starts_with("--") && t.contains('c') {
+            return Some(args.next().and_then(|s| s.literal.then(|| s.text.clone())));
+        }
+    }
+    None
 }
 
 #[cfg(test)]

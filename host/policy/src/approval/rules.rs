@@ -1,9 +1,10 @@
 //! The rules applied to each part of a command: prefix matching of allow and deny patterns,
-//! what wrappers and shells run, and the `rm` and `sudo` protections.
+//! and the `rm` and `sudo` protections. (What wrappers and shells run is the parser's: it looks
+//! through them while splitting.)
 
 use std::path::{Component, Path, PathBuf};
 
-use super::parse::{Part, Word};
+use super::parse::{is_identifier, program_of, Part, Word};
 
 /// A pattern: optional leading `NAME=value` conditions on the command's variables (`value`
 /// `*` for any value), then the command prefix as words: `git status`,
@@ -26,13 +27,6 @@ fn pattern(text: &str) -> Pattern<'_> {
         words.remove(0);
     }
     Pattern { env, words }
-}
-
-/// A shell variable name: `[A-Za-z_][A-Za-z0-9_]*`.
-pub(super) fn is_identifier(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Whether `value` satisfies a pattern's `NAME=want` (`*` any value; otherwise the literal
@@ -87,86 +81,6 @@ pub fn unpermitted_env<'a>(part: &'a Part, pattern_text: &str) -> Option<&'a (St
 /// does not allow `LD_PRELOAD=/tmp/x.so git status`; `LD_PRELOAD=* git status` does.
 pub fn allow_matches(part: &Part, pattern_text: &str) -> bool {
     words_match(part, &pattern(pattern_text).words, false) && unpermitted_env(part, pattern_text).is_none()
-}
-
-fn program_of(words: &[Word]) -> Option<&str> {
-    let w = words.first()?;
-    if !w.literal {
-        return None;
-    }
-    Some(w.text.rsplit('/').next().unwrap_or(&w.text))
-}
-
-/// For a wrapper — a program that runs the command in its arguments (`sudo`, `env`, `nice`,
-/// `timeout`, `xargs`, …) — the words of that command (empty when it runs none). `None` for
-/// any other program.
-pub fn unwrap_wrapper(words: &[Word]) -> Option<&[Word]> {
-    // Options that take a separate value, per wrapper.
-    let (takes_value, positional): (&[&str], usize) = match program_of(words)? {
-        "sudo" => (&["-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T", "-R"], 0),
-        "doas" => (&["-u", "-C"], 0),
-        "env" => (&["-u", "-C", "--unset", "--chdir"], 0),
-        "nice" => (&["-n", "--adjustment"], 0),
-        "timeout" => (&["-s", "-k", "--signal", "--kill-after"], 1),
-        "xargs" => (&["-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s", "--arg-file", "--delimiter", "--max-args"], 0),
-        "stdbuf" => (&["-i", "-o", "-e"], 0),
-        "nohup" | "time" | "command" | "builtin" | "exec" | "setsid" => (&["-a"], 0),
-        _ => return None,
-    };
-    let mut rest = &words[1..];
-    let mut positional_left = positional;
-    while let Some(w) = rest.first() {
-        let t = w.text.as_str();
-        if t == "--" {
-            rest = &rest[1..];
-            break;
-        }
-        if t.starts_with('-') && t.len() > 1 {
-            // `command -v x` and `sudo -l` only look things up.
-            if matches!(program_of(words), Some("command")) && (t == "-v" || t == "-V") {
-                return Some(&[]);
-            }
-            rest = if takes_value.contains(&t) && rest.len() > 1 { &rest[2..] } else { &rest[1..] };
-            continue;
-        }
-        if program_of(words) == Some("env") && t.contains('=') {
-            rest = &rest[1..];
-            continue;
-        }
-        if positional_left > 0 {
-            positional_left -= 1;
-            rest = &rest[1..];
-            continue;
-        }
-        break;
-    }
-    Some(rest)
-}
-
-/// For a shell given a script (`sh -c SCRIPT`, `bash -lc SCRIPT`, `eval WORDS`): `Some(Some
-/// script)`, or `Some(None)` when the script is only known when it runs. `None` otherwise.
-pub fn shell_script(words: &[Word]) -> Option<Option<String>> {
-    let program = program_of(words)?;
-    if program == "eval" {
-        let args = &words[1..];
-        return Some(
-            args.iter().all(|w| w.literal).then(|| args.iter().map(|w| w.text.as_str()).collect::<Vec<_>>().join(" ")),
-        );
-    }
-    if !matches!(program, "sh" | "bash" | "dash" | "zsh" | "ksh" | "ash" | "mksh") {
-        return None;
-    }
-    let mut args = words[1..].iter();
-    while let Some(w) = args.next() {
-        let t = w.text.as_str();
-        if !t.starts_with('-') || t == "-" || t == "--" {
-            return None;
-        }
-        if !t.starts_with("--") && t.contains('c') {
-            return Some(args.next().and_then(|s| s.literal.then(|| s.text.clone())));
-        }
-    }
-    None
 }
 
 /// Programs that run commands as another user.
