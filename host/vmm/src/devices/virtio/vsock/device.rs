@@ -20,9 +20,6 @@ use crate::vstate::memory::GuestMemory;
 
 /// rx, tx, event.
 pub const QUEUE_SIZES: [u16; 3] = [256; 3];
-pub const RX_QUEUE: usize = 0;
-pub const TX_QUEUE: usize = 1;
-pub const EVENT_QUEUE: usize = 2;
 
 /// A virtio-vsock device whose host side is a hybrid vsock Unix socket.
 #[derive(Debug)]

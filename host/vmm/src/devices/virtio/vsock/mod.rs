@@ -31,4 +31,10 @@ mod test_utils;
 mod tests;
 
 pub use device::Vsock;
+
+/// The device's queues, in the order the virtio spec gives them (5.10.2): the device and its
+/// worker thread both index by these.
+pub const RX_QUEUE: usize = 0;
+pub const TX_QUEUE: usize = 1;
+pub const EVENT_QUEUE: usize = 2;
 pub use muxer::{VsockCounters, VsockMuxer};

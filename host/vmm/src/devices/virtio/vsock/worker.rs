@@ -11,7 +11,7 @@ use virtio_queue::QueueT;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE};
+use super::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE};
 use super::muxer::VsockMuxer;
 use crate::devices::virtio::{ActiveQueue, Interrupt};
 use crate::seccomp::{Lane, Running};
