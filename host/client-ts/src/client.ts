@@ -23,7 +23,7 @@ import {
   type SessionLogs,
   type StartParams,
 } from "./generated/types";
-import { type CamelCased, toWire } from "./options";
+import { type CallOptions, type CamelCased, toWire } from "./options";
 import { UmbraProcess } from "./process";
 import { type FolderOptions, type ResumeOptions, Session, type SpawnOptions, folderSpec, resumeParams } from "./session";
 import { defaultSocketPath } from "./paths";
@@ -52,11 +52,7 @@ export interface ConnectOptions {
   signal?: AbortSignal;
 }
 
-/** What a call of {@link Umbra.call} can take besides its params. */
-export interface CallOptions {
-  /** Stops waiting for the answer (rejects with an AbortError); umbrad still carries the call out. */
-  signal?: AbortSignal | undefined;
-}
+export type { CallOptions };
 
 /** Options of {@link Sessions.start}: the session's name, folders, and settings that differ from the daemon's defaults. */
 export interface StartOptions extends CamelCased<Omit<StartParams, "name" | "folders">> {

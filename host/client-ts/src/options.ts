@@ -31,3 +31,9 @@ export function toWire(options: object, skip: readonly string[] = []): Record<st
   }
   return out;
 }
+
+/** What a call of `Umbra.call` can take besides its params. */
+export interface CallOptions {
+  /** Stops waiting for the answer (rejects with an AbortError); umbrad still carries the call out. */
+  signal?: AbortSignal | undefined;
+}

@@ -3,10 +3,12 @@
  * handle by name (cheap to make, nothing is held open); `info` is the state last fetched.
  */
 
-import type { Umbra } from "./client";
+import type { CallOptions } from "./options";
 import { AbortError, throwIfAborted } from "./errors";
 import type {
   DirList,
+  MethodName,
+  Methods,
   Exported,
   FileStat,
   FolderInfo,
@@ -277,6 +279,24 @@ export class SessionShadow {
   }
 }
 
+/**
+ * @internal What a session asks of the client that made it: `Umbra` is one. Declared here so
+ * this module does not import the client's (which imports this one).
+ */
+export interface SessionClient {
+  call<M extends MethodName>(method: M, params: Methods[M]["params"], options?: CallOptions): Promise<Methods[M]["result"]>;
+  _spawn(session: string, argv: readonly string[], options: SpawnOptions): Promise<UmbraProcess>;
+  readonly sessions: {
+    fork(source: string, name: string): Promise<Session>;
+    _boot<M extends "session.start" | "session.resume">(
+      method: M,
+      params: Methods[M]["params"],
+      name: string,
+      signal: AbortSignal | undefined,
+    ): Promise<Methods[M]["result"]>;
+  };
+}
+
 /** A session, by name. Get one from `client.sessions.start/get/list/resume` or `client.sessions.session(name)`. */
 export class Session {
   /** Its files (`read`, `write`, `stat`, `list`). */
@@ -289,7 +309,7 @@ export class Session {
 
   /** @internal Use `client.sessions`. */
   constructor(
-    /** @internal */ readonly client: Umbra,
+    /** @internal */ readonly client: SessionClient,
     /** Its name. */ readonly name: string,
     info?: SessionInfo,
   ) {
