@@ -11,8 +11,8 @@ use virtio_queue::QueueT;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE};
 use super::muxer::VsockMuxer;
+use super::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE};
 use crate::devices::virtio::{ActiveQueue, Interrupt};
 use crate::seccomp::{Lane, Running};
 use crate::vstate::memory::GuestMemory;
