@@ -1,79 +1,70 @@
 //! Bundles through the daemon: status, downloads with progress events, reinstall, and the
 //! background download into the warm slot (`auto_download`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use umbra_api::methods::{BundleStatus, Downloaded};
 use umbra_api::{ApiError, ErrorCode, EventKind, SessionEvent};
 use umbra_bundle::{Progress, PullOptions};
 
-use crate::server::Daemon;
+use crate::state::Daemon;
 
-#[derive(Default)]
-pub struct Bundles {
-    /// The latest progress of each download in progress, by URL.
-    downloading: Mutex<std::collections::BTreeMap<String, Progress>>,
+pub fn status(daemon: &Daemon) -> BundleStatus {
+    let store = daemon.manager.bundles();
+    BundleStatus {
+        current: store.current(),
+        installed: store.list(),
+        downloading: daemon.downloads.lock().unwrap().values().cloned().collect(),
+        url: daemon.manager.config().bundle_url,
+        root: store.root().to_path_buf(),
+    }
 }
 
-impl Bundles {
-    pub fn status(&self, daemon: &Daemon) -> BundleStatus {
-        let store = daemon.manager.bundles();
-        BundleStatus {
-            current: store.current(),
-            installed: store.list(),
-            downloading: self.downloading.lock().unwrap().values().cloned().collect(),
-            url: daemon.manager.config().bundle_url,
-            root: store.root().to_path_buf(),
+/// Downloads, verifies and installs the bundle at `url` (default: the configured one),
+/// reporting progress as `download_progress` events. With `reinstall`, the current version
+/// is downloaded again from scratch; it stays in place until the new copy is verified.
+pub async fn download(
+    daemon: Arc<Daemon>,
+    url: Option<String>,
+    warm: bool,
+    reinstall: bool,
+) -> Result<Downloaded, ApiError> {
+    let url = url.or_else(|| daemon.manager.config().bundle_url).ok_or_else(|| {
+        ApiError::invalid_params("no url given and no bundle_url configured (config.set {\"bundle_url\": …})")
+    })?;
+    let worker = daemon.clone();
+    let key = url.clone();
+    let pulled = tokio::task::spawn_blocking(move || {
+        let store = worker.manager.bundles().clone();
+        let opts = PullOptions { warm, reinstall, ..PullOptions::default() };
+        let mut progress = |p: &Progress| {
+            worker.downloads.lock().unwrap().insert(key.clone(), p.clone());
+            worker.manager.emit(SessionEvent::new(None, EventKind::DownloadProgress(p.clone())));
+        };
+        let result = store.pull(&url, &opts, &mut progress);
+        worker.downloads.lock().unwrap().remove(&key);
+        result
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("the download task failed: {e}")))?
+    .map_err(|e| ApiError::new(ErrorCode::BundleError, e.to_string()))?;
+    Ok(Downloaded {
+        version: pulled.bundle.manifest.bundle_version.clone(),
+        how: pulled.how,
+        downloaded: pulled.downloaded,
+    })
+}
+
+/// Starts a download of the configured URL into the warm slot, if one is configured and
+/// `auto_download` is on; failures are logged (and were reported as events).
+pub fn warm_in_background(daemon: Arc<Daemon>) {
+    let config = daemon.manager.config();
+    let (true, Some(url)) = (config.auto_download, config.bundle_url) else { return };
+    tokio::spawn(async move {
+        tracing::info!("downloading {url} into the warm slot");
+        match download(daemon.clone(), Some(url.clone()), true, false).await {
+            Ok(d) => tracing::info!("bundle {} is warm ({:?})", d.version, d.how),
+            Err(e) => tracing::warn!("background download of {url} failed: {e}"),
         }
-    }
-
-    /// Downloads, verifies and installs the bundle at `url` (default: the configured one),
-    /// reporting progress as `download_progress` events. With `reinstall`, the current version
-    /// is downloaded again from scratch; it stays in place until the new copy is verified.
-    pub async fn download(
-        &self,
-        daemon: Arc<Daemon>,
-        url: Option<String>,
-        warm: bool,
-        reinstall: bool,
-    ) -> Result<Downloaded, ApiError> {
-        let url = url.or_else(|| daemon.manager.config().bundle_url).ok_or_else(|| {
-            ApiError::invalid_params("no url given and no bundle_url configured (config.set {\"bundle_url\": …})")
-        })?;
-        let worker = daemon.clone();
-        let key = url.clone();
-        let pulled = tokio::task::spawn_blocking(move || {
-            let store = worker.manager.bundles().clone();
-            let opts = PullOptions { warm, reinstall, ..PullOptions::default() };
-            let mut progress = |p: &Progress| {
-                worker.bundles.downloading.lock().unwrap().insert(key.clone(), p.clone());
-                worker.manager.emit(SessionEvent::new(None, EventKind::DownloadProgress(p.clone())));
-            };
-            let result = store.pull(&url, &opts, &mut progress);
-            worker.bundles.downloading.lock().unwrap().remove(&key);
-            result
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("the download task failed: {e}")))?
-        .map_err(|e| ApiError::new(ErrorCode::BundleError, e.to_string()))?;
-        Ok(Downloaded {
-            version: pulled.bundle.manifest.bundle_version.clone(),
-            how: pulled.how,
-            downloaded: pulled.downloaded,
-        })
-    }
-
-    /// Starts a download of the configured URL into the warm slot, if one is configured and
-    /// `auto_download` is on; failures are logged (and were reported as events).
-    pub fn warm_in_background(&self, daemon: Arc<Daemon>) {
-        let config = daemon.manager.config();
-        let (true, Some(url)) = (config.auto_download, config.bundle_url) else { return };
-        tokio::spawn(async move {
-            tracing::info!("downloading {url} into the warm slot");
-            match daemon.bundles.download(daemon.clone(), Some(url.clone()), true, false).await {
-                Ok(d) => tracing::info!("bundle {} is warm ({:?})", d.version, d.how),
-                Err(e) => tracing::warn!("background download of {url} failed: {e}"),
-            }
-        });
-    }
+    });
 }

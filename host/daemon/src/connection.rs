@@ -16,115 +16,30 @@
 //!   waited for (a bounded time) until it has queued them, so a client that sees `delete`
 //!   answered has already seen the session stop.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use serde::Serialize;
-use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use umbra_api::rpc::{self, Id, Incoming, Notification, Request, Response};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use umbra_api::rpc::{self, Id, Incoming, Request, Response};
 use umbra_api::{ApiError, ErrorCode};
 
+use crate::client::Connection;
 use crate::dispatch::{self, Outcome};
-use crate::processes::Owned;
-use crate::server::Daemon;
+use crate::state::Daemon;
 
 /// Requests of one client running at once.
 pub const MAX_IN_FLIGHT: usize = 64;
 /// Lines queued for one client's writer.
 const OUT_QUEUE: usize = 256;
-/// Longest a response waits for this client's subscriptions to queue the events sent before
-/// it (they wait only on this client's own queue, or on an event flood).
-const EVENTS_FIRST: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// One `events.subscribe`: its forwarding task, and how far it has got on the event bus.
-pub struct Subscription {
-    pub task: tokio::task::AbortHandle,
-    /// Events of the bus it has queued for the client or passed over (filtered out, lost).
-    pub position: watch::Receiver<u64>,
-}
-
-pub struct Connection {
-    pub daemon: Arc<Daemon>,
-    out: mpsc::Sender<Vec<u8>>,
-    /// Processes this client spawned, by process id.
-    pub processes: Mutex<HashMap<u64, Arc<Owned>>>,
-    /// Event subscriptions, by id.
-    pub subscriptions: Mutex<HashMap<u64, Subscription>>,
-    next_subscription: AtomicU64,
-}
-
-impl Connection {
-    /// Queues a line; false once the client is gone.
-    async fn send<T: Serialize>(&self, message: &T) -> bool {
-        let mut line = serde_json::to_vec(message).expect("messages serialize");
-        line.push(b'\n');
-        self.out.send(line).await.is_ok()
-    }
-
-    pub async fn respond(&self, id: Option<Id>, result: Result<Value, ApiError>) -> bool {
-        self.events_first().await;
-        let response = match result {
-            Ok(v) => Response::ok(id, v),
-            Err(e) => Response::err(id, &e),
-        };
-        self.send(&response).await
-    }
-
-    pub async fn notify(&self, method: &str, params: impl Serialize) -> bool {
-        self.send(&Notification::new(method, params)).await
-    }
-
-    /// Waits until every subscription has queued the events sent so far (or [`EVENTS_FIRST`]).
-    async fn events_first(&self) {
-        let positions: Vec<watch::Receiver<u64>> =
-            self.subscriptions.lock().unwrap().values().map(|s| s.position.clone()).collect();
-        if positions.is_empty() {
-            return;
-        }
-        let sent = self.daemon.manager.events_sent();
-        let caught_up = async {
-            for mut p in positions {
-                // An error is a subscription that ended: nothing to wait for.
-                let _ = p.wait_for(|&n| n >= sent).await;
-            }
-        };
-        let _ = tokio::time::timeout(EVENTS_FIRST, caught_up).await;
-    }
-
-    pub fn new_subscription_id(&self) -> u64 {
-        self.next_subscription.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Stops everything this client started: subscriptions end, processes are killed.
-    fn close(&self) {
-        for (_, subscription) in self.subscriptions.lock().unwrap().drain() {
-            subscription.task.abort();
-        }
-        let owned: Vec<Arc<Owned>> = self.processes.lock().unwrap().drain().map(|(_, p)| p).collect();
-        for p in owned {
-            p.abandon();
-        }
-    }
-}
-
 pub async fn run(daemon: Arc<Daemon>, stream: UnixStream, id: u64, _client_slot: OwnedSemaphorePermit) {
     tracing::debug!(connection = id, "client connected");
     let max_line = daemon.options.max_request_bytes;
     let (read, write) = stream.into_split();
     let (out, out_rx) = mpsc::channel(OUT_QUEUE);
     let writer = tokio::spawn(write_loop(write, out_rx));
-    let conn = Arc::new(Connection {
-        daemon,
-        out,
-        processes: Mutex::new(HashMap::new()),
-        subscriptions: Mutex::new(HashMap::new()),
-        next_subscription: AtomicU64::new(1),
-    });
+    let conn = Arc::new(Connection::new(daemon, out));
     read_loop(&conn, read, max_line).await;
     conn.close();
     drop(conn);

@@ -14,8 +14,8 @@ use umbra_api::{ApiError, Data, ErrorCode, SessionEvent};
 use umbra_proto::WriteMode;
 use umbra_runtime::session::{ExecRequest, Session};
 
-use crate::connection::Connection;
-use crate::processes::{Owned, StdinOp};
+use crate::client::{Connection, Subscription};
+use crate::owned::{Owned, StdinOp};
 
 /// A handler's result, and work to do once the response is queued.
 pub struct Outcome {
@@ -127,7 +127,7 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
                     })
                 })?;
                 if patch.auto_download == Some(true) || (patch.bundle_url.is_some() && config.auto_download) {
-                    daemon.bundles.warm_in_background(daemon.clone());
+                    crate::bundles::warm_in_background(daemon.clone());
                 }
                 Ok(config)
             })
@@ -135,15 +135,15 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
         }
         PoolStatusMethod::NAME => call::<PoolStatusMethod, _, _>(params, |_| async { Ok(manager.pool_status()) }).await,
         BundleStatusMethod::NAME => {
-            call::<BundleStatusMethod, _, _>(params, |_| async { Ok(daemon.bundles.status(daemon)) }).await
+            call::<BundleStatusMethod, _, _>(params, |_| async { Ok(crate::bundles::status(daemon)) }).await
         }
         BundleDownload::NAME => {
-            call::<BundleDownload, _, _>(params, |p| daemon.bundles.download(daemon.clone(), p.url, p.warm, false))
+            call::<BundleDownload, _, _>(params, |p| crate::bundles::download(daemon.clone(), p.url, p.warm, false))
                 .await
         }
         BundleDeleteAndReinstall::NAME => {
             call::<BundleDeleteAndReinstall, _, _>(params, |p| {
-                daemon.bundles.download(daemon.clone(), p.url, false, true)
+                crate::bundles::download(daemon.clone(), p.url, false, true)
             })
             .await
         }
@@ -409,7 +409,7 @@ fn subscribe(conn: &Arc<Connection>, p: SubscribeParams) -> Subscribed {
             position.send_replace(at);
         }
     });
-    let subscription = crate::connection::Subscription { task: task.abort_handle(), position: position_rx };
+    let subscription = Subscription { task: task.abort_handle(), position: position_rx };
     conn.subscriptions.lock().unwrap().insert(id, subscription);
     Subscribed { subscription: id }
 }

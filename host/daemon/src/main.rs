@@ -9,11 +9,14 @@
 //! - [`bundles`]: downloads with progress; [`settings`]: the configuration file.
 
 mod bundles;
+mod client;
 mod connection;
 mod dispatch;
+mod owned;
 mod processes;
 mod server;
 mod settings;
+mod state;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,7 +27,7 @@ use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use umbra_runtime::session::{ManagerOptions, SessionManager};
 
-use crate::server::{Daemon, ServerOptions};
+use crate::state::{Daemon, ServerOptions};
 
 /// How long a shutdown may spend stopping sessions before it lets their VMs be killed.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
@@ -99,7 +102,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     let socket = options.socket.clone();
     let daemon = Arc::new(Daemon::new(manager, options));
-    daemon.bundles.warm_in_background(daemon.clone());
+    bundles::warm_in_background(daemon.clone());
 
     let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;

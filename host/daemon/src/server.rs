@@ -7,8 +7,7 @@
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
@@ -17,42 +16,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use umbra_api::rpc::Response;
 use umbra_api::{ApiError, ErrorCode};
-use umbra_runtime::session::SessionManager;
 
-use crate::bundles::Bundles;
-
-/// How the daemon serves.
-#[derive(Debug, Clone)]
-pub struct ServerOptions {
-    pub socket: PathBuf,
-    /// Serve root as well as the daemon's own uid.
-    pub allow_root: bool,
-    pub max_clients: usize,
-    /// Longest request line, in bytes.
-    pub max_request_bytes: usize,
-    pub config_path: PathBuf,
-}
-
-/// What every connection shares.
-pub struct Daemon {
-    pub manager: SessionManager,
-    pub options: ServerOptions,
-    pub bundles: Bundles,
-    pub uid: u32,
-    next_connection: AtomicU64,
-}
-
-impl Daemon {
-    pub fn new(manager: SessionManager, options: ServerOptions) -> Self {
-        // SAFETY: getuid cannot fail and has no memory effects.
-        let uid = unsafe { libc::getuid() };
-        Self { manager, options, bundles: Bundles::default(), uid, next_connection: AtomicU64::new(1) }
-    }
-
-    fn allowed(&self, uid: u32) -> bool {
-        uid == self.uid || (uid == 0 && self.options.allow_root)
-    }
-}
+use crate::state::Daemon;
 
 /// Holds the daemon's lock for as long as it lives: a second umbrad on the same socket refuses
 /// to start instead of stealing it.
@@ -133,7 +98,7 @@ pub async fn serve(daemon: Arc<Daemon>, listening: Listening, shutdown: impl std
             tokio::spawn(refuse(stream, ApiError::new(ErrorCode::Busy, why)));
             continue;
         };
-        let id = daemon.next_connection.fetch_add(1, Ordering::Relaxed);
+        let id = daemon.next_connection_id();
         tokio::spawn(crate::connection::run(daemon.clone(), stream, id, permit));
     }
 }
