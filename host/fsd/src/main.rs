@@ -313,6 +313,13 @@ fn main() -> ExitCode {
     if let Err(e) = shares::mount_both(&args.staging) {
         return fail(e);
     }
+    // Hidden paths are matched against the canonical path of what is opened (read back from
+    // /proc/self/fd): the shares' roots must be canonical too, or a link anywhere in the
+    // staging path (a runtime directory under a linked /home) would match no rule at all.
+    match std::fs::canonicalize(&args.staging) {
+        Ok(canonical) => args.staging = canonical,
+        Err(e) => return fail(format!("resolve the staging directory {}: {e}", args.staging.display())),
+    }
     // Hidden files are refused by fanotify as root; without it (or when asked, to test it) by
     // checking virtiofsd's opens through seccomp notification, set up before virtiofsd starts.
     let open_check = !privileged || std::env::var("UMBRA_FSD_OPEN_CHECK").is_ok_and(|v| v == "notify");

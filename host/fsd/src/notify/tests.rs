@@ -91,13 +91,13 @@ fn opens_of_ignored_paths_are_refused_and_others_go_on() {
                 if path_fd < 0 || procfd < 0 {
                     return 6;
                 }
-                let name = std::ffi::CString::new(path_fd.to_string()).unwrap();
-                if !refused(libc::openat(procfd, name.as_ptr(), libc::O_RDONLY)) {
+                // At fixed numbers, named before the fork: the child of a threaded test
+                // harness must not allocate.
+                if libc::dup2(path_fd, 200) != 200 || !refused(libc::openat(procfd, c"200".as_ptr(), libc::O_RDONLY)) {
                     return 7;
                 }
                 let plain_path = libc::open(plain.as_ptr(), libc::O_PATH);
-                let name = std::ffi::CString::new(plain_path.to_string()).unwrap();
-                if libc::openat(procfd, name.as_ptr(), libc::O_RDONLY) < 0 {
+                if libc::dup2(plain_path, 201) != 201 || libc::openat(procfd, c"201".as_ptr(), libc::O_RDONLY) < 0 {
                     return 8;
                 }
                 if libc::open(plain.as_ptr(), libc::O_RDONLY) < 0 || libc::open(outside.as_ptr(), libc::O_RDONLY) < 0 {
@@ -106,7 +106,7 @@ fn opens_of_ignored_paths_are_refused_and_others_go_on() {
                 if !refused(libc::open(dotdot.as_ptr(), libc::O_RDONLY)) {
                     return 10;
                 }
-                let how = [libc::O_RDONLY as u64, 0, 0];
+                let how = [libc::O_RDONLY as u64, 0u64, 0u64];
                 if libc::syscall(libc::SYS_openat2, libc::AT_FDCWD, plain.as_ptr(), how.as_ptr(), 24) >= 0
                     || errno() != libc::EPERM
                 {
