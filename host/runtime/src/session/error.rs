@@ -53,6 +53,9 @@ pub enum SessionError {
     /// A walk or copy of a tree the guest writes (outputs, uploads) failed or hit a bound.
     #[error("cannot {what}: {source}")]
     Tree { what: String, source: TreeError },
+    /// The runtime's own fault (a blocking task that panicked): nothing the caller sent.
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl SessionError {
@@ -89,7 +92,15 @@ impl SessionError {
                 TreeError::Changed { .. } | TreeError::Vanished { .. } => ErrorCode::Busy,
                 TreeError::Io { source, .. } => io_code(source),
             },
+            SessionError::Internal(_) => ErrorCode::Internal,
         }
+    }
+
+    /// For a blocking task's `JoinError`: `what` panicked (or was cancelled) — the runtime's
+    /// fault, reported as `internal`, never as the caller's bad params.
+    pub(crate) fn task(what: impl Into<String>) -> impl FnOnce(tokio::task::JoinError) -> SessionError {
+        let what = what.into();
+        move |e| SessionError::Internal(format!("{what} failed inside umbrad: {e}"))
     }
 
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SessionError {
@@ -191,6 +202,13 @@ mod tests {
         let e = SessionError::Share(ShareError::HostPath { path: "/nope".into(), source: missing });
         assert_eq!(e.code(), ErrorCode::NotFound);
         assert_eq!(SessionError::Share(ShareError::AlreadyShared("a".into())).code(), ErrorCode::AlreadyExists);
+        // A panicked blocking task is the runtime's fault, never the caller's params.
+        let panicked = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(async { tokio::task::spawn_blocking(|| -> () { panic!("boom") }).await.unwrap_err() });
+        let e = SessionError::task("the disk copy")(panicked);
+        assert_eq!(e.code(), ErrorCode::Internal);
+        assert!(e.to_string().starts_with("the disk copy failed inside umbrad: task"), "{e}");
         let api: ApiError = SessionError::NotFound("x".into()).into();
         assert_eq!((api.code, api.message.as_str()), (ErrorCode::SessionNotFound, "no session \"x\""));
     }

@@ -78,7 +78,7 @@ impl Incarnation {
         let store = ctx.bundles.clone();
         let resolved = tokio::task::spawn_blocking(move || crate::image::resolve(&spec, &store))
             .await
-            .map_err(|e| SessionError::InvalidArgument(format!("bundle resolution panicked: {e}")))??;
+            .map_err(SessionError::task("bundle resolution"))??;
         let (backend, why) = select::choose(plan.settings.backend, resolved.image.arch)
             .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
 
@@ -188,7 +188,7 @@ impl Incarnation {
             }),
         })
         .await
-        .map_err(|e| SessionError::InvalidArgument(format!("bundle resolution panicked: {e}")))??;
+        .map_err(SessionError::task("bundle resolution"))??;
         let (backend, why) = select::choose(umbra_api::BackendChoice::Kvm, resolved.image.arch)
             .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
 
@@ -249,7 +249,7 @@ impl Incarnation {
                     Ok::<_, VmError>(to)
                 })
                 .await
-                .map_err(|e| SessionError::InvalidArgument(format!("the disk copy panicked: {e}")))?
+                .map_err(SessionError::task("the disk copy"))?
                 .map(Some)
                 .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?
             }
@@ -350,7 +350,7 @@ impl Incarnation {
             let (p, bytes) = (path.clone(), plan.settings.disk_size_mib << 20);
             tokio::task::spawn_blocking(move || crate::backend::disk::ensure_session_disk(&p, bytes))
                 .await
-                .map_err(|e| SessionError::InvalidArgument(format!("disk preparation panicked: {e}")))?
+                .map_err(SessionError::task("disk preparation"))?
                 .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
         }
         let mut vm_spec = VmSpec::new(image);

@@ -301,7 +301,7 @@ impl Session {
         let storage = self.storage_dir().ok_or_else(|| SessionError::Unsupported("no storage".into()))?;
         let snapshot = tokio::task::spawn_blocking(move || SessionSnapshot::load(&storage))
             .await
-            .map_err(|e| SessionError::InvalidArgument(format!("reading the snapshot panicked: {e}")))??;
+            .map_err(SessionError::task("reading the snapshot"))??;
         // A resume keeps the guest's name; a fork's first start gives it the fork's.
         let hostname = match snapshot.meta.session == self.name {
             true => snapshot.meta.hostname.clone(),
@@ -414,7 +414,7 @@ impl Session {
             let to = pending.disk();
             tokio::task::spawn_blocking(move || crate::backend::disk::copy_sparse(&disk, &to))
                 .await
-                .map_err(|e| SessionError::InvalidArgument(format!("the disk copy panicked: {e}")))?
+                .map_err(SessionError::task("the disk copy"))?
                 .map_err(|source| SessionError::Snapshot { name: self.name.clone(), source })?;
         }
         let meta = SnapshotMeta {
@@ -435,7 +435,7 @@ impl Session {
         };
         let meta = tokio::task::spawn_blocking(move || pending.commit(&meta).map(|_| meta))
             .await
-            .map_err(|e| SessionError::InvalidArgument(format!("writing the snapshot panicked: {e}")))??;
+            .map_err(SessionError::task("writing the snapshot"))??;
         tracing::info!(session = %self.name, took_ms = taken.took.as_millis() as u64, "snapshot taken");
         Ok(meta.info(true))
     }
@@ -481,7 +481,7 @@ impl Session {
             Ok(meta.info(true))
         })
         .await
-        .map_err(|e| SessionError::InvalidArgument(format!("the fork's copy panicked: {e}")))?
+        .map_err(SessionError::task("the fork's copy"))?
     }
 
     /// Deletes a stopped or failed session's snapshot, so its next start boots from its disk.
