@@ -51,6 +51,7 @@ impl std::fmt::Display for SessionStatus {
 
 /// Which VM backend to use.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum BackendChoice {
     /// Linux: the Umbra VMM where the CPU has VT-x/AMD-V, QEMU elsewhere. macOS: `vz`. A bundle

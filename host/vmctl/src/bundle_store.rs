@@ -10,7 +10,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use indicatif::HumanBytes;
-use umbra_runtime::backend::BootImage;
 
 use crate::bundle_pull::{json_line, store};
 
@@ -141,14 +140,4 @@ pub fn gc(args: GcArgs) -> i32 {
         }
         Err(e) => fail(e),
     }
-}
-
-/// What `--bundle SPEC` boots (see `umbra_runtime::image`); says so when a warm download is
-/// promoted on the way.
-pub fn boot_image(spec: &str) -> anyhow::Result<BootImage> {
-    let resolved = umbra_runtime::image::resolve_default(spec)?;
-    if let Some(version) = resolved.promoted_warm {
-        eprintln!("vmctl: promoted the warm bundle {version}");
-    }
-    Ok(resolved.image)
 }

@@ -1,14 +1,5 @@
 //! vmctl: the operator's command line.
 
-#[cfg(target_os = "linux")]
-mod anchor_firecracker;
-mod bench;
-mod bench_fs;
-mod bench_net;
-mod bench_session;
-#[cfg(target_os = "linux")]
-mod bench_vmm;
-mod bundle_bench;
 mod bundle_build;
 mod bundle_pull;
 mod bundle_store;
@@ -55,20 +46,20 @@ enum Command {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Launch -> agent ready per backend, beside QEMU's own launch -> /init.
-    Boot(bench::BootBenchArgs),
+    Boot(umbra_bench::boot::BootBenchArgs),
     /// Bundle install throughput from a local server, beside `curl | zstd -dc | openssl sha256`.
-    Bundle(bundle_bench::BundleBenchArgs),
+    Bundle(umbra_bench::bundle::BundleBenchArgs),
     /// A shared folder from inside the guest beside the same work natively on the host.
-    Fs(bench_fs::FsBenchArgs),
+    Fs(umbra_bench::fs::FsBenchArgs),
     /// The Umbra VMM: bare-guest launch -> exit and RSS; Linux boot beside QEMU on hardware KVM.
     #[cfg(target_os = "linux")]
-    Vmm(bench_vmm::VmmBenchArgs),
+    Vmm(umbra_bench::vmm::VmmBenchArgs),
     /// Session start -> first output beside a bare VM boot; spawn round-trips: agent, runtime,
     /// umbrad.
-    Session(bench_session::SessionBenchArgs),
+    Session(umbra_bench::session::SessionBenchArgs),
     /// Network egress: a download, connection set-up and 1,000 held connections from a guest,
     /// beside the same client on the host.
-    Net(bench_net::NetBenchArgs),
+    Net(umbra_bench::net::NetBenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -100,23 +91,23 @@ fn main() {
         Command::Bundle { command: BundleCommand::Verify(args) } => bundle_store::verify(args),
         Command::Bundle { command: BundleCommand::Rm(args) } => bundle_store::rm(args),
         Command::Bundle { command: BundleCommand::Gc(args) } => bundle_store::gc(args),
-        Command::Bench { command: BenchCommand::Bundle(args) } => exit_code(bundle_bench::bundle(args)),
+        Command::Bench { command: BenchCommand::Bundle(args) } => exit_code(umbra_bench::bundle::bundle(args)),
         Command::Doctor(args) => doctor::run(args),
         Command::Bench { command: BenchCommand::Fs(args) } => {
-            async_main(async move { exit_code(bench_fs::fs(args).await) })
+            async_main(async move { exit_code(umbra_bench::fs::fs(args).await) })
         }
         #[cfg(target_os = "linux")]
         Command::Bench { command: BenchCommand::Vmm(args) } => {
-            async_main(async move { exit_code(bench_vmm::vmm(args).await) })
+            async_main(async move { exit_code(umbra_bench::vmm::vmm(args).await) })
         }
         Command::Bench { command: BenchCommand::Session(args) } => {
-            async_main(async move { exit_code(bench_session::session(args).await) })
+            async_main(async move { exit_code(umbra_bench::session::session(args).await) })
         }
         Command::Bench { command: BenchCommand::Net(args) } => {
-            async_main(async move { exit_code(bench_net::net(args).await) })
+            async_main(async move { exit_code(umbra_bench::net::net(args).await) })
         }
         Command::Bench { command: BenchCommand::Boot(args) } => {
-            async_main(async move { exit_code(bench::boot(args).await) })
+            async_main(async move { exit_code(umbra_bench::boot::boot(args).await) })
         }
         Command::Run(args) => async_main(run::run(args)),
         Command::Session { command } => async_main(session::run(command)),

@@ -1,3 +1,3 @@
 //! Where vmctl keeps things on this host: the runtime's rules.
 
-pub use umbra_runtime::paths::{built_bundles_dir, cache_dir, extracted_dir};
+pub use umbra_runtime::paths::{built_bundles_dir, cache_dir};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use tokio::signal::unix::{signal, SignalKind};
 use umbra_api::event::{spawn_failure_status, EXIT_UMBRA_ERROR};
 use umbra_api::methods::StartParams;
@@ -25,30 +25,10 @@ use crate::tty::RawTerminal;
 /// The session name `vmctl run` uses: its folders appear at `/sessions/run/mnt/<name>`.
 const SESSION: &str = "run";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendChoice {
-    Auto,
-    Qemu,
-    Kvm,
-    /// Virtualization.framework (macOS).
-    Vz,
-}
-
-impl From<BackendChoice> for umbra_api::BackendChoice {
-    fn from(c: BackendChoice) -> Self {
-        match c {
-            BackendChoice::Auto => umbra_api::BackendChoice::Auto,
-            BackendChoice::Qemu => umbra_api::BackendChoice::Qemu,
-            BackendChoice::Kvm => umbra_api::BackendChoice::Kvm,
-            BackendChoice::Vz => umbra_api::BackendChoice::Vz,
-        }
-    }
-}
-
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[arg(long, value_enum, default_value = "auto")]
-    backend: BackendChoice,
+    backend: umbra_api::BackendChoice,
     /// Bundle: a directory holding manifest.json, a flavor built by `vmctl bundle build`, or an
     /// installed version. The default, `current`, is the installed current bundle (a warm
     /// download promoted first), else the flavor this machine built (`minimal` first): the
@@ -178,7 +158,7 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
         memory_mib: Some(args.memory),
         cpus: Some(args.cpus),
         bundle: Some(args.bundle.clone()),
-        backend: Some(args.backend.into()),
+        backend: Some(args.backend),
         // The daemon's defaults keep a session alive and watched; one command needs neither.
         disk_size_mib: Some(0),
         idle_timeout_secs: Some(0),

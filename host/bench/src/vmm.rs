@@ -23,7 +23,7 @@ use clap::Args;
 use umbra_runtime::backend::{kvm, BackendKind, BootImage, KvmKind, VmSpec};
 use umbra_vmm::bare::BareGuest;
 
-use crate::bench::{median, median_boot_time, ms};
+use crate::boot::{median, median_boot_time, ms};
 use crate::paths;
 
 #[derive(Args, Debug)]
@@ -132,7 +132,7 @@ fn temp_elf(guest: &BareGuest, tag: &str) -> anyhow::Result<PathBuf> {
 }
 
 async fn linux_boots(args: &VmmBenchArgs, firecracker: Option<&Path>) -> anyhow::Result<()> {
-    let dir = crate::run::bundle_dir(&args.bundle)?;
+    let dir = crate::bundle_dir(&args.bundle)?;
     let image = BootImage::from_bundle_dir(&dir, &paths::extracted_dir())?;
     let runs = args.boot_runs.max(1);
     let mut medians = Vec::new();
@@ -382,7 +382,7 @@ pub async fn vmm(args: VmmBenchArgs) -> anyhow::Result<()> {
 
     if kvm_kind == KvmKind::Hardware {
         linux_boots(&args, firecracker.as_deref()).await?;
-        let image = BootImage::from_bundle_dir(&crate::run::bundle_dir(&args.bundle)?, &paths::extracted_dir())?;
+        let image = BootImage::from_bundle_dir(&crate::bundle_dir(&args.bundle)?, &paths::extracted_dir())?;
         linux_restores(&vmm, &image, args.boot_runs.max(1), firecracker.as_deref()).await
     } else {
         println!("linux boot comparison skipped: /dev/kvm is kvm_pvm, which cannot boot Linux (run it in scripts/nested-lane)");

@@ -68,7 +68,7 @@ async fn anchor_once(qemu: &Path, image: &BootImage, kvm: bool) -> anyhow::Resul
 }
 
 pub async fn boot(args: BootBenchArgs) -> anyhow::Result<()> {
-    let dir = crate::run::bundle_dir(&args.bundle)?;
+    let dir = crate::bundle_dir(&args.bundle)?;
     let image = BootImage::from_bundle_dir(&dir, &paths::extracted_dir())?;
     if image.arch != umbra_bundle::Arch::X86_64 {
         bail!(

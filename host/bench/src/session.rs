@@ -42,8 +42,8 @@ use umbra_runtime::agent::ProcessEvent;
 use umbra_runtime::backend::{select, BackendKind, BootImage, KvmKind, Supervised, Vm, VmSpec};
 use umbra_runtime::session::{ExecRequest, ManagerOptions, Session, SessionManager};
 
-use crate::bench::{median, ms};
-use crate::run::BackendChoice;
+use crate::boot::{median, ms};
+use umbra_api::BackendChoice;
 
 #[derive(Args, Debug)]
 pub struct SessionBenchArgs {
@@ -162,8 +162,8 @@ impl Drop for Scratch {
 }
 
 pub async fn session(args: SessionBenchArgs) -> anyhow::Result<()> {
-    let choice: umbra_api::BackendChoice = args.backend.into();
-    let image = crate::bundle_store::boot_image(&args.bundle)?;
+    let choice = args.backend;
+    let image = crate::boot_image(&args.bundle)?;
     let (backend, why) = select::choose(choice, image.arch)?;
     // Sessions and umbrad resolve the bundle themselves: give them a packed bundle's absolute
     // path, so the private umbrad (with its own XDG dirs) finds the very same one.

@@ -29,7 +29,7 @@ use umbra_api::session::{NetworkMode, NetworkPolicy};
 use umbra_api::DaemonConfig;
 use umbra_runtime::session::{ExecRequest, ManagerOptions, Session, SessionManager};
 
-use crate::run::BackendChoice;
+use umbra_api::BackendChoice;
 
 #[derive(Args, Debug)]
 pub struct NetBenchArgs {
@@ -226,7 +226,7 @@ pub async fn net(args: NetBenchArgs) -> anyhow::Result<()> {
         "disk_size_mib": 0,
         "boot_timeout_secs": args.boot_timeout.max(1),
         "bundle": args.bundle,
-        "backend": umbra_api::BackendChoice::from(args.backend),
+        "backend": args.backend,
     }))?;
     let manager = SessionManager::new(ManagerOptions {
         config,

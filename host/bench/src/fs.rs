@@ -16,7 +16,7 @@ use clap::Args;
 use umbra_proto::{MountRequest, SpawnRequest};
 use umbra_runtime::backend::{Vm, VmSpec};
 
-use crate::bench::ms;
+use crate::boot::ms;
 
 #[derive(Args, Debug)]
 pub struct FsBenchArgs {
@@ -59,7 +59,7 @@ fn ratio(guest: Duration, native: Duration) -> String {
 }
 
 pub async fn fs(args: FsBenchArgs) -> anyhow::Result<()> {
-    let image = crate::bundle_store::boot_image(&args.bundle)?;
+    let image = crate::boot_image(&args.bundle)?;
     let (backend, why) = umbra_runtime::backend::select::choose(umbra_api::BackendChoice::Auto, image.arch)?;
     let mut spec = VmSpec::new(image);
     spec.folder_sharing = true;
