@@ -4,8 +4,6 @@
 //! socket, a console log, and supervised helper processes that die with the VM — or with us.
 //! Readiness is the agent handshake, not "the process started".
 
-#[cfg(test)]
-mod boot_wait_tests;
 mod children;
 pub mod confinement;
 pub mod console;
@@ -15,17 +13,17 @@ pub mod fsd;
 mod helper_jail;
 pub mod host;
 pub mod kvm;
+mod launch;
 mod postmortem;
-mod qemu;
+pub mod qemu;
 pub use qemu::QEMU_SANDBOX;
 mod rundir;
 pub mod select;
+mod vm;
 pub mod vz;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use umbra_bundle::{Arch, ArtifactRole, BundleError, ExtractedBundle};
 
@@ -33,14 +31,9 @@ pub use children::Supervised;
 pub use host::KvmKind;
 pub use rundir::{open_to_vmm, vsock_port_socket, vsock_socket, RunDir};
 pub use umbra_sys::FolderIdentity;
-
-use crate::agent::AgentClient;
+pub use vm::{Backend, FolderShare, Machine, Vm};
 
 pub const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a diagnosis waits for the console copier to catch up with a VMM that exited.
-const CONSOLE_DRAIN: Duration = Duration::from_secs(1);
-/// How long umbra-vmm may take to exit once it has answered a snapshot request.
-const SNAPSHOT_STOP: Duration = Duration::from_secs(30);
 /// Every x86_64 guest kernel under QEMU gets these; `reboot=t` ends the VM on a guest reboot
 /// without waiting on an i8042 that microVMs lack, `panic=-1` reboots (and so ends the VM) on a
 /// panic. `no_timer_check`: on a starved emulated vCPU (dozens of guests booting at once under
@@ -62,17 +55,14 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    pub const ALL: [BackendKind; 3] = [BackendKind::Kvm, BackendKind::Qemu, BackendKind::Vz];
+
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Kvm => "kvm",
             BackendKind::Qemu => "qemu",
             BackendKind::Vz => "vz",
         }
-    }
-
-    /// Whether [`Vm::snapshot`] and [`VmSpec::restore`] work on this backend (umbra-vmm only).
-    pub fn can_snapshot(self) -> bool {
-        self == BackendKind::Kvm
     }
 
     /// The choice that asks for this backend by name.
@@ -84,28 +74,6 @@ impl BackendKind {
         }
     }
 
-    /// Whether this backend can run `image` here: QEMU runs every architecture (emulating the
-    /// ones that are not the host's), the others only the host's.
-    pub fn check_arch(self, image: &BootImage) -> Result<(), VmError> {
-        // vz boots arm64 guests only: the x86_64 kernel has no virtio-pci or virtio console,
-        // which Virtualization.framework's devices need.
-        if self == BackendKind::Vz && image.arch == Arch::host() && image.arch != Arch::Aarch64 {
-            return Err(VmError::BackendUnavailable(format!(
-                "bundle {} is {}: the vz backend boots aarch64 guests only (Apple silicon)",
-                image.version, image.arch
-            )));
-        }
-        if self == BackendKind::Qemu || image.arch == Arch::host() {
-            return Ok(());
-        }
-        Err(VmError::WrongArch {
-            version: image.version.clone(),
-            guest: image.arch,
-            host: Arch::host(),
-            backend: self.name(),
-        })
-    }
-
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "kvm" => Some(BackendKind::Kvm),
@@ -113,6 +81,56 @@ impl BackendKind {
             "vz" => Some(BackendKind::Vz),
             _ => None,
         }
+    }
+}
+
+/// What a backend can do, as data: callers ask this rather than match on the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// [`Vm::snapshot`] and [`VmSpec::restore`] work.
+    pub snapshot: bool,
+    /// A share can keep `.git` read-only and hide ignored files ([`fsd::Protection`]).
+    pub folder_protection: bool,
+    /// The guest architectures it boots at all.
+    pub guest_arches: &'static [Arch],
+    /// It runs guests of an architecture other than the host's (by emulating them).
+    pub emulates: bool,
+}
+
+impl Capabilities {
+    /// Whether backend `kind` with these capabilities can run `image` here.
+    pub fn check_arch(&self, kind: BackendKind, image: &BootImage) -> Result<(), VmError> {
+        if image.arch != Arch::host() && !self.emulates {
+            return Err(VmError::WrongArch {
+                version: image.version.clone(),
+                guest: image.arch,
+                host: Arch::host(),
+                backend: kind.name(),
+            });
+        }
+        if !self.guest_arches.contains(&image.arch) {
+            let arches: Vec<&str> = self.guest_arches.iter().map(|a| a.as_str()).collect();
+            return Err(VmError::BackendUnavailable(format!(
+                "bundle {} is {}: the {} backend boots {} guests only",
+                image.version,
+                image.arch,
+                kind.name(),
+                arches.join(" and ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether `spec` asks for nothing these capabilities lack.
+    pub fn check(&self, kind: BackendKind, spec: &VmSpec) -> Result<(), VmError> {
+        self.check_arch(kind, &spec.image)?;
+        if spec.restore.is_some() && !self.snapshot {
+            return Err(VmError::BackendUnavailable(format!(
+                "the {} backend cannot restore a snapshot: snapshots need the kvm backend (umbra-vmm)",
+                kind.name()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -274,418 +292,9 @@ pub enum VmError {
     Restore(String),
 }
 
-/// A running VM. Dropping it kills every helper process and removes its run directory.
-pub struct Vm {
-    pub id: String,
-    pub backend: BackendKind,
-    agent: AgentClient,
-    /// VMM last: dropped (killed) before the daemons it uses.
-    children: Vec<Supervised>,
-    console_log: PathBuf,
-    /// Copies a VMM's console pipe into `console_log` (an in-process VM writes it itself).
-    console: Option<console::ConsoleCopier>,
-    /// Time from launch until the agent answered the handshake.
-    pub boot_time: Duration,
-    run_dir: RunDir,
-    /// The folder server, when the VM was launched with folder sharing.
-    folders: Option<fsd::FolderServer>,
-    /// The in-process VM of the vz backend.
-    #[cfg(target_os = "macos")]
-    vz: Option<std::sync::Arc<vz::VzMachine>>,
-    /// The vz VM's folder share set, when it was launched with folder sharing.
-    #[cfg(target_os = "macos")]
-    vz_shares: Option<Vec<vz::VzShare>>,
-}
-
-impl Vm {
-    /// Boots `spec` on `backend` and waits for the agent.
-    pub async fn launch(backend: BackendKind, spec: &VmSpec) -> Result<Self, VmError> {
-        backend.check_arch(&spec.image)?;
-        if spec.restore.is_some() && !backend.can_snapshot() {
-            return Err(VmError::BackendUnavailable(format!(
-                "the {} backend cannot restore a snapshot: snapshots need the kvm backend (umbra-vmm)",
-                backend.name()
-            )));
-        }
-        match backend {
-            BackendKind::Kvm => kvm::launch(spec).await,
-            BackendKind::Qemu => qemu::launch(spec).await,
-            #[cfg(target_os = "macos")]
-            BackendKind::Vz => vz::launch(spec).await,
-            #[cfg(not(target_os = "macos"))]
-            BackendKind::Vz => Err(VmError::BackendUnavailable(
-                "backend vz is Apple's Virtualization.framework: it runs only on macOS".into(),
-            )),
-        }
-    }
-
-    pub fn agent(&self) -> &AgentClient {
-        &self.agent
-    }
-
-    /// Snapshots the VM into `dir`, a new directory (0700) that gets `state` and `memory`, and
-    /// ends the VM (drop it then); [`Restore`] resumes it, as often as wanted. The guest is
-    /// paused from the request on and never runs again here; a refused request (another
-    /// backend) leaves it running. Once this returns, the session disk
-    /// ([`VmSpec::disk`]) is what the snapshot's memory expects: each restore needs a copy of it
-    /// as it is now ([`disk::copy_sparse`]). A failed snapshot leaves no `dir` behind. The kvm
-    /// backend only.
-    pub async fn snapshot(&mut self, dir: &Path) -> Result<SnapshotTaken, VmError> {
-        if !self.backend.can_snapshot() {
-            return Err(VmError::BackendUnavailable(format!(
-                "the {} backend cannot snapshot a VM: snapshots need the kvm backend (umbra-vmm)",
-                self.backend.name()
-            )));
-        }
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(dir)
-            .map_err(io(format!("create the snapshot directory {}", dir.display())))?;
-        let taken = async {
-            let create = |name: &str| {
-                let path = dir.join(name);
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&path)
-                    .map_err(io(format!("create {}", path.display())))
-            };
-            let (state, memory) = (create("state")?, create("memory")?);
-            let control = kvm::control_socket(self.run_dir.path());
-            let started = Instant::now();
-            let (memory_bytes, phases) =
-                tokio::task::spawn_blocking(move || kvm::request_snapshot(&control, &state, &memory))
-                    .await
-                    .map_err(|e| VmError::Snapshot(format!("the request failed: {e}")))?
-                    .map_err(VmError::Snapshot)?;
-            let took = started.elapsed();
-            let vmm = self.children.last_mut().expect("a running VM has its VMM");
-            match vmm.wait_timeout(SNAPSHOT_STOP).await {
-                Some(s) if s.code() == Some(umbra_contract::exit::VmmStatus::Snapshotted.code()) => {
-                    Ok(SnapshotTaken { memory_bytes, took, phases })
-                }
-                Some(s) => Err(VmError::Snapshot(format!("umbra-vmm ended with {s} after writing it"))),
-                None => Err(VmError::Snapshot(format!("umbra-vmm did not stop within {SNAPSHOT_STOP:?} of it"))),
-            }
-        }
-        .await;
-        if taken.is_err() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        taken
-    }
-
-    /// Whether folders can be shared with this VM (it was launched with `folder_sharing`).
-    pub fn shares_folders(&self) -> bool {
-        #[cfg(target_os = "macos")]
-        if self.vz.is_some() {
-            return self.vz_shares.is_some();
-        }
-        self.folders.is_some()
-    }
-
-    /// Puts the host directory `source` into the VM's folder share as `name`, read-only on the
-    /// host if `read_only`; the guest mounts it from there. Linux: the folder server binds it
-    /// (with `protection` applied on the host). vz: the framework's share set is replaced.
-    /// `source` is opened without following links; given `expected` (the folder's identity
-    /// when first shared), anything else there is refused. Returns the identity shared.
-    pub async fn add_folder(
-        &mut self,
-        name: &str,
-        source: &Path,
-        read_only: bool,
-        protection: &fsd::Protection,
-        expected: Option<FolderIdentity>,
-    ) -> Result<FolderIdentity, VmError> {
-        #[cfg(target_os = "macos")]
-        if let (Some(machine), Some(shares)) = (&self.vz, &mut self.vz_shares) {
-            return vz::add_folder(machine, shares, name, source, read_only, protection, expected).await;
-        }
-        let server = self.folders.as_mut().ok_or(VmError::NoFolderSharing)?;
-        server.add(name, source, read_only, protection, expected).await
-    }
-
-    /// Takes folder `name` out of the VM's folder share.
-    pub async fn remove_folder(&mut self, name: &str) -> Result<(), VmError> {
-        #[cfg(target_os = "macos")]
-        if let (Some(machine), Some(shares)) = (&self.vz, &mut self.vz_shares) {
-            return vz::remove_folder(machine, shares, name).await;
-        }
-        let server = self.folders.as_mut().ok_or(VmError::NoFolderSharing)?;
-        server.remove(name).await
-    }
-
-    pub fn run_dir(&self) -> &Path {
-        self.run_dir.path()
-    }
-
-    pub fn console_tail(&self, lines: usize) -> String {
-        console::tail(&self.console_log, lines)
-    }
-
-    /// Pids of the helper processes (VMM and daemons).
-    pub fn pids(&self) -> Vec<u32> {
-        self.children.iter().map(Supervised::pid).collect()
-    }
-
-    /// If the VM has ended (any helper exited), why — with the console's last lines.
-    pub fn check_alive(&mut self) -> Result<(), VmError> {
-        #[cfg(target_os = "macos")]
-        if let Some(ended) = self.vz.as_ref().and_then(|m| vz::ended(m)) {
-            // A panic ends a vz VM the way a power-off does: the console says which.
-            if let Some(copier) = &self.console {
-                copier.wait_drained(CONSOLE_DRAIN);
-            }
-            let console = self.console_tail(console::ERROR_CONTEXT_LINES);
-            let reason = console::diagnose(&console).map(str::to_string).unwrap_or(ended);
-            return Err(VmError::GuestDied { reason, console });
-        }
-        let dead = self.children.iter_mut().find_map(|c| c.try_exited().map(|s| (c.name, s)));
-        match dead {
-            None => Ok(()),
-            Some((name, status)) => Err(self.died(name, status)),
-        }
-    }
-
-    fn died(&self, name: &str, status: std::process::ExitStatus) -> VmError {
-        if let Some(copier) = &self.console {
-            copier.wait_drained(CONSOLE_DRAIN);
-        }
-        let console = self.console_tail(console::ERROR_CONTEXT_LINES);
-        let reason = match console::diagnose(&console) {
-            Some(why) => why.to_string(),
-            None => exit_reason(name, status),
-        };
-        VmError::GuestDied { reason, console }
-    }
-
-    /// Waits until the VM ends by itself, up to `timeout`; returns why it ended.
-    pub async fn wait(&mut self, timeout: Duration) -> Option<VmError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Err(e) = self.check_alive() {
-                return Some(e);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Asks the guest to shut down, waits for the VMM to exit, then kills what is left.
-    pub async fn shutdown(mut self) {
-        self.shutdown_in_place().await;
-    }
-
-    /// [`Vm::shutdown`] for a VM owned by something that outlives it.
-    pub async fn shutdown_in_place(&mut self) {
-        let asked = tokio::time::timeout(Duration::from_secs(2), self.agent.shutdown()).await;
-        // Only wait for a guest that accepted the request; a dead or deaf one is just killed.
-        if matches!(asked, Ok(Ok(()))) {
-            if let Some(vmm) = self.children.last_mut() {
-                vmm.wait_timeout(Duration::from_secs(10)).await;
-            }
-            #[cfg(target_os = "macos")]
-            if self.vz.is_some() {
-                let _ = self.wait(Duration::from_secs(10)).await;
-            }
-        }
-        self.kill();
-    }
-
-    /// Kills the VMM and every helper now.
-    pub fn kill(&mut self) {
-        #[cfg(target_os = "macos")]
-        if let Some(machine) = &self.vz {
-            machine.kill();
-        }
-        for c in self.children.iter_mut().rev() {
-            c.kill();
-        }
-    }
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmError {
     let what = what.into();
     move |source| VmError::Io { what, source }
-}
-
-fn log_file(path: &Path) -> Result<File, VmError> {
-    File::create(path).map_err(io(format!("create {}", path.display())))
-}
-
-/// Starts the VM's folder server when `spec` asks for folder sharing; its process joins
-/// `children` (before the VMM, which is killed first).
-async fn start_folder_server(
-    spec: &VmSpec,
-    run: &RunDir,
-    children: &mut Vec<Supervised>,
-) -> Result<Option<fsd::FolderServer>, VmError> {
-    if !spec.folder_sharing {
-        return Ok(None);
-    }
-    let (server, child) = fsd::FolderServer::start(run).await?;
-    children.push(child);
-    Ok(Some(server))
-}
-
-/// What a backend has set up before it starts the process that runs the guest.
-struct Launch {
-    backend: BackendKind,
-    /// When the launch began: boot time is measured from here.
-    started: Instant,
-    id: String,
-    run: RunDir,
-    /// The helpers already running (daemons, the folder server).
-    children: Vec<Supervised>,
-    folders: Option<fsd::FolderServer>,
-}
-
-/// The process that runs the guest (QEMU or umbra-vmm). Its stdout is the guest console; its
-/// stderr goes to `log`, which says more than the console when the guest dies during boot.
-struct GuestProcess<'a> {
-    name: &'static str,
-    binary: &'a Path,
-    cmd: Command,
-    log: PathBuf,
-    /// Put before the log's text where it joins a boot failure's console lines.
-    log_label: &'static str,
-    jail: Option<children::Jail>,
-    /// Descriptors the process inherits, closed here once it has started.
-    held: Vec<std::os::fd::OwnedFd>,
-}
-
-impl Launch {
-    /// Starts `guest`, copies its console to `console.log` in the run directory and waits for the
-    /// agent on the run directory's vsock socket.
-    async fn finish(self, spec: &VmSpec, guest: GuestProcess<'_>) -> Result<Vm, VmError> {
-        let Launch { backend, started, id, run, mut children, folders } = self;
-        let GuestProcess { name, binary, mut cmd, log, log_label, jail, held } = guest;
-        let console_log = run.join("console.log");
-        // Listen for the agent's readiness announcement before the guest can make it.
-        let ready_path = rundir::vsock_port_socket(run.path(), umbra_proto::AGENT_READY_VSOCK_PORT);
-        let ready = tokio::net::UnixListener::bind(&ready_path).map_err(io("listen for the agent's readiness"))?;
-        rundir::open_to_vmm(&ready_path).map_err(io("open the readiness socket to the VMM"))?;
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log_file(&log)?);
-        let mut process =
-            Supervised::spawn_jailed(name, cmd, jail).map_err(io(format!("start {}", binary.display())))?;
-        drop(held);
-        let console_out = process.take_stdout().unwrap_or_else(|| panic!("{name} spawned with a stdout pipe"));
-        let copier =
-            console::ConsoleCopier::start(console_out, console_log.clone()).map_err(io("start the console copier"))?;
-        children.push(process);
-
-        let waited = wait_for_agent(&run, ready, &mut children, &copier, spec.boot_timeout).await;
-        let _ = std::fs::remove_file(&ready_path);
-        let agent = match waited {
-            Ok(a) => a,
-            Err(VmError::GuestDied { reason, console }) => {
-                // The VMM's own complaint (bad image, KVM refused a step) says more than the console.
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                let console =
-                    if text.trim().is_empty() { console } else { format!("{console}\n{log_label}{}", text.trim()) };
-                return Err(VmError::GuestDied { reason, console });
-            }
-            Err(e) => return Err(e),
-        };
-        Ok(Vm {
-            id,
-            backend,
-            agent,
-            children,
-            console_log,
-            console: Some(copier),
-            boot_time: started.elapsed(),
-            run_dir: run,
-            folders,
-            #[cfg(target_os = "macos")]
-            vz: None,
-            #[cfg(target_os = "macos")]
-            vz_shares: None,
-        })
-    }
-}
-
-/// Why a helper's exit ended the VM: umbra-vmm's status says what happened to the guest.
-fn exit_reason(name: &str, status: std::process::ExitStatus) -> String {
-    match (name, kvm::describe_exit(status.code())) {
-        ("umbra-vmm", Some(why)) => format!("{why} (umbra-vmm {status})"),
-        _ => format!("{name} exited: {status}"),
-    }
-}
-
-/// How long one connection attempt may take once the agent has announced itself.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Waits for the agent: first for its readiness announcement (a guest connection to
-/// [`umbra_proto::AGENT_READY_VSOCK_PORT`]), then connects through the hybrid vsock socket,
-/// retrying with exponential backoff from 2 ms, while watching that the helpers stay alive.
-///
-/// Connecting before the announcement is what the announcement exists to avoid: a host
-/// connection that reaches vhost-device-vsock while the guest driver is still starting the
-/// device finds a queue not ready, and the backend's worker thread exits for good. An agent
-/// that never announces (built before protocol 1.2) is polled after half the timeout.
-async fn wait_for_agent(
-    run: &RunDir,
-    ready: tokio::net::UnixListener,
-    children: &mut [Supervised],
-    copier: &console::ConsoleCopier,
-    timeout: Duration,
-) -> Result<AgentClient, VmError> {
-    let (vsock_uds, console_log) = (rundir::vsock_socket(run.path()), run.join("console.log"));
-    let started = Instant::now();
-    let mut announced = false;
-    let mut delay = Duration::from_millis(2);
-    let mut last_error = String::from("the agent has not announced itself yet");
-    loop {
-        if let Some((name, status)) = children.iter_mut().find_map(|c| c.try_exited().map(|s| (c.name, s))) {
-            copier.wait_drained(CONSOLE_DRAIN);
-            let console = console::tail(&console_log, console::ERROR_CONTEXT_LINES);
-            let reason = console::diagnose(&console).map(str::to_string).unwrap_or_else(|| exit_reason(name, status));
-            return Err(VmError::GuestDied { reason: format!("during boot: {reason}"), console });
-        }
-        let elapsed = started.elapsed();
-        if elapsed >= timeout {
-            return Err(VmError::BootTimeout {
-                timeout,
-                last_error,
-                processes: postmortem::report(run.path(), children),
-                console: console::tail(&console_log, console::ERROR_CONTEXT_LINES),
-            });
-        }
-        if !announced {
-            // Wake often enough to notice a helper that died.
-            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(50), ready.accept()).await {
-                announced = true;
-            } else if elapsed >= timeout / 2 {
-                announced = true;
-                tracing::debug!("no readiness announcement after {elapsed:?}: polling the agent");
-            }
-            continue;
-        }
-        if vsock_uds.exists() {
-            let attempt = AgentClient::connect_hybrid_vsock(&vsock_uds, umbra_proto::AGENT_VSOCK_PORT);
-            // Once the agent has announced itself an answer takes milliseconds, but a loaded
-            // host may need seconds: be patient rather than abandon CONNECTs in flight.
-            let patience = timeout.saturating_sub(started.elapsed()).clamp(Duration::from_millis(100), ATTEMPT_TIMEOUT);
-            match tokio::time::timeout(patience, attempt).await {
-                Ok(Ok(client)) => return Ok(client),
-                Ok(Err(e)) => last_error = e.to_string(),
-                Err(_) => last_error = "handshake timed out".into(),
-            }
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_millis(100));
-    }
 }
 
 #[cfg(test)]
@@ -710,7 +319,8 @@ mod arch_tests {
             assert!(text.contains(other.as_str()) && text.contains(Arch::host().as_str()), "{text}");
             assert!(text.contains("minimal-test") && text.contains("qemu"), "{text}");
         }
-        assert!(BackendKind::Qemu.check_arch(&image).is_ok(), "QEMU emulates it");
+        let qemu = BackendKind::Qemu;
+        assert!(qemu.capabilities().check_arch(qemu, &image).is_ok(), "QEMU emulates it");
     }
 
     #[test]
@@ -723,9 +333,10 @@ mod arch_tests {
             rootfs: None,
             cmdline: String::new(),
         };
-        let e = BackendKind::Vz.check_arch(&image).unwrap_err().to_string();
+        let vz = BackendKind::Vz;
+        let e = vz.capabilities().check_arch(vz, &image).unwrap_err().to_string();
         assert!(e.contains("aarch64 guests only") || e.contains("x86_64"), "{e}");
         image.arch = Arch::Aarch64;
-        assert_eq!(BackendKind::Vz.check_arch(&image).is_ok(), Arch::host() == Arch::Aarch64);
+        assert_eq!(vz.capabilities().check_arch(vz, &image).is_ok(), Arch::host() == Arch::Aarch64);
     }
 }

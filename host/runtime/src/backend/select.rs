@@ -1,11 +1,38 @@
 //! Which backend runs a VM on this host, and why: the one rule `vmctl run`, sessions and
-//! `vmctl doctor` share.
+//! `vmctl doctor` share. Also the registry from a [`BackendKind`] to its [`Backend`], and so
+//! [`Vm::launch`], the one entry that checks a spec against the backend's capabilities.
 
 use umbra_api::BackendChoice;
 use umbra_bundle::Arch;
 
 use super::host::KvmKind;
-use super::{kvm, BackendKind, VmError};
+use super::vm::{Backend, Vm};
+use super::{kvm, qemu, vz, BackendKind, Capabilities, VmError, VmSpec};
+
+impl BackendKind {
+    /// The backend of this kind.
+    pub fn backend(self) -> &'static dyn Backend {
+        match self {
+            BackendKind::Kvm => &kvm::KvmBackend,
+            BackendKind::Qemu => &qemu::QemuBackend,
+            BackendKind::Vz => &vz::VzBackend,
+        }
+    }
+
+    pub fn capabilities(self) -> Capabilities {
+        self.backend().capabilities()
+    }
+}
+
+impl Vm {
+    /// Boots `spec` on `backend` and waits for the agent; refuses first what the backend
+    /// cannot do (another architecture, a restore without snapshots).
+    pub async fn launch(backend: BackendKind, spec: &VmSpec) -> Result<Self, VmError> {
+        let backend = backend.backend();
+        backend.capabilities().check(backend.kind(), spec)?;
+        backend.launch(spec).await
+    }
+}
 
 /// The backend for `choice` on this host and a guest of `arch`, with the reason (shown by
 /// `vmctl doctor` and in the `ready` event).
@@ -17,6 +44,22 @@ pub fn choose(choice: BackendChoice, arch: Arch) -> Result<(BackendKind, String)
         return foreign(choice, arch);
     }
     choose_for(choice, KvmKind::detect(), kvm::find_vmm().is_some())
+}
+
+/// [`choose`] for a VM that resumes a snapshot: `auto` takes the first backend here whose
+/// capabilities include snapshots; a backend asked for by name is checked by [`Vm::launch`].
+pub fn choose_snapshot_capable(choice: BackendChoice, arch: Arch) -> Result<(BackendKind, String), VmError> {
+    if choice != BackendChoice::Auto {
+        return choose(choice, arch);
+    }
+    let mut refused = Vec::new();
+    for kind in BackendKind::ALL.into_iter().filter(|k| k.capabilities().snapshot) {
+        match choose(kind.choice(), arch) {
+            Ok((kind, why)) => return Ok((kind, format!("the snapshot needs it ({why})"))),
+            Err(e) => refused.push(format!("{}: {e}", kind.name())),
+        }
+    }
+    Err(VmError::BackendUnavailable(format!("no backend here can restore a snapshot ({})", refused.join("; "))))
 }
 
 /// macOS: Virtualization.framework runs arm64 guests on Apple silicon; there is no KVM, and

@@ -2,6 +2,7 @@
 
 use umbra_api::{ApiError, ErrorCode, SessionStatus};
 
+use super::launch::LaunchError;
 use crate::agent::ClientError;
 use crate::backend::VmError;
 use crate::image::ImageError;
@@ -101,6 +102,16 @@ impl SessionError {
     pub(crate) fn task(what: impl Into<String>) -> impl FnOnce(tokio::task::JoinError) -> SessionError {
         let what = what.into();
         move |e| SessionError::Internal(format!("{what} failed inside umbrad: {e}"))
+    }
+
+    /// A launch's failure, for session `name`: what could not boot is the session's.
+    pub(super) fn launch(name: &str) -> impl FnOnce(LaunchError) -> SessionError + '_ {
+        move |e| match e {
+            LaunchError::Image(e) => SessionError::Image(e),
+            LaunchError::BundleGone(why) => SessionError::InvalidArgument(why),
+            LaunchError::Vm(source) => SessionError::Boot { name: name.to_string(), source },
+            e @ LaunchError::Task { .. } => SessionError::Internal(e.to_string()),
+        }
     }
 
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SessionError {

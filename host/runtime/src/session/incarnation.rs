@@ -12,17 +12,16 @@ use umbra_api::{EventKind, FolderInfo, FolderSpec, SessionSettings, VmInfo};
 
 use super::context::Context;
 use super::error::SessionError;
+use super::launch::{Bundle, Disk, Prepared, BOOT_HOSTNAME};
 use super::outputs::{OutputsChange, OutputsWatcher};
 use super::snapshot::SessionSnapshot;
 use crate::agent::AgentClient;
-use crate::backend::{select, Restore, Vm, VmError, VmSpec};
+use crate::backend::{Restore, Vm, VmError};
 use crate::share::paths::{OUTPUTS, READONLY_TMP, UPLOADS};
 use crate::share::{FolderPolicy, SharedFolders};
 
 /// Where a session's writable disk lives in its storage directory.
 pub const DISK_FILE: &str = "disk.img";
-/// What a booted guest calls itself (a restored one is told its name: [`Restore::hostname`]).
-pub(super) const BOOT_HOSTNAME: &str = "umbra";
 
 /// Reports boot progress (queued, folders mounted, outputs changes) as events of the session.
 pub(super) type Report = Arc<dyn Fn(EventKind) + Send + Sync>;
@@ -70,60 +69,91 @@ pub(super) struct Failure {
     pub console: String,
 }
 
-impl Incarnation {
-    /// Boots `plan`: resolves the bundle, waits for a boot slot, prepares the disk, launches the
-    /// VM and shares every folder. The boot timeout counts from the slot, not from the queue.
-    pub async fn boot(plan: &BootPlan, ctx: &Context, report: Report) -> Result<Incarnation, SessionError> {
-        let spec = plan.settings.bundle.clone();
-        let store = ctx.bundles.clone();
-        let resolved = tokio::task::spawn_blocking(move || crate::image::resolve(&spec, &store))
-            .await
-            .map_err(SessionError::task("bundle resolution"))??;
-        let (backend, why) = select::choose(plan.settings.backend, resolved.image.arch)
-            .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
+impl BootPlan {
+    /// The session's disk, when it has storage and a disk size.
+    fn disk(&self) -> Disk {
+        match (&self.storage_dir, self.settings.disk_size_mib) {
+            (Some(dir), size_mib) if size_mib > 0 => Disk::Fresh { path: dir.join(DISK_FILE), size_mib },
+            _ => Disk::None,
+        }
+    }
+}
 
-        let disk_path = match (&plan.storage_dir, plan.settings.disk_size_mib) {
-            (Some(dir), size) if size > 0 => Some(dir.join(DISK_FILE)),
-            _ => None,
-        };
+/// One folder a boot shares: a session folder, or a path the policy adds (read-only or not).
+enum Ask<'a> {
+    Folder(&'a FolderSpec),
+    Extra(&'a std::path::PathBuf, bool),
+}
+
+/// Everything a boot shares with its VM. The VM gets a folder server exactly when this has
+/// anything in it ([`Shares::any`]): one decision, used to launch and to share.
+struct Shares<'a> {
+    asks: Vec<Ask<'a>>,
+    readonly_tmp: bool,
+    session_dirs: Option<&'a std::path::Path>,
+}
+
+impl<'a> Shares<'a> {
+    fn of(plan: &'a BootPlan, policy: &'a umbra_policy::EffectivePolicy) -> Self {
+        let asks = plan
+            .folders
+            .iter()
+            .map(Ask::Folder)
+            .chain(policy.additional_readwrite_paths.iter().map(|p| Ask::Extra(p, false)))
+            .chain(policy.additional_readonly_paths.iter().map(|p| Ask::Extra(p, true)))
+            .collect();
+        Self { asks, readonly_tmp: policy.disable_tmp_write, session_dirs: plan.storage_dir.as_deref() }
+    }
+
+    fn any(&self) -> bool {
+        !self.asks.is_empty() || self.readonly_tmp || self.session_dirs.is_some()
+    }
+}
+
+impl Incarnation {
+    /// Boots `plan`: prepares the VM (bundle, backend, size), takes a pooled VM that fits or
+    /// launches one in a boot slot, and shares every folder. The boot timeout counts from the
+    /// slot, not from the queue.
+    pub async fn boot(plan: &BootPlan, ctx: &Context, report: Report) -> Result<Incarnation, SessionError> {
+        let policy = plan.settings.policy.effective();
+        let shares = Shares::of(plan, &policy);
+        let bundle = Bundle::Spec { spec: &plan.settings.bundle, promote: true };
+        let prepared = Prepared::new(bundle, &ctx.bundles, plan.settings.backend, false)
+            .await
+            .map_err(SessionError::launch(&plan.session))?
+            .size(plan.settings.cpus, plan.settings.memory_mib, plan.boot_timeout)
+            .folder_sharing(shares.any());
+        let (backend, why, version) = (prepared.backend, prepared.why.clone(), prepared.image.version.clone());
+        let disk = plan.disk();
         // Only a session with storage can take a pooled VM: those boot with folder sharing.
-        let key = super::pool::key_of(&resolved.image, backend, &plan.settings);
-        let warm = match plan.storage_dir {
-            Some(_) => ctx.pool.take(&key, disk_path.as_deref()).await,
-            None => None,
+        let key = super::pool::key_of(&prepared.image, backend, &plan.settings);
+        let warm = match (&plan.storage_dir, &disk) {
+            (Some(_), Disk::Fresh { path, .. }) => ctx.pool.take(&key, Some(path)).await,
+            (Some(_), _) => ctx.pool.take(&key, None).await,
+            (None, _) => None,
         };
         let from_pool = warm.is_some();
         let mut vm = match warm {
             Some(warm) => warm.vm,
-            None => Self::launch(plan, ctx, &report, resolved.image.clone(), backend, disk_path).await?,
+            None => prepared
+                .launch(&ctx.admission, |position| report(EventKind::BootQueued { position }), disk, None)
+                .await
+                .map_err(SessionError::launch(&plan.session))?,
         };
-        let policy = plan.settings.policy.effective();
-        let mut folders = SharedFolders::with_policy(FolderPolicy::from_policy(&policy)).with_pins(plan.pins.clone());
+        let folder_policy = FolderPolicy::from_policy(&policy);
+        let mut folders = SharedFolders::with_policy(folder_policy.clone()).with_pins(plan.pins.clone());
         // Read-only folders first: one nested in a writable folder is then pinned read-only
         // inside it before the guest can open anything there (the folder server refuses the
         // other order). Clients see them in the order they were asked for.
-        enum Ask<'a> {
-            Folder(&'a FolderSpec),
-            Extra(&'a std::path::PathBuf, bool),
-        }
-        let folder_policy = FolderPolicy::from_policy(&policy);
-        let extras = policy.additional_readwrite_paths.iter().map(|p| Ask::Extra(p, false));
-        let asks: Vec<Ask> = plan
-            .folders
-            .iter()
-            .map(Ask::Folder)
-            .chain(extras)
-            .chain(policy.additional_readonly_paths.iter().map(|p| Ask::Extra(p, true)))
-            .collect();
         let writable = |ask: &Ask| match ask {
             Ask::Folder(f) => folder_policy.workspace_mode(f.mode).host_writable(),
             Ask::Extra(_, read_only) => !read_only,
         };
-        let mut order: Vec<usize> = (0..asks.len()).collect();
-        order.sort_by_key(|i| writable(&asks[*i]));
+        let mut order: Vec<usize> = (0..shares.asks.len()).collect();
+        order.sort_by_key(|i| writable(&shares.asks[*i]));
         let mut shared_infos = Vec::new();
         for i in order {
-            match &asks[i] {
+            match &shares.asks[i] {
                 Ask::Folder(f) => folders.share(&mut vm, &plan.session, &f.path, f.name.as_deref(), f.mode).await?,
                 Ask::Extra(path, read_only) => folders.share_extra(&mut vm, &plan.session, path, *read_only).await?,
             };
@@ -133,10 +163,10 @@ impl Incarnation {
         }
         shared_infos.sort_by_key(|(i, _)| *i);
         let mut infos: Vec<FolderInfo> = shared_infos.into_iter().map(|(_, info)| info).collect();
-        if policy.disable_tmp_write {
+        if shares.readonly_tmp {
             folders.readonly_tmp(&mut vm, &plan.session).await?;
         }
-        if let Some(dir) = &plan.storage_dir {
+        if let Some(dir) = shares.session_dirs {
             let first_session_dir = folders.list().len();
             folders.share_session_dirs(&mut vm, &plan.session, dir).await?;
             for shared in &folders.list()[first_session_dir..] {
@@ -148,7 +178,7 @@ impl Incarnation {
         let info = VmInfo {
             backend: backend.name().into(),
             backend_reason: why,
-            bundle_version: resolved.image.version.clone(),
+            bundle_version: version,
             boot_ms: vm.boot_time.as_millis() as u64,
             pids: vm.pids(),
             run_dir: vm.run_dir().to_path_buf(),
@@ -173,24 +203,14 @@ impl Incarnation {
         let Some(storage) = plan.storage_dir.clone() else {
             return Err(SessionError::Unsupported("a session without storage has no snapshot".into()));
         };
-        let store = ctx.bundles.clone();
-        let (spec, version) = (meta.bundle.clone(), meta.bundle_version.clone());
         // The bundle the snapshot booted: by its spec, or by its version if the spec has moved on.
-        let resolved = tokio::task::spawn_blocking(move || match crate::image::resolve_with(&spec, &store, false) {
-            Ok(r) if r.image.version == version => Ok(r),
-            first => crate::image::resolve_with(&version, &store, false).map_err(|e| match first {
-                Ok(r) => SessionError::InvalidArgument(format!(
-                    "the snapshot was taken with bundle {version}, {spec} is now {} and {version} cannot be \
-                         found ({e}); delete the session or install {version} again",
-                    r.image.version
-                )),
-                Err(_) => e.into(),
-            }),
-        })
-        .await
-        .map_err(SessionError::task("bundle resolution"))??;
-        let (backend, why) = select::choose(umbra_api::BackendChoice::Kvm, resolved.image.arch)
-            .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
+        let bundle = Bundle::Snapshotted { spec: &meta.bundle, version: &meta.bundle_version };
+        let prepared = Prepared::new(bundle, &ctx.bundles, plan.settings.backend, true)
+            .await
+            .map_err(SessionError::launch(&plan.session))?
+            .size(meta.cpus, meta.memory_mib, plan.boot_timeout)
+            .folder_sharing(meta.folder_sharing);
+        let (backend, why, version) = (prepared.backend, prepared.why.clone(), prepared.image.version.clone());
 
         // The session's own folders come from its storage, a read-only `/tmp` from an empty
         // directory there; the user's folders are the snapshot's.
@@ -218,55 +238,16 @@ impl Incarnation {
         let policy = FolderPolicy::from_policy(&plan.settings.policy.effective());
         let folders = SharedFolders::restored(policy, saved).with_pins(plan.pins.clone());
 
-        let slot = ctx.admission.enter(|position| report(EventKind::BootQueued { position })).await;
         let disk = match meta.disk {
-            true => {
-                let (from, to) = (snapshot.disk(), storage.join(DISK_FILE));
-                // Copied beside the session's disk, then renamed over it: a failed copy leaves
-                // the disk as it was. A stop cancels a restore but not its copy, which then must
-                // not replace the disk a later restore's VM has opened: the copy is put in
-                // place only while its restore is wanted, one copy at a time.
-                static SWAP: std::sync::Mutex<()> = std::sync::Mutex::new(());
-                static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-                let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let tmp = storage.join(format!(".{DISK_FILE}.restore-{}-{n}", std::process::id()));
-                let wanted = Wanted::default();
-                let still_wanted = wanted.0.clone();
-                tokio::task::spawn_blocking(move || {
-                    crate::backend::disk::copy_sparse(&from, &tmp)?;
-                    let _swap = SWAP.lock().unwrap_or_else(|e| e.into_inner());
-                    if !still_wanted.load(std::sync::atomic::Ordering::SeqCst) {
-                        let _ = std::fs::remove_file(&tmp);
-                        return Err(VmError::Io {
-                            what: "the restore was cancelled".into(),
-                            source: std::io::ErrorKind::Interrupted.into(),
-                        });
-                    }
-                    std::fs::rename(&tmp, &to).map_err(|source| {
-                        let _ = std::fs::remove_file(&tmp);
-                        VmError::Io { what: format!("rename {}", tmp.display()), source }
-                    })?;
-                    Ok::<_, VmError>(to)
-                })
-                .await
-                .map_err(SessionError::task("the disk copy"))?
-                .map(Some)
-                .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?
-            }
-            false => None,
+            true => Disk::CopyOf { from: snapshot.disk(), to: storage.join(DISK_FILE) },
+            false => Disk::None,
         };
-        let mut spec = VmSpec::new(resolved.image.clone());
-        spec.cpus = meta.cpus;
-        spec.memory_mib = meta.memory_mib;
-        spec.boot_timeout = plan.boot_timeout;
-        spec.folder_sharing = meta.folder_sharing;
-        spec.disk = disk;
-        spec.restore =
-            Some(Restore { snapshot: snapshot.vm_dir(), hostname: hostname.into(), folders: folders.server_folders() });
-        let vm = Vm::launch(backend, &spec)
+        let restore =
+            Restore { snapshot: snapshot.vm_dir(), hostname: hostname.into(), folders: folders.server_folders() };
+        let vm = prepared
+            .launch(&ctx.admission, |position| report(EventKind::BootQueued { position }), disk, Some(restore))
             .await
-            .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
-        drop(slot);
+            .map_err(SessionError::launch(&plan.session))?;
         let infos: Vec<FolderInfo> = folders.list().iter().map(|s| s.info()).collect();
         for info in &infos {
             report(folder_mounted(info));
@@ -274,7 +255,7 @@ impl Incarnation {
         let info = VmInfo {
             backend: backend.name().into(),
             backend_reason: format!("restored from the snapshot of {} ({why})", meta.session),
-            bundle_version: resolved.image.version.clone(),
+            bundle_version: version,
             boot_ms: vm.boot_time.as_millis() as u64,
             pids: vm.pids(),
             run_dir: vm.run_dir().to_path_buf(),
@@ -333,42 +314,6 @@ impl Incarnation {
             _outputs: outputs,
             _egress: egress,
         })
-    }
-
-    /// Launches a fresh VM for `plan` in a boot slot, with its session disk at `disk`.
-    async fn launch(
-        plan: &BootPlan,
-        ctx: &Context,
-        report: &Report,
-        image: crate::backend::BootImage,
-        backend: crate::backend::BackendKind,
-        disk: Option<PathBuf>,
-    ) -> Result<Vm, SessionError> {
-        let slot = ctx.admission.enter(|position| report(EventKind::BootQueued { position })).await;
-        if let (Some(path), Some(dir)) = (&disk, &plan.storage_dir) {
-            std::fs::create_dir_all(dir).map_err(SessionError::io(format!("create {}", dir.display())))?;
-            let (p, bytes) = (path.clone(), plan.settings.disk_size_mib << 20);
-            tokio::task::spawn_blocking(move || crate::backend::disk::ensure_session_disk(&p, bytes))
-                .await
-                .map_err(SessionError::task("disk preparation"))?
-                .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
-        }
-        let mut vm_spec = VmSpec::new(image);
-        vm_spec.cpus = plan.settings.cpus;
-        vm_spec.memory_mib = plan.settings.memory_mib;
-        vm_spec.boot_timeout = plan.boot_timeout;
-        let policy = plan.settings.policy.effective();
-        vm_spec.folder_sharing = plan.storage_dir.is_some()
-            || !plan.folders.is_empty()
-            || policy.disable_tmp_write
-            || !policy.additional_readonly_paths.is_empty()
-            || !policy.additional_readwrite_paths.is_empty();
-        vm_spec.disk = disk;
-        let vm = Vm::launch(backend, &vm_spec)
-            .await
-            .map_err(|source| SessionError::Boot { name: plan.session.clone(), source })?;
-        drop(slot);
-        Ok(vm)
     }
 
     /// What processes are told when their connection drops (`None`: it is not expected to).
@@ -480,21 +425,5 @@ fn failure(e: VmError) -> Failure {
     match e {
         VmError::GuestDied { reason, console } => Failure { reason, console },
         other => Failure { reason: other.to_string(), console: String::new() },
-    }
-}
-
-/// True until dropped: a restore's future holds it while its blocking disk copy runs, so a
-/// cancelled restore's copy knows not to put itself in place.
-struct Wanted(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-impl Default for Wanted {
-    fn default() -> Self {
-        Self(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)))
-    }
-}
-
-impl Drop for Wanted {
-    fn drop(&mut self) {
-        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }

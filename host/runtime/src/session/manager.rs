@@ -75,7 +75,7 @@ impl SessionManager {
             }
             sessions.insert(record.name.clone(), Session::new(ctx.clone(), record));
         }
-        super::pool::WarmPool::start(&ctx);
+        super::pool::refill::start(&ctx);
         Self { ctx, sessions: Mutex::new(sessions) }
     }
 

@@ -11,6 +11,8 @@
 //! - [`instance`]: one session's state machine, supervisor (heartbeat, liveness, idle stop)
 //!   and restart with back-off; its process, folder, file and shadow operations.
 //! - [`incarnation`]: one VM of a session, from boot to teardown.
+//! - [`launch`]: the one launch pipeline (bundle, backend, size; a boot slot, the disk, boot or
+//!   restore) under a session's boot, its restore and the warm pool.
 //! - [`exec`]: a process's lifecycle (flow-controlled output, timeout and signal escalation,
 //!   an exit that always comes).
 //! - [`admission`]: at most N boots at once, the rest queued in order.
@@ -28,6 +30,7 @@ pub mod events;
 pub mod exec;
 mod incarnation;
 pub mod instance;
+mod launch;
 pub mod manager;
 pub mod outputs;
 mod pool;

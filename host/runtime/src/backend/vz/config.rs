@@ -65,7 +65,7 @@ pub struct VzShare {
 
 /// The configuration for `spec`, with the console written to `console_log`. Refuses a memory
 /// size below the framework's minimum, which it would refuse later with a vaguer error (the
-/// architecture was checked by [`crate::backend::BackendKind::check_arch`] before).
+/// architecture was checked against the backend's capabilities before, by `Vm::launch`).
 pub fn vz_config(spec: &VmSpec, console_log: &Path) -> Result<VzConfig, VmError> {
     if spec.memory_mib < MIN_MEMORY_MIB {
         return Err(VmError::BackendUnavailable(format!(

@@ -13,27 +13,56 @@ mod machine;
 #[cfg(target_os = "macos")]
 pub use machine::{VzMachine, VzState};
 
-#[cfg(target_os = "macos")]
-pub use launch::{add_folder, ended, launch, remove_folder};
+use async_trait::async_trait;
+use umbra_bundle::Arch;
+
+use super::vm::{Backend, Vm};
+use super::{BackendKind, Capabilities, VmError, VmSpec};
+
+/// Virtualization.framework: arm64 guests on Apple silicon; no snapshots; folders shared whole
+/// (no `.git` protection, no hidden files).
+pub struct VzBackend;
+
+#[async_trait]
+impl Backend for VzBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Vz
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { snapshot: false, folder_protection: false, guest_arches: &[Arch::Aarch64], emulates: false }
+    }
+
+    #[cfg(target_os = "macos")]
+    async fn launch(&self, spec: &VmSpec) -> Result<Vm, VmError> {
+        launch::launch(spec, self.capabilities()).await
+    }
+
+    #[cfg(not(target_os = "macos"))]
+    async fn launch(&self, _: &VmSpec) -> Result<Vm, VmError> {
+        Err(VmError::BackendUnavailable("backend vz is Apple's Virtualization.framework: it runs only on macOS".into()))
+    }
+}
 
 /// Booting a [`VzMachine`] into a [`super::Vm`]: the same readiness rule as the other
 /// backends (the agent's announcement on its ready port, then the handshake on its port).
 #[cfg(target_os = "macos")]
 mod launch {
+    use std::path::Path;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use super::{vz_config, VzMachine, VzState};
-    use crate::agent::AgentClient;
-    use crate::backend::rundir::{new_vm_id, RunDir};
-    use std::path::Path;
+    use async_trait::async_trait;
 
-    use super::VzShare;
+    use super::{vz_config, VzMachine, VzShare, VzState};
+    use crate::agent::AgentClient;
     use crate::backend::fsd::{Protection, FS_TAG};
-    use crate::backend::{console, io, BackendKind, Vm, VmError, VmSpec};
+    use crate::backend::rundir::{new_vm_id, RunDir};
+    use crate::backend::vm::{FolderShare, Machine, Vm};
+    use crate::backend::{console, io, BackendKind, Capabilities, FolderIdentity, VmError, VmSpec};
 
     /// Why the VM ended, if it has.
-    pub fn ended(machine: &VzMachine) -> Option<String> {
+    fn ended(machine: &VzMachine) -> Option<String> {
         match machine.state() {
             VzState::Starting | VzState::Running => None,
             VzState::Stopped => Some("the guest shut down".into()),
@@ -47,7 +76,7 @@ mod launch {
             .map_err(|e| VmError::BackendUnavailable(format!("a Virtualization.framework call panicked: {e}")))
     }
 
-    pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
+    pub async fn launch(spec: &VmSpec, capabilities: Capabilities) -> Result<Vm, VmError> {
         let started = Instant::now();
         let id = new_vm_id();
         let run = RunDir::create(&id).map_err(io("create the VM run directory"))?;
@@ -75,19 +104,64 @@ mod launch {
                 return Err(e);
             }
         };
+        let shares = spec.folder_sharing.then(|| VzShares { machine: machine.clone(), shares: Vec::new() });
         Ok(Vm {
             id,
             backend: BackendKind::Vz,
+            capabilities,
+            boot_time: started.elapsed(),
             agent,
-            children: Vec::new(),
             console_log,
             console: copier,
-            boot_time: started.elapsed(),
+            machine: Box::new(VzRunning { machine, shares }),
             run_dir: run,
-            folders: None,
-            vz: Some(machine),
-            vz_shares: spec.folder_sharing.then(Vec::new),
         })
+    }
+
+    /// The in-process VM and, when it was launched with folder sharing, its share set.
+    struct VzRunning {
+        machine: Arc<VzMachine>,
+        shares: Option<VzShares>,
+    }
+
+    #[async_trait]
+    impl Machine for VzRunning {
+        fn pids(&self) -> Vec<u32> {
+            Vec::new()
+        }
+
+        fn ended(&mut self) -> Option<String> {
+            ended(&self.machine)
+        }
+
+        async fn wait_stopped(&mut self, timeout: Duration) {
+            let deadline = Instant::now() + timeout;
+            while ended(&self.machine).is_none() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+
+        fn kill(&mut self) {
+            self.machine.kill();
+        }
+
+        fn folders(&mut self) -> Option<&mut dyn FolderShare> {
+            self.shares.as_mut().map(|s| s as &mut dyn FolderShare)
+        }
+
+        fn shares_folders(&self) -> bool {
+            self.shares.is_some()
+        }
+
+        async fn snapshot(&mut self, _: std::fs::File, _: std::fs::File) -> Result<(u64, String), VmError> {
+            Err(VmError::BackendUnavailable("the vz backend cannot snapshot a VM".into()))
+        }
+    }
+
+    /// The framework's share set: replaced whole on every change.
+    struct VzShares {
+        machine: Arc<VzMachine>,
+        shares: Vec<VzShare>,
     }
 
     /// Starts the VM and waits for the agent's announcement, then shakes hands on its port.
@@ -132,48 +206,50 @@ mod launch {
     /// Adds `name` to the share set. The framework shares a directory read-only or read-write
     /// and nothing finer: a share that asks for `.git` protection or hidden files is refused
     /// rather than given without them.
-    pub async fn add_folder(
-        machine: &Arc<VzMachine>,
-        shares: &mut Vec<VzShare>,
-        name: &str,
-        source: &Path,
-        read_only: bool,
-        protection: &Protection,
-        expected: Option<crate::backend::FolderIdentity>,
-    ) -> Result<crate::backend::FolderIdentity, VmError> {
-        let found = crate::backend::folder_identity(source)
-            .map_err(|e| VmError::FolderServer(format!("folder {name}: {e}")))?;
-        if expected.is_some_and(|e| e != found) {
-            return Err(VmError::FolderServer(format!(
-                "folder {name}: {} is no longer the folder that was shared; refusing to share what replaced it",
-                source.display()
-            )));
-        }
-        // umbra-fsd pins .git only in shares the host lets the guest write.
-        if (protection.protect_git && !read_only) || !protection.hide.is_empty() {
-            return Err(VmError::FolderServer(format!(
+    #[async_trait]
+    impl FolderShare for VzShares {
+        async fn add(
+            &mut self,
+            name: &str,
+            source: &Path,
+            read_only: bool,
+            protection: &Protection,
+            expected: Option<FolderIdentity>,
+        ) -> Result<FolderIdentity, VmError> {
+            let found = crate::backend::folder_identity(source)
+                .map_err(|e| VmError::FolderServer(format!("folder {name}: {e}")))?;
+            if expected.is_some_and(|e| e != found) {
+                return Err(VmError::FolderServer(format!(
+                    "folder {name}: {} is no longer the folder that was shared; refusing to share what replaced it",
+                    source.display()
+                )));
+            }
+            // umbra-fsd pins .git only in shares the host lets the guest write.
+            if (protection.protect_git && !read_only) || !protection.hide.is_empty() {
+                return Err(VmError::FolderServer(format!(
                 "folder {name}: the vz backend cannot protect .git or hide files on the host (Virtualization.framework \
                  shares whole directories); share it without that policy"
             )));
+            }
+            if self.shares.iter().any(|s| s.name == name) {
+                return Err(VmError::FolderServer(format!("folder {name} is already in the share")));
+            }
+            let mut next = self.shares.clone();
+            next.push(VzShare { name: name.into(), path: source.to_path_buf(), read_only });
+            set(&self.machine, &next).await?;
+            self.shares = next;
+            Ok(found)
         }
-        if shares.iter().any(|s| s.name == name) {
-            return Err(VmError::FolderServer(format!("folder {name} is already in the share")));
-        }
-        let mut next = shares.clone();
-        next.push(VzShare { name: name.into(), path: source.to_path_buf(), read_only });
-        set(machine, &next).await?;
-        *shares = next;
-        Ok(found)
-    }
 
-    pub async fn remove_folder(machine: &Arc<VzMachine>, shares: &mut Vec<VzShare>, name: &str) -> Result<(), VmError> {
-        let next: Vec<VzShare> = shares.iter().filter(|s| s.name != name).cloned().collect();
-        if next.len() == shares.len() {
-            return Err(VmError::FolderServer(format!("folder {name} is not in the share")));
+        async fn remove(&mut self, name: &str) -> Result<(), VmError> {
+            let next: Vec<VzShare> = self.shares.iter().filter(|s| s.name != name).cloned().collect();
+            if next.len() == self.shares.len() {
+                return Err(VmError::FolderServer(format!("folder {name} is not in the share")));
+            }
+            set(&self.machine, &next).await?;
+            self.shares = next;
+            Ok(())
         }
-        set(machine, &next).await?;
-        *shares = next;
-        Ok(())
     }
 
     async fn set(machine: &Arc<VzMachine>, shares: &[VzShare]) -> Result<(), VmError> {

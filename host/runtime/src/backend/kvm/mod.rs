@@ -2,17 +2,23 @@
 //! `vm.json` in the VM's run directory. Its vsock device serves the same hybrid Unix socket as
 //! QEMU's vhost-device-vsock, so the agent connection is the same code; no helper daemons.
 
+mod control;
+pub use control::{control_socket, request_snapshot};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use umbra_contract::control::{ControlReply, ControlRequest};
+use async_trait::async_trait;
+use umbra_bundle::Arch;
 use umbra_contract::exit::VmmStatus;
 use umbra_contract::vm::{DiskConfig, FsConfig, JailConfig, VmConfig, VsockConfig, NOBODY};
 
 use super::fsd::FolderServer;
-use super::rundir::{new_vm_id, RunDir, VSOCK_DIR};
-use super::{io, start_folder_server, BackendKind, GuestProcess, Launch, Vm, VmError, VmSpec};
+use super::launch::{start_folder_server, GuestProcess, Helpers, Launch};
+use super::rundir::{new_vm_id, RunDir};
+use super::vm::{Backend, FolderShare, Machine, Vm};
+use super::{io, BackendKind, Capabilities, VmError, VmSpec};
 
 /// `reboot=k`: the guest's reboot (how the agent ends the VM) pulses the i8042 reset line,
 /// which umbra-vmm reports as a clean exit; a triple fault then always means a crash.
@@ -20,16 +26,27 @@ use super::{io, start_folder_server, BackendKind, GuestProcess, Launch, Vm, VmEr
 /// panics ("IO-APIC + timer doesn't work!"); the check only matters on broken real hardware.
 pub const KVM_CMDLINE: &str = "console=ttyS0 reboot=k quiet panic=-1 no_timer_check";
 const GUEST_CID: u64 = 3;
-/// How long a snapshot request may wait for umbra-vmm's answer (it pauses the guest, asks
-/// virtiofsd for its state and writes the memory file: seconds, tens under nested emulation).
-const SNAPSHOT_ANSWER: std::time::Duration = std::time::Duration::from_secs(300);
+/// How long umbra-vmm may take to exit once it has answered a snapshot request.
+const SNAPSHOT_STOP: Duration = Duration::from_secs(30);
 
-/// The control socket of the umbra-vmm whose run directory is `run`: in the VM's vsock
-/// directory, because a jailed VMM sees nothing else.
-pub fn control_socket(run: &Path) -> PathBuf {
-    run.join(VSOCK_DIR).join("control.sock")
+/// umbra-vmm on KVM: the host's architecture (x86_64), snapshots and restores, every folder
+/// policy (umbra-fsd enforces them).
+pub struct KvmBackend;
+
+#[async_trait]
+impl Backend for KvmBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Kvm
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { snapshot: true, folder_protection: true, guest_arches: &[Arch::X86_64], emulates: false }
+    }
+
+    async fn launch(&self, spec: &VmSpec) -> Result<Vm, VmError> {
+        launch(spec).await
+    }
 }
-
 /// umbra-vmm, if this host has it (see [`super::host::UMBRA_VMM`]).
 pub fn find_vmm() -> Option<PathBuf> {
     super::host::UMBRA_VMM.find()
@@ -77,63 +94,59 @@ pub fn vm_config(spec: &VmSpec, vsock_uds: &Path, fs_socket: Option<&Path>, jail
     Ok(cfg)
 }
 
-/// What an umbra-vmm exit status means.
-pub fn describe_exit(code: Option<i32>) -> Option<&'static str> {
-    VmmStatus::from_code(code?).map(VmmStatus::describe)
+/// What an umbra-vmm exit code means.
+pub fn describe_exit(code: i32) -> Option<&'static str> {
+    VmmStatus::from_code(code).map(VmmStatus::describe)
 }
 
-/// Asks the umbra-vmm whose control socket is `control` for a snapshot (umbra_vmm::control):
-/// hands over `state` and `memory`, empty files open for writing, and returns the memory bytes
-/// written and where the pause went (umbra-vmm's phases). The VM then ends with status 6.
-pub fn request_snapshot(
-    control: &Path,
-    state: &std::fs::File,
-    memory: &std::fs::File,
-) -> Result<(u64, String), String> {
-    use std::io::BufRead;
-    use std::os::fd::AsRawFd;
-    let stream = std::os::unix::net::UnixStream::connect(control)
-        .map_err(|e| format!("cannot connect to the VMM's control socket {}: {e}", control.display()))?;
-    // A VMM that never answers must not hold the caller's thread for ever.
-    stream.set_read_timeout(Some(SNAPSHOT_ANSWER)).map_err(|e| format!("cannot set a read timeout: {e}"))?;
-    let line = serde_json::to_string(&ControlRequest::Snapshot {}).expect("a request serialises") + "\n";
-    let line = line.as_bytes();
-    let fds = [state.as_raw_fd(), memory.as_raw_fd()];
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(&fds) as u32) } as usize;
-    let mut control_buf = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec { iov_base: line.as_ptr() as *mut libc::c_void, iov_len: line.len() };
-    // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the sendmsg call, the
-    // control buffer is 8-byte aligned and CMSG_SPACE bytes long, and the one cmsghdr written
-    // into it (by CMSG_FIRSTHDR/CMSG_DATA) carries exactly the two descriptors.
-    let sent = unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control_buf.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(&fds) as u32) as _;
-        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast::<i32>(), fds.len());
-        libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
-    };
-    if sent != line.len() as isize {
-        return Err(format!("cannot send the snapshot request: {}", std::io::Error::last_os_error()));
+/// A running umbra-vmm and its folder server: [`Helpers`] that can also snapshot, through
+/// the VMM's control socket.
+struct KvmMachine {
+    helpers: Helpers,
+    control: PathBuf,
+}
+
+#[async_trait]
+impl Machine for KvmMachine {
+    fn pids(&self) -> Vec<u32> {
+        self.helpers.pids()
     }
-    let mut reply = String::new();
-    std::io::BufReader::new(&stream)
-        .read_line(&mut reply)
-        .map_err(|e| format!("no answer from the VMM's control socket: {e}"))?;
-    match serde_json::from_str::<ControlReply>(&reply) {
-        Ok(ControlReply::Ok(taken)) => Ok((taken.memory_bytes, taken.phases_ms.to_string())),
-        Ok(ControlReply::Error(e)) => Err(format!("the VMM refused the snapshot: {e}")),
-        Err(e) => Err(format!("the VMM answered {reply:?}: {e}")),
+
+    fn ended(&mut self) -> Option<String> {
+        self.helpers.ended()
+    }
+
+    async fn wait_stopped(&mut self, timeout: Duration) {
+        self.helpers.wait_stopped(timeout).await
+    }
+
+    fn kill(&mut self) {
+        self.helpers.kill()
+    }
+
+    fn folders(&mut self) -> Option<&mut dyn FolderShare> {
+        self.helpers.folders()
+    }
+
+    fn shares_folders(&self) -> bool {
+        self.helpers.shares_folders()
+    }
+
+    async fn snapshot(&mut self, state: std::fs::File, memory: std::fs::File) -> Result<(u64, String), VmError> {
+        let control = self.control.clone();
+        let taken = tokio::task::spawn_blocking(move || request_snapshot(&control, &state, &memory))
+            .await
+            .map_err(|e| VmError::Snapshot(format!("the request failed: {e}")))?
+            .map_err(VmError::Snapshot)?;
+        match self.helpers.guest_process().wait_timeout(SNAPSHOT_STOP).await {
+            Some(s) if s.code() == Some(VmmStatus::Snapshotted.code()) => Ok(taken),
+            Some(s) => Err(VmError::Snapshot(format!("umbra-vmm ended with {s} after writing it"))),
+            None => Err(VmError::Snapshot(format!("umbra-vmm did not stop within {SNAPSHOT_STOP:?} of it"))),
+        }
     }
 }
 
-pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
+async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let started = Instant::now();
     let vmm = super::host::UMBRA_VMM.require()?;
     let id = new_vm_id();
@@ -171,8 +184,12 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         // umbra-vmm jails itself, once it has opened its files (umbra_vmm::jail).
         jail: None,
         held: Vec::new(),
+        describe_exit,
     };
-    let vm = Launch { backend: BackendKind::Kvm, started, id, run, children, folders }.finish(spec, guest).await?;
+    let control = control_socket(run.path());
+    let launch =
+        Launch { kind: BackendKind::Kvm, capabilities: KvmBackend.capabilities(), started, id, run, children, folders };
+    let vm = launch.finish(spec, guest, |helpers| Box::new(KvmMachine { helpers, control })).await?;
     if let Some(restore) = &spec.restore {
         // The guest resumed with the snapshotted VM's hostname, entropy pool and clock.
         vm.agent()

@@ -12,20 +12,45 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::children::Jail;
+use async_trait::async_trait;
+use umbra_bundle::Arch;
+
+use super::children::{Jail, Supervised};
 use super::fsd::FolderServer;
 #[cfg(target_os = "linux")]
 use super::helper_jail::HelperJail;
 use super::host::KvmKind;
+use super::launch::{log_file, start_folder_server, GuestProcess, Launch};
 use super::rundir::{new_vm_id, RunDir};
-use super::{
-    io, log_file, start_folder_server, BackendKind, GuestProcess, Launch, Supervised, Vm, VmError, VmSpec,
-    BASE_CMDLINE, BASE_CMDLINE_AARCH64,
-};
-use umbra_bundle::Arch;
+use super::vm::{Backend, Vm};
+use super::{io, BackendKind, Capabilities, VmError, VmSpec, BASE_CMDLINE, BASE_CMDLINE_AARCH64};
 
 /// The `-sandbox` option every QEMU VM runs with (`vmctl doctor` reports it).
 pub const QEMU_SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+
+/// QEMU: every architecture (emulating those that are not the host's), every folder policy
+/// (umbra-fsd enforces them), no snapshots.
+pub struct QemuBackend;
+
+#[async_trait]
+impl Backend for QemuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Qemu
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            snapshot: false,
+            folder_protection: true,
+            guest_arches: &[Arch::X86_64, Arch::Aarch64],
+            emulates: true,
+        }
+    }
+
+    async fn launch(&self, spec: &VmSpec) -> Result<Vm, VmError> {
+        launch(spec).await
+    }
+}
 
 /// Each VM has its own vsock daemon, so every guest can use the same CID.
 const GUEST_CID: u32 = 3;
@@ -157,7 +182,7 @@ fn vhost_socket(run: &RunDir) -> std::path::PathBuf {
     run.join(super::rundir::VSOCK_DIR).join("vhost-vsock.sock")
 }
 
-pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
+async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
     let started = Instant::now();
     let program = qemu_program(spec.image.arch);
     let qemu = program.require()?;
@@ -219,8 +244,18 @@ pub async fn launch(spec: &VmSpec) -> Result<Vm, VmError> {
         log_label: "qemu: ",
         jail,
         held,
+        describe_exit: |_| None,
     };
-    Launch { backend: BackendKind::Qemu, started, id, run, children, folders }.finish(spec, guest).await
+    let launch = Launch {
+        kind: BackendKind::Qemu,
+        capabilities: QemuBackend.capabilities(),
+        started,
+        id,
+        run,
+        children,
+        folders,
+    };
+    launch.finish(spec, guest, |helpers| Box::new(helpers)).await
 }
 
 /// vhost-device-vsock's jail, unless helpers run unjailed; `dir` is its sockets' directory, the

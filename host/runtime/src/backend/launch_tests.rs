@@ -7,16 +7,17 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::children::Supervised;
-use super::console::ConsoleCopier;
-use super::rundir::{new_vm_id, RunDir};
-use super::{wait_for_agent, VmError};
+use super::{wait_for_agent, Helpers};
+use crate::backend::children::Supervised;
+use crate::backend::console::ConsoleCopier;
+use crate::backend::rundir::{self, new_vm_id, RunDir};
+use crate::backend::VmError;
 
 /// Starts a hybrid socket at the run directory's vsock socket that notes the time of the first connection and
 /// closes every connection unanswered.
 fn knock_recorder(run: &RunDir) -> Arc<Mutex<Option<Instant>>> {
     let first = Arc::new(Mutex::new(None));
-    let listener = std::os::unix::net::UnixListener::bind(super::rundir::vsock_socket(run.path())).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(rundir::vsock_socket(run.path())).unwrap();
     let seen = first.clone();
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
@@ -31,11 +32,12 @@ fn knock_recorder(run: &RunDir) -> Arc<Mutex<Option<Instant>>> {
 async fn boot(announce_after: Option<Duration>, timeout: Duration) -> (Instant, Option<Instant>, VmError) {
     let run = RunDir::create(&new_vm_id()).unwrap();
     let first_knock = knock_recorder(&run);
-    let ready_path = super::rundir::vsock_port_socket(run.path(), 1025);
+    let ready_path = rundir::vsock_port_socket(run.path(), 1025);
     let ready = tokio::net::UnixListener::bind(&ready_path).unwrap();
     let mut sleep = Command::new("sleep");
     sleep.arg("60");
-    let mut children = vec![Supervised::spawn("stand-in VMM", sleep).unwrap()];
+    let children = vec![Supervised::spawn("stand-in VMM", sleep).unwrap()];
+    let mut helpers = Helpers { children, folders: None, guest: "stand-in VMM", describe_exit: |_| None };
     let copier = ConsoleCopier::start(std::io::empty(), run.join("console.log")).unwrap();
     let started = Instant::now();
     if let Some(after) = announce_after {
@@ -44,7 +46,7 @@ async fn boot(announce_after: Option<Duration>, timeout: Duration) -> (Instant, 
             let _ = UnixStream::connect(ready_path);
         });
     }
-    let err = wait_for_agent(&run, ready, &mut children, &copier, timeout).await.err().expect("no agent here");
+    let err = wait_for_agent(&run, ready, &mut helpers, &copier, timeout).await.err().expect("no agent here");
     let knock = *first_knock.lock().unwrap();
     (started, knock, err)
 }

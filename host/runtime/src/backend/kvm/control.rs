@@ -1,0 +1,69 @@
+//! umbra-vmm's control socket (umbra_vmm::control): where the runtime asks a running VMM for
+//! a snapshot, handing over the files to write.
+
+use std::path::{Path, PathBuf};
+
+use umbra_contract::control::{ControlReply, ControlRequest};
+
+use crate::backend::rundir::VSOCK_DIR;
+
+/// How long a snapshot request may wait for umbra-vmm's answer (it pauses the guest, asks
+/// virtiofsd for its state and writes the memory file: seconds, tens under nested emulation).
+const SNAPSHOT_ANSWER: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The control socket of the umbra-vmm whose run directory is `run`: in the VM's vsock
+/// directory, because a jailed VMM sees nothing else.
+pub fn control_socket(run: &Path) -> PathBuf {
+    run.join(VSOCK_DIR).join("control.sock")
+}
+
+/// Asks the umbra-vmm whose control socket is `control` for a snapshot (umbra_vmm::control):
+/// hands over `state` and `memory`, empty files open for writing, and returns the memory bytes
+/// written and where the pause went (umbra-vmm's phases). The VM then ends with status 6.
+pub fn request_snapshot(
+    control: &Path,
+    state: &std::fs::File,
+    memory: &std::fs::File,
+) -> Result<(u64, String), String> {
+    use std::io::BufRead;
+    use std::os::fd::AsRawFd;
+    let stream = std::os::unix::net::UnixStream::connect(control)
+        .map_err(|e| format!("cannot connect to the VMM's control socket {}: {e}", control.display()))?;
+    // A VMM that never answers must not hold the caller's thread for ever.
+    stream.set_read_timeout(Some(SNAPSHOT_ANSWER)).map_err(|e| format!("cannot set a read timeout: {e}"))?;
+    let line = serde_json::to_string(&ControlRequest::Snapshot {}).expect("a request serialises") + "\n";
+    let line = line.as_bytes();
+    let fds = [state.as_raw_fd(), memory.as_raw_fd()];
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(&fds) as u32) } as usize;
+    let mut control_buf = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec { iov_base: line.as_ptr() as *mut libc::c_void, iov_len: line.len() };
+    // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the sendmsg call, the
+    // control buffer is 8-byte aligned and CMSG_SPACE bytes long, and the one cmsghdr written
+    // into it (by CMSG_FIRSTHDR/CMSG_DATA) carries exactly the two descriptors.
+    let sent = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control_buf.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(&fds) as u32) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast::<i32>(), fds.len());
+        libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+    };
+    if sent != line.len() as isize {
+        return Err(format!("cannot send the snapshot request: {}", std::io::Error::last_os_error()));
+    }
+    let mut reply = String::new();
+    std::io::BufReader::new(&stream)
+        .read_line(&mut reply)
+        .map_err(|e| format!("no answer from the VMM's control socket: {e}"))?;
+    match serde_json::from_str::<ControlReply>(&reply) {
+        Ok(ControlReply::Ok(taken)) => Ok((taken.memory_bytes, taken.phases_ms.to_string())),
+        Ok(ControlReply::Error(e)) => Err(format!("the VMM refused the snapshot: {e}")),
+        Err(e) => Err(format!("the VMM answered {reply:?}: {e}")),
+    }
+}

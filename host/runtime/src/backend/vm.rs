@@ -1,0 +1,221 @@
+//! A running VM, whatever runs it, and the two traits a backend implements: [`Backend`]
+//! (what it can do, how it launches a guest) and [`Machine`] (what it does differently once the
+//! guest runs: helper processes or an in-process VM, snapshots, the folder share). The
+//! generic [`Vm`] holds what every backend shares — the agent connection, the console, the run
+//! directory — and asks its machine for the rest.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use umbra_sys::FolderIdentity;
+
+use super::console;
+use super::fsd::Protection;
+use super::rundir::RunDir;
+use super::{io, BackendKind, Capabilities, SnapshotTaken, VmError, VmSpec};
+use crate::agent::AgentClient;
+
+/// How long a diagnosis waits for the console copier to catch up with a guest that ended.
+pub(super) const CONSOLE_DRAIN: Duration = Duration::from_secs(1);
+
+/// One way of running a guest (kata's `Hypervisor`, Cloud Hypervisor's `hypervisor` crate):
+/// what it can do, as data, and how it boots a [`VmSpec`]. [`BackendKind::backend`] finds one.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> BackendKind;
+    fn capabilities(&self) -> Capabilities;
+    /// Boots `spec` (or resumes [`VmSpec::restore`]) and waits for the agent. The spec was
+    /// checked against [`Backend::capabilities`] first ([`Vm::launch`]).
+    async fn launch(&self, spec: &VmSpec) -> Result<Vm, VmError>;
+}
+
+/// The backend's half of a running VM.
+#[async_trait]
+pub trait Machine: Send + Sync {
+    /// Pids of the helper processes (VMM and daemons); none for an in-process VM.
+    fn pids(&self) -> Vec<u32>;
+    /// Why the VM has ended, if it has: a helper exited, the in-process VM stopped.
+    fn ended(&mut self) -> Option<String>;
+    /// Waits up to `timeout` for the guest to stop by itself (it was asked to shut down).
+    async fn wait_stopped(&mut self, timeout: Duration);
+    /// Stops the guest and every helper now.
+    fn kill(&mut self);
+    /// The folder share, when the VM was launched with folder sharing.
+    fn folders(&mut self) -> Option<&mut dyn FolderShare>;
+    fn shares_folders(&self) -> bool;
+    /// Pauses the guest for good and writes its snapshot into `state` and `memory` (empty files
+    /// open for writing); returns the memory bytes written and where the pause went. Only a
+    /// backend whose capabilities say `snapshot` is asked.
+    async fn snapshot(&mut self, state: std::fs::File, memory: std::fs::File) -> Result<(u64, String), VmError>;
+}
+
+/// The set of host folders a running VM's guest can mount (under [`super::fsd::FS_TAG`]).
+#[async_trait]
+pub trait FolderShare: Send {
+    /// Puts the host directory `source` into the share as `name`, read-only on the host if
+    /// `read_only`, with `protection` applied where the backend can (and refused where it
+    /// cannot). `source` is opened without following links; given `expected` (the folder's
+    /// identity when first shared), anything else there is refused. Returns the identity shared.
+    async fn add(
+        &mut self,
+        name: &str,
+        source: &Path,
+        read_only: bool,
+        protection: &Protection,
+        expected: Option<FolderIdentity>,
+    ) -> Result<FolderIdentity, VmError>;
+    /// Takes folder `name` out of the share.
+    async fn remove(&mut self, name: &str) -> Result<(), VmError>;
+}
+
+/// A running VM. Dropping it stops the guest, kills every helper process and removes its run
+/// directory.
+pub struct Vm {
+    pub id: String,
+    pub backend: BackendKind,
+    pub capabilities: Capabilities,
+    /// Time from launch until the agent answered the handshake.
+    pub boot_time: Duration,
+    pub(super) agent: AgentClient,
+    pub(super) console_log: PathBuf,
+    /// Copies a VMM's console pipe into `console_log`, or the in-process VM's console.
+    pub(super) console: Option<console::ConsoleCopier>,
+    pub(super) machine: Box<dyn Machine>,
+    /// Last: removed once the machine is gone.
+    pub(super) run_dir: RunDir,
+}
+
+impl Vm {
+    pub fn agent(&self) -> &AgentClient {
+        &self.agent
+    }
+
+    /// Snapshots the VM into `dir`, a new directory (0700) that gets `state` and `memory`, and
+    /// ends the VM (drop it then); [`super::Restore`] resumes it, as often as wanted. The guest
+    /// is paused from the request on and never runs again here; a refused request (a backend
+    /// without snapshots) leaves it running. Once this returns, the session disk
+    /// ([`VmSpec::disk`]) is what the snapshot's memory expects: each restore needs a copy of it
+    /// as it is now ([`super::disk::copy_sparse`]). A failed snapshot leaves no `dir` behind.
+    pub async fn snapshot(&mut self, dir: &Path) -> Result<SnapshotTaken, VmError> {
+        if !self.capabilities.snapshot {
+            return Err(VmError::BackendUnavailable(format!(
+                "the {} backend cannot snapshot a VM: snapshots need the kvm backend (umbra-vmm)",
+                self.backend.name()
+            )));
+        }
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .map_err(io(format!("create the snapshot directory {}", dir.display())))?;
+        let taken = async {
+            let create = |name: &str| {
+                let path = dir.join(name);
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&path)
+                    .map_err(io(format!("create {}", path.display())))
+            };
+            let (state, memory) = (create("state")?, create("memory")?);
+            let started = Instant::now();
+            let (memory_bytes, phases) = self.machine.snapshot(state, memory).await?;
+            Ok(SnapshotTaken { memory_bytes, took: started.elapsed(), phases })
+        }
+        .await;
+        if taken.is_err() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        taken
+    }
+
+    /// Whether folders can be shared with this VM (it was launched with `folder_sharing`).
+    pub fn shares_folders(&self) -> bool {
+        self.machine.shares_folders()
+    }
+
+    /// Puts `source` into the VM's folder share as `name` (see [`FolderShare::add`]).
+    pub async fn add_folder(
+        &mut self,
+        name: &str,
+        source: &Path,
+        read_only: bool,
+        protection: &Protection,
+        expected: Option<FolderIdentity>,
+    ) -> Result<FolderIdentity, VmError> {
+        let share = self.machine.folders().ok_or(VmError::NoFolderSharing)?;
+        share.add(name, source, read_only, protection, expected).await
+    }
+
+    /// Takes folder `name` out of the VM's folder share.
+    pub async fn remove_folder(&mut self, name: &str) -> Result<(), VmError> {
+        self.machine.folders().ok_or(VmError::NoFolderSharing)?.remove(name).await
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        self.run_dir.path()
+    }
+
+    pub fn console_tail(&self, lines: usize) -> String {
+        console::tail(&self.console_log, lines)
+    }
+
+    /// Pids of the helper processes (VMM and daemons).
+    pub fn pids(&self) -> Vec<u32> {
+        self.machine.pids()
+    }
+
+    /// If the VM has ended, why — the console's diagnosis (a kernel panic says more than the
+    /// exit status it caused), else the machine's — with the console's last lines.
+    pub fn check_alive(&mut self) -> Result<(), VmError> {
+        let Some(ended) = self.machine.ended() else { return Ok(()) };
+        if let Some(copier) = &self.console {
+            copier.wait_drained(CONSOLE_DRAIN);
+        }
+        let console = self.console_tail(console::ERROR_CONTEXT_LINES);
+        let reason = console::diagnose(&console).map(str::to_string).unwrap_or(ended);
+        Err(VmError::GuestDied { reason, console })
+    }
+
+    /// Waits until the VM ends by itself, up to `timeout`; returns why it ended.
+    pub async fn wait(&mut self, timeout: Duration) -> Option<VmError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Err(e) = self.check_alive() {
+                return Some(e);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Asks the guest to shut down, waits for it to stop, then kills what is left.
+    pub async fn shutdown(mut self) {
+        self.shutdown_in_place().await;
+    }
+
+    /// [`Vm::shutdown`] for a VM owned by something that outlives it.
+    pub async fn shutdown_in_place(&mut self) {
+        let asked = tokio::time::timeout(Duration::from_secs(2), self.agent.shutdown()).await;
+        // Only wait for a guest that accepted the request; a dead or deaf one is just killed.
+        if matches!(asked, Ok(Ok(()))) {
+            self.machine.wait_stopped(Duration::from_secs(10)).await;
+        }
+        self.kill();
+    }
+
+    /// Kills the VMM and every helper now.
+    pub fn kill(&mut self) {
+        self.machine.kill();
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,240 @@
+//! A session: one VM at a time (an [`Incarnation`]), its folders, its processes, its settings,
+//! and the state machine that starts, watches, restarts, idles out and stops it.
+//!
+//! `starting → ready → (restarting → ready)* → stopping → stopped | failed`. Transitions are
+//! serialised by the lifecycle lock; a stop first cancels whatever boot or back-off is in
+//! progress, so it never waits out a restart. A supervisor task per running VM sends
+//! heartbeats, checks that the VM's processes live, and stops the session once it has been
+//! idle (no running process, no client activity) for its idle timeout.
+//!
+//! The type and its state are here; what it does is split by concern, each with its own
+//! tests: [`lifecycle`] (boot, supervision, restart, stop), [`processes`] (spawn through the
+//! approval gate, signals, the network policy), [`files`] (folders, files, shadow folders) and
+//! [`snapshots`] (snapshot, fork).
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use umbra_api::{EventKind, FolderInfo, SessionEvent, SessionInfo, SessionSettings, SessionStatus};
+
+use super::context::Context;
+use super::error::SessionError;
+use super::exec::ExecControl;
+use super::incarnation::{Incarnation, Report};
+use super::store::SessionRecord;
+use crate::backend::console::ERROR_CONTEXT_LINES;
+use crate::share::paths::validate_session_name;
+
+mod files;
+mod lifecycle;
+mod processes;
+mod snapshots;
+#[cfg(test)]
+mod test_support;
+
+/// Why a session stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// A client asked.
+    Requested,
+    /// No process ran and no client did anything for the idle timeout.
+    Idle,
+    /// The owner (daemon, vmctl) is shutting down.
+    Shutdown,
+}
+
+pub struct Session {
+    name: String,
+    ctx: Arc<Context>,
+    state: Mutex<State>,
+    status: watch::Sender<SessionStatus>,
+    /// The network policy every VM of this session applies to new connections.
+    network: crate::egress::SharedPolicy,
+    /// Serialises start, stop, resume and restart.
+    lifecycle: tokio::sync::Mutex<()>,
+    last_activity: Mutex<Instant>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("name", &self.name).field("status", &self.status()).finish_non_exhaustive()
+    }
+}
+
+struct State {
+    record: SessionRecord,
+    current: Option<Arc<Incarnation>>,
+    /// Cancelled by a stop: ends boots, back-offs and the supervisor of this run.
+    cancel: CancellationToken,
+    restarts: u32,
+    failures: VecDeque<Instant>,
+    processes: HashMap<u64, ExecControl>,
+    /// The console of the last VM, kept after it is gone (for logs and errors).
+    last_console: String,
+}
+
+impl Session {
+    pub(super) fn new(ctx: Arc<Context>, record: SessionRecord) -> Arc<Self> {
+        let (status, _) = watch::channel(record.status);
+        let network = Arc::new(std::sync::RwLock::new(crate::egress::Policy::new(&record.settings.network)));
+        Arc::new(Self {
+            name: record.name.clone(),
+            network,
+            ctx,
+            state: Mutex::new(State {
+                record,
+                current: None,
+                cancel: CancellationToken::new(),
+                restarts: 0,
+                failures: VecDeque::new(),
+                processes: HashMap::new(),
+                last_console: String::new(),
+            }),
+            status,
+            lifecycle: tokio::sync::Mutex::new(()),
+            last_activity: Mutex::new(Instant::now()),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn status(&self) -> SessionStatus {
+        *self.status.borrow()
+    }
+
+    pub fn settings(&self) -> SessionSettings {
+        self.state.lock().unwrap().record.settings.clone()
+    }
+
+    pub fn storage_dir(&self) -> Option<PathBuf> {
+        self.ctx.storage_dir(&self.name)
+    }
+
+    /// Records client activity: an idle session is one nobody used for its idle timeout.
+    pub fn touch(&self) {
+        *self.last_activity.lock().unwrap() = Instant::now();
+    }
+
+    fn emit(&self, kind: EventKind) {
+        self.ctx.bus.emit(SessionEvent::new(Some(&self.name), kind));
+    }
+
+    fn report(self: &Arc<Self>) -> Report {
+        let me = Arc::downgrade(self);
+        Arc::new(move |kind| {
+            if let Some(me) = me.upgrade() {
+                me.emit(kind);
+            }
+        })
+    }
+
+    fn set_status(&self, status: SessionStatus, reason: Option<String>) {
+        tracing::info!(session = %self.name, %status, reason = reason.as_deref().unwrap_or(""), "status");
+        {
+            let mut state = self.state.lock().unwrap();
+            state.record.status = status;
+            if matches!(status, SessionStatus::Failed | SessionStatus::Stopped) {
+                state.record.last_error = reason.clone();
+            }
+        }
+        self.status.send_replace(status);
+        self.persist();
+        self.emit(EventKind::Status { status, reason });
+    }
+
+    fn persist(&self) {
+        let record = self.state.lock().unwrap().record.clone();
+        self.ctx.records.save(&record);
+    }
+
+    /// The session as clients see it.
+    pub fn info(&self) -> SessionInfo {
+        let state = self.state.lock().unwrap();
+        let folders = match &state.current {
+            Some(inc) => inc.folder_infos.lock().unwrap().clone(),
+            // Not running: the folders it will get when it is resumed.
+            None => {
+                let mount = |name: &str| format!("/sessions/{}/mnt/{name}", self.name);
+                let policy = crate::share::FolderPolicy::from_policy(&state.record.settings.policy.effective());
+                let mut folders: Vec<FolderInfo> = state
+                    .record
+                    .folders
+                    .iter()
+                    .map(|f| {
+                        let name = f.name.clone().unwrap_or_default();
+                        let mode = policy.workspace_mode(f.mode);
+                        FolderInfo { guest_path: mount(&name), name, host_path: f.path.clone(), mode }
+                    })
+                    .collect();
+                if let Some(dir) = self.storage_dir() {
+                    for (name, mode) in [
+                        (crate::share::paths::OUTPUTS, umbra_proto::ShareMode::Rwd),
+                        (crate::share::paths::UPLOADS, umbra_proto::ShareMode::Ro),
+                    ] {
+                        folders.push(FolderInfo {
+                            name: name.into(),
+                            host_path: dir.join(name),
+                            mode,
+                            guest_path: mount(name),
+                        });
+                    }
+                }
+                folders
+            }
+        };
+        SessionInfo {
+            name: self.name.clone(),
+            status: self.status(),
+            settings: state.record.settings.clone(),
+            folders,
+            storage_dir: self.storage_dir().unwrap_or_default(),
+            vm: state.current.as_ref().map(|inc| inc.info.clone()),
+            processes: state.processes.len() as u32,
+            restarts: state.restarts,
+            created_ms: state.record.created_ms,
+            last_error: state.record.last_error.clone(),
+            snapshot: state.record.snapshot.clone(),
+        }
+    }
+
+    /// The last console lines of the running (or last) VM.
+    pub async fn console_tail(&self, lines: usize) -> String {
+        let current = self.state.lock().unwrap().current.clone();
+        match current {
+            Some(inc) => inc.machine.lock().await.vm.console_tail(lines),
+            None => {
+                let last = self.state.lock().unwrap().last_console.clone();
+                let all: Vec<&str> = last.lines().collect();
+                all[all.len().saturating_sub(lines)..].join("\n")
+            }
+        }
+    }
+
+    fn invalid_state(&self, what: &'static str) -> SessionError {
+        SessionError::InvalidState { name: self.name.clone(), status: self.status(), what }
+    }
+
+    /// The running VM; waits while the session starts or restarts.
+    async fn running(&self, what: &'static str) -> Result<Arc<Incarnation>, SessionError> {
+        match self.status() {
+            SessionStatus::Ready | SessionStatus::Starting | SessionStatus::Restarting => {}
+            _ => return Err(self.invalid_state(what)),
+        }
+        self.wait_ready().await?;
+        self.state.lock().unwrap().current.clone().ok_or_else(|| self.invalid_state(what))
+    }
+
+    /// The lines of the console the error context uses.
+    pub const CONSOLE_LINES: usize = ERROR_CONTEXT_LINES;
+}
+
+/// Checks a session name before anything is created for it.
+pub(super) fn check_name(name: &str) -> Result<(), SessionError> {
+    validate_session_name(name).map_err(|e| SessionError::InvalidArgument(e.to_string()))
+}

@@ -1,0 +1,176 @@
+//! A session's processes: spawn (through the approval gate when the session has one), signals,
+//! and the network policy their connections follow.
+
+use std::sync::Arc;
+
+use umbra_api::{ApiError, EventKind};
+
+use super::Session;
+use crate::session::error::SessionError;
+use crate::session::exec::{self, Exec, ExecControl, ExecRequest, PumpContext};
+
+impl Session {
+    /// Starts a process; returns once the guest confirmed it (or refused: a missing command is
+    /// [`umbra_api::ErrorCode::NotFound`]).
+    pub async fn spawn(self: &Arc<Self>, req: ExecRequest) -> Result<Exec, SessionError> {
+        self.touch();
+        if req.argv.is_empty() || req.argv[0].is_empty() {
+            return Err(SessionError::InvalidArgument("argv must name a command".into()));
+        }
+        let approval = self.state.lock().unwrap().record.settings.approval.clone();
+        if let Some(settings) = approval {
+            let inc = self.running("run a process").await?;
+            let workspace = inc
+                .folder_infos
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|f| f.name != crate::share::paths::UPLOADS)
+                .map(|f| std::path::PathBuf::from(&f.guest_path))
+                .collect();
+            let request = umbra_policy::approval::CommandRequest {
+                command: crate::session::approval::command_line(&req.argv),
+                cwd: req.cwd.clone().unwrap_or_else(|| "/".into()).into(),
+                workspace,
+                session: Some(self.name.clone()),
+                env: req.env.clone(),
+            };
+            self.ctx.approvals.check(&settings, request, |kind| self.emit(kind)).await?;
+        }
+        let inc = self.running("run a process").await?;
+        let spawn = umbra_proto::SpawnRequest {
+            argv: req.argv.clone(),
+            cwd: req.cwd.clone(),
+            env: req.env.clone(),
+            uid: None,
+            gid: None,
+            tty: req.tty,
+        };
+        let mut process = inc.agent.spawn(spawn)?;
+        let id = self.ctx.next_process_id();
+        let pid = match process.next_event().await {
+            Some(crate::agent::ProcessEvent::Spawned { pid }) => pid,
+            Some(crate::agent::ProcessEvent::SpawnFailed(e)) => {
+                let error = SessionError::Agent(crate::agent::ClientError::Agent(e));
+                self.emit(EventKind::SpawnFailed {
+                    process: id,
+                    error: ApiError::new(error.code(), error.to_string()),
+                });
+                return Err(error);
+            }
+            Some(crate::agent::ProcessEvent::Error(msg)) => {
+                return Err(SessionError::Agent(crate::agent::ClientError::ConnectionLost(msg)))
+            }
+            _ => return Err(SessionError::Agent(crate::agent::ClientError::ConnectionLost("no spawn reply".into()))),
+        };
+        let weak = Arc::downgrade(self);
+        let ctx = PumpContext {
+            session: self.name.clone(),
+            bus: self.ctx.bus.clone(),
+            ended: inc.ended_receiver(),
+            on_exit: Box::new(move || {
+                if let Some(me) = weak.upgrade() {
+                    me.state.lock().unwrap().processes.remove(&id);
+                    me.touch();
+                }
+            }),
+        };
+        let exec = exec::start(id, pid, req.argv, process, inc.agent.clone(), req.timeout, ctx);
+        self.state.lock().unwrap().processes.insert(id, exec.control());
+        Ok(exec)
+    }
+
+    /// A running process of this session.
+    pub fn process(&self, id: u64) -> Result<ExecControl, SessionError> {
+        self.touch();
+        self.state.lock().unwrap().processes.get(&id).cloned().ok_or(SessionError::NoSuchProcess(id))
+    }
+
+    /// Signals every process of the session.
+    pub async fn kill_all(&self, signal: i32) -> Result<(), SessionError> {
+        self.touch();
+        let inc = self.running("signal its processes").await?;
+        Ok(inc.agent.kill_all(signal).await?)
+    }
+
+    /// Replaces the network policy: new connections of the running VM follow it at once (open
+    /// ones are not cut), and it is kept for restarts and resumes. It can only move within the
+    /// session's merged policy (the daemon's configuration merged with the start's): when that
+    /// policy says something about the network, a policy allowing more — a wider mode, a domain
+    /// or range it does not allow — is refused, naming the ceiling, and nothing changes.
+    pub fn set_network(&self, policy: umbra_api::session::NetworkPolicy) -> Result<(), SessionError> {
+        self.touch();
+        policy.validate().map_err(SessionError::InvalidArgument)?;
+        let mut state = self.state.lock().unwrap();
+        if let Some(ceiling) = &state.record.settings.policy.network {
+            if let Some(excess) = umbra_policy::network_excess(&policy, ceiling) {
+                return Err(SessionError::BeyondPolicy {
+                    name: self.name.clone(),
+                    wanted: format!("network {}", umbra_policy::describe_network(&policy)),
+                    ceiling: format!("network {}", umbra_policy::describe_network(ceiling)),
+                    excess,
+                });
+            }
+        }
+        // Under the state lock: two concurrent changes land in one order, record and proxy alike.
+        *self.network.write().unwrap() = crate::egress::Policy::new(&policy);
+        state.record.settings.network = policy;
+        drop(state);
+        self.persist();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::instance::test_support::stopped_session;
+    use umbra_api::session::{NetworkMode, NetworkPolicy};
+    use umbra_api::SessionSettings;
+
+    fn exec(argv: &[&str]) -> ExecRequest {
+        ExecRequest { argv: argv.iter().map(|a| a.to_string()).collect(), ..Default::default() }
+    }
+
+    #[tokio::test]
+    async fn a_spawn_needs_a_command_and_a_running_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let session = stopped_session(dir.path(), "s", Default::default(), Vec::new());
+        for argv in [&[][..], &[""][..]] {
+            let e = session.spawn(exec(argv)).await.unwrap_err();
+            assert!(matches!(e, SessionError::InvalidArgument(_)), "{argv:?}: {e}");
+        }
+        let e = session.spawn(exec(&["true"])).await.unwrap_err();
+        assert!(matches!(e, SessionError::InvalidState { .. }), "{e}");
+        assert!(matches!(session.process(7), Err(SessionError::NoSuchProcess(7))));
+        assert!(matches!(session.kill_all(9).await.unwrap_err(), SessionError::InvalidState { .. }));
+    }
+
+    #[test]
+    fn the_network_moves_only_within_the_policys_ceiling() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut settings = SessionSettings::default();
+        let ceiling = NetworkPolicy {
+            mode: NetworkMode::Allowlist,
+            allow_domains: vec!["example.com".into()],
+            ..Default::default()
+        };
+        settings.policy.network = Some(ceiling.clone());
+        let session = stopped_session(dir.path(), "s", settings, Vec::new());
+
+        let wider = NetworkPolicy { mode: NetworkMode::Any, ..Default::default() };
+        let e = session.set_network(wider).unwrap_err();
+        assert!(matches!(e, SessionError::BeyondPolicy { .. }), "{e}");
+        assert_eq!(session.settings().network, NetworkPolicy::default(), "nothing changed");
+
+        let bad = NetworkPolicy { allow_domains: vec!["not a domain".into()], ..ceiling.clone() };
+        assert!(matches!(session.set_network(bad).unwrap_err(), SessionError::InvalidArgument(_)));
+
+        session.set_network(ceiling.clone()).unwrap();
+        assert_eq!(session.settings().network, ceiling);
+        assert!(
+            session.network.read().unwrap().decide_name("example.com").is_ok(),
+            "the proxy's policy follows at once"
+        );
+    }
+}

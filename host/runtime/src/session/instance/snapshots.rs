@@ -1,0 +1,249 @@
+//! Pausing a session into a snapshot in its storage, and what forks take from it.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use umbra_api::{SessionSettings, SessionStatus};
+
+use super::Session;
+use crate::session::error::SessionError;
+use crate::session::incarnation::Incarnation;
+use crate::session::snapshot::{PendingSnapshot, SnapshotMeta};
+use crate::session::store::SessionRecord;
+use crate::share::tree;
+
+impl Session {
+    /// Pauses the running session into a snapshot in its storage and stops it (see
+    /// [`super::snapshot`]); [`super::SessionManager::resume`] restores it. Processes get their
+    /// exit event now, saying so; in the guest the agent ends them at the restore, when their
+    /// connections reset (detached ones run on). If the snapshot fails while the VM
+    /// still answers, the session goes on running and the error says why; if the VM is lost,
+    /// the session stops (shadow changes saved as on any stop, when the agent answers).
+    pub async fn snapshot(self: &Arc<Self>) -> Result<(), SessionError> {
+        self.touch();
+        let _lifecycle = self.lifecycle.lock().await;
+        if self.status() != SessionStatus::Ready {
+            return Err(self.invalid_state("snapshot it"));
+        }
+        let Some(storage) = self.storage_dir() else {
+            return Err(SessionError::Unsupported(format!(
+                "session {:?} has no storage directory to keep a snapshot in",
+                self.name
+            )));
+        };
+        let inc = self.state.lock().unwrap().current.clone().ok_or_else(|| self.invalid_state("snapshot it"))?;
+        let backend = inc.machine.lock().await.vm.backend;
+        if !backend.capabilities().snapshot {
+            return Err(SessionError::Unsupported(format!(
+                "session {:?} runs on the {} backend, which cannot snapshot a VM: snapshots need the kvm \
+                 backend (umbra-vmm)",
+                self.name,
+                backend.name()
+            )));
+        }
+        // The supervisor stops first: the guest is paused while its memory is written.
+        self.state.lock().unwrap().cancel.cancel();
+        let text = "the session was paused into a snapshot; resume restores it".to_string();
+        self.set_status(SessionStatus::Stopping, Some(text.clone()));
+        inc.set_ending(Some(text.clone()));
+        let settings = self.settings();
+        match self.write_snapshot(&inc, &storage, &settings).await {
+            Ok(info) => {
+                let console = inc.end(&text, false).await;
+                {
+                    let mut state = self.state.lock().unwrap();
+                    state.current = None;
+                    state.last_console = console;
+                    state.record.snapshot = Some(info);
+                }
+                self.set_status(SessionStatus::Stopped, Some(text));
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(session = %self.name, "snapshot failed: {e}");
+                let alive = inc.check_alive().is_ok() && inc.heartbeat(Duration::from_secs(5)).await.is_ok();
+                if alive {
+                    inc.set_ending(None);
+                    let cancel = CancellationToken::new();
+                    self.state.lock().unwrap().cancel = cancel.clone();
+                    self.set_status(SessionStatus::Ready, None);
+                    tokio::spawn(self.clone().supervise(inc, cancel));
+                } else {
+                    let why = format!("the snapshot failed and the VM ended: {e}");
+                    inc.export_shadows(&storage, &self.report(), None).await;
+                    let console = inc.end(&why, false).await;
+                    {
+                        let mut state = self.state.lock().unwrap();
+                        state.current = None;
+                        state.last_console = console;
+                    }
+                    self.set_status(SessionStatus::Stopped, Some(why));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The VM's state, memory, disk and folder table into `<storage>/snapshot`.
+    pub(super) async fn write_snapshot(
+        &self,
+        inc: &Incarnation,
+        storage: &Path,
+        settings: &SessionSettings,
+    ) -> Result<umbra_api::session::SnapshotInfo, SessionError> {
+        let pending = PendingSnapshot::begin(storage)?;
+        let mut machine = inc.machine.lock().await;
+        let folders = machine.folders.saved();
+        let folder_sharing = machine.vm.shares_folders();
+        let taken = machine
+            .vm
+            .snapshot(&pending.vm_dir())
+            .await
+            .map_err(|source| SessionError::Snapshot { name: self.name.clone(), source })?;
+        drop(machine);
+        let disk = storage.join(crate::session::DISK_FILE);
+        let has_disk = settings.disk_size_mib > 0 && disk.is_file();
+        if has_disk {
+            let to = pending.disk();
+            tokio::task::spawn_blocking(move || crate::backend::disk::copy_sparse(&disk, &to))
+                .await
+                .map_err(SessionError::task("the disk copy"))?
+                .map_err(|source| SessionError::Snapshot { name: self.name.clone(), source })?;
+        }
+        let meta = SnapshotMeta {
+            version: crate::session::snapshot::META_VERSION,
+            session: self.name.clone(),
+            hostname: inc.hostname.clone(),
+            taken_ms: umbra_api::event::now_ms(),
+            bundle: inc.bundle.clone(),
+            bundle_version: inc.info.bundle_version.clone(),
+            cpus: settings.cpus,
+            memory_mib: settings.memory_mib,
+            folder_sharing,
+            disk: has_disk,
+            memory_bytes: taken.memory_bytes,
+            pause_ms: taken.took.as_millis() as u64,
+            pause_phases: taken.phases.clone(),
+            folders,
+        };
+        let meta = tokio::task::spawn_blocking(move || pending.commit(&meta).map(|_| meta))
+            .await
+            .map_err(SessionError::task("writing the snapshot"))??;
+        tracing::info!(session = %self.name, took_ms = taken.took.as_millis() as u64, "snapshot taken");
+        Ok(meta.info(true))
+    }
+
+    /// Gives `dest` (a new fork's storage) this session's snapshot, by hard links, while no
+    /// snapshot of this session can replace it; with its outputs and uploads copied.
+    /// `just_taken`: the caller snapshotted this session for the fork; otherwise its snapshot
+    /// must still be the one it resumes from, as a session that ran on after its restore has
+    /// outputs and a disk newer than the snapshot's memory.
+    pub(in crate::session) async fn fork_into(
+        &self,
+        dest: &Path,
+        just_taken: bool,
+    ) -> Result<umbra_api::session::SnapshotInfo, SessionError> {
+        let _lifecycle = self.lifecycle.lock().await;
+        let Some(storage) = self.storage_dir() else {
+            return Err(SessionError::Unsupported(format!("session {:?} has no storage", self.name)));
+        };
+        match self.state.lock().unwrap().record.snapshot.as_ref().map(|s| s.resumes) {
+            None => return Err(self.invalid_state("fork it: it has no snapshot (fork it while it runs, or take one)")),
+            Some(false) if !just_taken => {
+                return Err(self.invalid_state(
+                    "fork it from its snapshot: it ran on after the snapshot was restored, so the snapshot is \
+                     older than its disk and outputs; a fork of the running session takes a new one",
+                ))
+            }
+            Some(_) => {}
+        }
+        let dest = dest.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let meta = crate::session::snapshot::link(&storage, &dest)?;
+            // The guest writes these trees (and may still, if the source runs): they are
+            // copied beneath-only, following no symlink, within the guest-tree bounds.
+            for dir in [crate::share::paths::OUTPUTS, crate::share::paths::UPLOADS] {
+                let src = storage.join(dir);
+                if src.is_dir() {
+                    let what = || format!("copy {} into the fork", src.display());
+                    let root = tree::open_root(&src).map_err(|source| SessionError::Tree { what: what(), source })?;
+                    tree::copy(&root, &src, &dest.join(dir), tree::TreeLimits::GUEST_TREE)
+                        .map_err(|source| SessionError::Tree { what: what(), source })?;
+                }
+            }
+            Ok(meta.info(true))
+        })
+        .await
+        .map_err(SessionError::task("the fork's copy"))?
+    }
+
+    /// Deletes a stopped or failed session's snapshot, so its next start boots from its disk.
+    pub(in crate::session) async fn discard_snapshot(&self) -> Result<(), SessionError> {
+        let _lifecycle = self.lifecycle.lock().await;
+        if self.status().is_active() {
+            return Err(self.invalid_state("discard its snapshot (stop it first)"));
+        }
+        if self.state.lock().unwrap().record.snapshot.take().is_none() {
+            return Ok(());
+        }
+        self.persist();
+        if let Some(storage) = self.storage_dir() {
+            let dir = storage.join(crate::session::snapshot::SNAPSHOT_DIR);
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).map_err(SessionError::io(format!("remove {}", dir.display())))?;
+            }
+        }
+        tracing::info!(session = %self.name, "snapshot discarded");
+        Ok(())
+    }
+
+    /// The record a fork of this session starts with: its settings and folders (which must
+    /// be what they were when this session first shared them).
+    pub(in crate::session) fn fork_record(&self, name: &str) -> SessionRecord {
+        let state = self.state.lock().unwrap();
+        let mut record = SessionRecord::new(name, state.record.settings.clone(), state.record.folders.clone());
+        record.pinned = state.record.pinned.clone();
+        record
+    }
+
+    /// A fork's snapshot, once linked into its storage: its first start restores it.
+    pub(in crate::session) fn set_snapshot(&self, snapshot: umbra_api::session::SnapshotInfo) {
+        self.state.lock().unwrap().record.snapshot = Some(snapshot);
+        self.persist();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::instance::test_support::stopped_session;
+    use umbra_api::FolderSpec;
+
+    #[tokio::test]
+    async fn only_a_running_session_snapshots_and_only_a_snapshot_forks() {
+        let dir = tempfile::tempdir().unwrap();
+        let session = stopped_session(dir.path(), "s", Default::default(), Vec::new());
+        assert!(matches!(session.snapshot().await.unwrap_err(), SessionError::InvalidState { .. }));
+        let e = session.fork_into(&dir.path().join("fork"), false).await.unwrap_err();
+        assert!(e.to_string().contains("no snapshot"), "{e}");
+        session.discard_snapshot().await.unwrap();
+        assert!(!dir.path().join("fork").exists());
+    }
+
+    #[test]
+    fn a_fork_starts_with_the_settings_folders_and_pins_of_its_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = SessionSettings { memory_mib: 777, ..Default::default() };
+        let folders =
+            vec![FolderSpec { path: dir.path().into(), name: Some("proj".into()), mode: umbra_proto::ShareMode::Ro }];
+        let session = stopped_session(dir.path(), "s", settings, folders.clone());
+        let record = session.fork_record("f");
+        assert_eq!(record.name, "f");
+        assert_eq!(record.settings.memory_mib, 777);
+        assert_eq!(record.folders, folders);
+        assert_eq!(record.pinned, session.state.lock().unwrap().record.pinned);
+        assert!(record.snapshot.is_none(), "its snapshot is linked in later");
+    }
+}
