@@ -244,8 +244,7 @@ async fn linux_restores(vmm: &Path, image: &BootImage, runs: usize, firecracker:
         original.agent().await?;
         let (state, memory) = (std::fs::File::create(snap.join("state"))?, std::fs::File::create(snap.join("memory"))?);
         let t = Instant::now();
-        let (bytes, _) =
-            kvm::request_snapshot(&boot_dir.join("control.sock"), &state, &memory).map_err(anyhow::Error::msg)?;
+        let (bytes, _) = kvm::request_snapshot(&boot_dir.join("control.sock"), &state, &memory)?;
         let status = original.child.wait()?;
         anyhow::ensure!(status.code() == Some(6), "umbra-vmm ended with {status} after the snapshot, not 6");
         println!(

@@ -26,13 +26,16 @@ pub async fn hybrid_vsock(path: &std::path::Path, port: u32) -> Result<UnixStrea
     let mut stream = unix(path).await?;
     hybrid_handshake(&mut stream, port)
         .await
-        .map_err(|reason| ClientError::HybridVsock { path: path.display().to_string(), reason })?;
+        .map_err(|e| ClientError::HybridVsock { path: path.display().to_string(), reason: e.to_string() })?;
     Ok(stream)
 }
 
 /// Performs the CONNECT exchange, reading byte by byte so no guest byte after the reply line
 /// is consumed. Fails if the exchange takes longer than 5 s.
-pub async fn hybrid_handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, port: u32) -> Result<u32, String> {
+pub async fn hybrid_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    port: u32,
+) -> Result<u32, HandshakeError> {
     hybrid_handshake_within(stream, port, REPLY_TIMEOUT).await
 }
 
@@ -40,39 +43,58 @@ async fn hybrid_handshake_within<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     port: u32,
     timeout: Duration,
-) -> Result<u32, String> {
+) -> Result<u32, HandshakeError> {
     tokio::time::timeout(timeout, exchange(stream, port))
         .await
-        .unwrap_or_else(|_| Err(format!("no reply to CONNECT {port} within {timeout:?}")))
+        .unwrap_or(Err(HandshakeError::Timeout { port, timeout }))
 }
 
-async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, port: u32) -> Result<u32, String> {
-    stream.write_all(format!("CONNECT {port}\n").as_bytes()).await.map_err(|e| format!("write CONNECT: {e}"))?;
+/// Why a hybrid vsock CONNECT exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("no reply to CONNECT {port} within {timeout:?}")]
+    Timeout { port: u32, timeout: Duration },
+    #[error("write CONNECT: {0}")]
+    Write(#[source] std::io::Error),
+    #[error("read reply: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("closed without a reply: nothing is listening on guest port {port} (agent not up yet?)")]
+    NoListener { port: u32 },
+    #[error("closed after a partial reply {0:?}")]
+    Partial(String),
+    #[error("reply longer than {MAX_REPLY_LINE} bytes")]
+    TooLong,
+    #[error("expected \"OK <port>\", got {0:?}")]
+    Unexpected(String),
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, port: u32) -> Result<u32, HandshakeError> {
+    stream.write_all(format!("CONNECT {port}\n").as_bytes()).await.map_err(HandshakeError::Write)?;
     let mut line = Vec::with_capacity(16);
     loop {
         let b = match stream.read_u8().await {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 return Err(if line.is_empty() {
-                    format!("closed without a reply: nothing is listening on guest port {port} (agent not up yet?)")
+                    HandshakeError::NoListener { port }
                 } else {
-                    format!("closed after a partial reply {:?}", String::from_utf8_lossy(&line))
+                    HandshakeError::Partial(String::from_utf8_lossy(&line).into_owned())
                 });
             }
-            Err(e) => return Err(format!("read reply: {e}")),
+            Err(e) => return Err(HandshakeError::Read(e)),
         };
         if b == b'\n' {
             break;
         }
         if line.len() == MAX_REPLY_LINE {
-            return Err(format!("reply longer than {MAX_REPLY_LINE} bytes"));
+            return Err(HandshakeError::TooLong);
         }
         line.push(b);
     }
     let text = String::from_utf8_lossy(&line);
     match text.strip_prefix("OK ").map(|n| n.trim().parse::<u32>()) {
         Some(Ok(host_port)) => Ok(host_port),
-        _ => Err(format!("expected \"OK <port>\", got {text:?}")),
+        _ => Err(HandshakeError::Unexpected(text.into_owned())),
     }
 }
 
@@ -88,7 +110,7 @@ mod tests {
             server.write_all(canned).await.unwrap();
             req
         });
-        let r = hybrid_handshake(&mut client, 1024).await;
+        let r = hybrid_handshake(&mut client, 1024).await.map_err(|e| e.to_string());
         let req = srv.await.unwrap();
         // Whatever follows the reply line must still be readable by the protocol.
         let mut rest = Vec::new();
@@ -107,7 +129,7 @@ mod tests {
     #[tokio::test]
     async fn a_silent_backend_times_out() {
         let (mut client, _server) = tokio::io::duplex(256);
-        let e = hybrid_handshake_within(&mut client, 1024, Duration::from_millis(50)).await.unwrap_err();
+        let e = hybrid_handshake_within(&mut client, 1024, Duration::from_millis(50)).await.unwrap_err().to_string();
         assert!(e.contains("no reply"), "{e}");
     }
 

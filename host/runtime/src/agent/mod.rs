@@ -32,7 +32,7 @@ use umbra_proto::{
     PROTOCOL_VERSION,
 };
 
-pub use connect::hybrid_handshake;
+pub use connect::{hybrid_handshake, HandshakeError};
 pub use error::ClientError;
 pub use process::{Process, ProcessEvent, ProcessOutput, ProcessStdin};
 

@@ -24,13 +24,13 @@ pub fn request_snapshot(
     control: &Path,
     state: &std::fs::File,
     memory: &std::fs::File,
-) -> Result<(u64, String), String> {
+) -> Result<(u64, String), ControlError> {
     use std::io::BufRead;
     use std::os::fd::AsRawFd;
     let stream = std::os::unix::net::UnixStream::connect(control)
-        .map_err(|e| format!("cannot connect to the VMM's control socket {}: {e}", control.display()))?;
+        .map_err(|source| ControlError::Connect { socket: control.to_path_buf(), source })?;
     // A VMM that never answers must not hold the caller's thread for ever.
-    stream.set_read_timeout(Some(SNAPSHOT_ANSWER)).map_err(|e| format!("cannot set a read timeout: {e}"))?;
+    stream.set_read_timeout(Some(SNAPSHOT_ANSWER)).map_err(ControlError::Send)?;
     let line = serde_json::to_string(&ControlRequest::Snapshot {}).expect("a request serialises") + "\n";
     let line = line.as_bytes();
     let fds = [state.as_raw_fd(), memory.as_raw_fd()];
@@ -55,15 +55,28 @@ pub fn request_snapshot(
         libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
     };
     if sent != line.len() as isize {
-        return Err(format!("cannot send the snapshot request: {}", std::io::Error::last_os_error()));
+        return Err(ControlError::Send(std::io::Error::last_os_error()));
     }
     let mut reply = String::new();
-    std::io::BufReader::new(&stream)
-        .read_line(&mut reply)
-        .map_err(|e| format!("no answer from the VMM's control socket: {e}"))?;
+    std::io::BufReader::new(&stream).read_line(&mut reply).map_err(ControlError::NoAnswer)?;
     match serde_json::from_str::<ControlReply>(&reply) {
         Ok(ControlReply::Ok(taken)) => Ok((taken.memory_bytes, taken.phases_ms.to_string())),
-        Ok(ControlReply::Error(e)) => Err(format!("the VMM refused the snapshot: {e}")),
-        Err(e) => Err(format!("the VMM answered {reply:?}: {e}")),
+        Ok(ControlReply::Error(e)) => Err(ControlError::Refused(e)),
+        Err(source) => Err(ControlError::BadAnswer { reply, source }),
     }
+}
+
+/// Why a snapshot request through the control socket failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("cannot connect to the VMM's control socket {}: {source}", socket.display())]
+    Connect { socket: PathBuf, source: std::io::Error },
+    #[error("cannot send the snapshot request: {0}")]
+    Send(#[source] std::io::Error),
+    #[error("no answer from the VMM's control socket: {0}")]
+    NoAnswer(#[source] std::io::Error),
+    #[error("the VMM refused the snapshot: {0}")]
+    Refused(String),
+    #[error("the VMM answered {reply:?}: {source}")]
+    BadAnswer { reply: String, source: serde_json::Error },
 }

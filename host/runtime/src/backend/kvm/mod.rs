@@ -3,7 +3,7 @@
 //! QEMU's vhost-device-vsock, so the agent connection is the same code; no helper daemons.
 
 mod control;
-pub use control::{control_socket, request_snapshot};
+pub use control::{control_socket, request_snapshot, ControlError};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -137,7 +137,7 @@ impl Machine for KvmMachine {
         let taken = tokio::task::spawn_blocking(move || request_snapshot(&control, &state, &memory))
             .await
             .map_err(|e| VmError::Snapshot(format!("the request failed: {e}")))?
-            .map_err(VmError::Snapshot)?;
+            .map_err(|e| VmError::Snapshot(e.to_string()))?;
         match self.helpers.guest_process().wait_timeout(SNAPSHOT_STOP).await {
             Some(s) if s.code() == Some(VmmStatus::Snapshotted.code()) => Ok(taken),
             Some(s) => Err(VmError::Snapshot(format!("umbra-vmm ended with {s} after writing it"))),
