@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdin, ChildStdout};
 
@@ -13,7 +14,8 @@ use umbra_contract::fsd::{FsdReply, FsdRequest};
 use umbra_sys::FolderIdentity;
 
 use super::rundir::RunDir;
-use super::{Supervised, VmError};
+use super::vm::FolderShare;
+use super::{SharedFolder, Supervised, VmError};
 
 pub use umbra_contract::fsd::FS_TAG;
 /// A mount in a private namespace takes microseconds; anything slower is a stuck server.
@@ -131,34 +133,30 @@ impl FolderServer {
             reply => Ok(reply),
         }
     }
+}
 
-    /// Binds `source` into the share root as `name`; read-only on the host if `read_only`,
-    /// with every `.git` read-only and/or ignored files hidden as `protection` asks. umbra-fsd
-    /// opens `source` without following links and, given `expected`, refuses anything but that
-    /// folder; it returns the identity it found.
-    pub async fn add(
-        &mut self,
-        name: &str,
-        source: &Path,
-        read_only: bool,
-        protection: &Protection,
-        expected: Option<FolderIdentity>,
-    ) -> Result<FolderIdentity, VmError> {
+/// umbra-fsd binds each folder into its share root; it opens the source without following
+/// links and, given an identity, refuses anything but that folder. A writable share gets every
+/// `.git` read-only and/or ignored files hidden as the folder's protection asks.
+#[async_trait]
+impl FolderShare for FolderServer {
+    async fn add(&mut self, folder: &SharedFolder) -> Result<FolderIdentity, VmError> {
         let request = FsdRequest::Add {
-            name: name.into(),
-            source: source.into(),
-            read_only,
-            protect_git: protection.protect_git,
-            hide: protection.hide.clone(),
-            identity: expected,
+            name: folder.name.clone(),
+            source: folder.source.clone(),
+            read_only: folder.read_only,
+            protect_git: folder.protection.protect_git,
+            hide: folder.protection.hide.clone(),
+            identity: folder.identity,
         };
+        let name = &folder.name;
         match self.request(&request).await? {
             FsdReply::Shared { identity } => Ok(identity),
             other => Err(VmError::FolderServer(format!("umbra-fsd answered {other:?} to sharing {name}"))),
         }
     }
 
-    pub async fn remove(&mut self, name: &str) -> Result<(), VmError> {
+    async fn remove(&mut self, name: &str) -> Result<(), VmError> {
         match self.request(&FsdRequest::Remove { name: name.into() }).await? {
             FsdReply::Removed => Ok(()),
             other => Err(VmError::FolderServer(format!("umbra-fsd answered {other:?} to unsharing {name}"))),

@@ -9,10 +9,9 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use umbra_sys::FolderIdentity;
 
 use super::children::{Jail, Supervised};
-use super::fsd::{FolderServer, Protection};
+use super::fsd::FolderServer;
 use super::rundir::{self, RunDir};
 use super::vm::{FolderShare, Machine, Vm, CONSOLE_DRAIN};
 use super::{console, io, postmortem, BackendKind, Capabilities, VmError, VmSpec};
@@ -42,24 +41,6 @@ pub(super) async fn start_folder_server(
     let (server, child) = FolderServer::start(run).await?;
     children.push(child);
     Ok(Some(server))
-}
-
-#[async_trait]
-impl FolderShare for FolderServer {
-    async fn add(
-        &mut self,
-        name: &str,
-        source: &Path,
-        read_only: bool,
-        protection: &Protection,
-        expected: Option<FolderIdentity>,
-    ) -> Result<FolderIdentity, VmError> {
-        FolderServer::add(self, name, source, read_only, protection, expected).await
-    }
-
-    async fn remove(&mut self, name: &str) -> Result<(), VmError> {
-        FolderServer::remove(self, name).await
-    }
 }
 
 /// What a backend has set up before it starts the process that runs the guest.

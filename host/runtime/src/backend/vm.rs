@@ -13,7 +13,7 @@ use umbra_sys::FolderIdentity;
 use super::console;
 use super::fsd::Protection;
 use super::rundir::RunDir;
-use super::{io, BackendKind, Capabilities, SnapshotTaken, VmError, VmSpec};
+use super::{io, BackendKind, Capabilities, SharedFolder, SnapshotTaken, VmError, VmSpec};
 use crate::agent::AgentClient;
 
 /// How long a diagnosis waits for the console copier to catch up with a guest that ended.
@@ -53,18 +53,11 @@ pub trait Machine: Send + Sync {
 /// The set of host folders a running VM's guest can mount (under [`super::fsd::FS_TAG`]).
 #[async_trait]
 pub trait FolderShare: Send {
-    /// Puts the host directory `source` into the share as `name`, read-only on the host if
-    /// `read_only`, with `protection` applied where the backend can (and refused where it
-    /// cannot). `source` is opened without following links; given `expected` (the folder's
-    /// identity when first shared), anything else there is refused. Returns the identity shared.
-    async fn add(
-        &mut self,
-        name: &str,
-        source: &Path,
-        read_only: bool,
-        protection: &Protection,
-        expected: Option<FolderIdentity>,
-    ) -> Result<FolderIdentity, VmError>;
+    /// Puts the host directory `folder.source` into the share as `folder.name`, read-only on the
+    /// host if `read_only`, with its protection applied where the backend can (and refused
+    /// where it cannot). The source is opened without following links; given an identity (the
+    /// folder's when first shared), anything else there is refused. Returns the identity shared.
+    async fn add(&mut self, folder: &SharedFolder) -> Result<FolderIdentity, VmError>;
     /// Takes folder `name` out of the share.
     async fn remove(&mut self, name: &str) -> Result<(), VmError>;
 }
@@ -145,8 +138,14 @@ impl Vm {
         protection: &Protection,
         expected: Option<FolderIdentity>,
     ) -> Result<FolderIdentity, VmError> {
-        let share = self.machine.folders().ok_or(VmError::NoFolderSharing)?;
-        share.add(name, source, read_only, protection, expected).await
+        let folder = SharedFolder {
+            name: name.into(),
+            source: source.into(),
+            read_only,
+            protection: protection.clone(),
+            identity: expected,
+        };
+        self.machine.folders().ok_or(VmError::NoFolderSharing)?.add(&folder).await
     }
 
     /// Takes folder `name` out of the VM's folder share.

@@ -220,7 +220,7 @@ async fn share_before_restore(restore: &super::Restore, folders: Option<&mut Fol
             let mut folders: Vec<_> = restore.folders.iter().collect();
             folders.sort_by_key(|f| !f.read_only);
             for f in folders {
-                server.add(&f.name, &f.source, f.read_only, &f.protection, f.identity).await?;
+                server.add(f).await?;
             }
             Ok(())
         }

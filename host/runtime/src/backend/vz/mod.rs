@@ -56,10 +56,10 @@ mod launch {
 
     use super::{vz_config, VzMachine, VzShare, VzState};
     use crate::agent::AgentClient;
-    use crate::backend::fsd::{Protection, FS_TAG};
+    use crate::backend::fsd::FS_TAG;
     use crate::backend::rundir::{new_vm_id, RunDir};
     use crate::backend::vm::{FolderShare, Machine, Vm};
-    use crate::backend::{console, io, BackendKind, Capabilities, FolderIdentity, VmError, VmSpec};
+    use crate::backend::{console, io, BackendKind, Capabilities, FolderIdentity, SharedFolder, VmError, VmSpec};
 
     /// Why the VM ended, if it has.
     fn ended(machine: &VzMachine) -> Option<String> {
@@ -208,14 +208,9 @@ mod launch {
     /// rather than given without them.
     #[async_trait]
     impl FolderShare for VzShares {
-        async fn add(
-            &mut self,
-            name: &str,
-            source: &Path,
-            read_only: bool,
-            protection: &Protection,
-            expected: Option<FolderIdentity>,
-        ) -> Result<FolderIdentity, VmError> {
+        async fn add(&mut self, folder: &SharedFolder) -> Result<FolderIdentity, VmError> {
+            let SharedFolder { name, source, read_only, protection, identity: expected } = folder;
+            let (name, read_only, expected) = (name.as_str(), *read_only, *expected);
             let found = crate::backend::folder_identity(source)
                 .map_err(|e| VmError::FolderServer(format!("folder {name}: {e}")))?;
             if expected.is_some_and(|e| e != found) {
@@ -235,7 +230,7 @@ mod launch {
                 return Err(VmError::FolderServer(format!("folder {name} is already in the share")));
             }
             let mut next = self.shares.clone();
-            next.push(VzShare { name: name.into(), path: source.to_path_buf(), read_only });
+            next.push(VzShare { name: name.into(), path: source.clone(), read_only });
             set(&self.machine, &next).await?;
             self.shares = next;
             Ok(found)
