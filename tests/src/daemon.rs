@@ -10,6 +10,7 @@ use umbra_api::client::{Client, Notifications};
 use umbra_api::rpc::{Notification, NOTIFY_EVENT};
 use umbra_api::{EventKind, SessionEvent};
 
+pub use crate::boot_timeout_secs;
 use crate::{workspace_bin, TempDir};
 
 pub struct TestDaemon {
@@ -145,12 +146,6 @@ impl Drop for TestDaemon {
             eprintln!("--- umbrad's log (last 80 lines):\n{}", lines[lines.len().saturating_sub(80)..].join("\n"));
         }
     }
-}
-
-/// The boot timeout tests give guests: `UMBRA_BOOT_TIMEOUT_SECS`, else 120 s (software
-/// emulation on a loaded 2-core host).
-pub fn boot_timeout_secs() -> u64 {
-    std::env::var("UMBRA_BOOT_TIMEOUT_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(120)
 }
 
 /// Processes whose command line names one of `names` and whose command line or environment

@@ -12,6 +12,12 @@ use umbra_runtime::backend::{BackendKind, KvmKind};
 pub mod daemon;
 
 /// Path of a workspace binary built next to the running test executable.
+/// The boot timeout tests give guests: `UMBRA_BOOT_TIMEOUT_SECS`, else 120 s (software
+/// emulation on a loaded 2-core host).
+pub fn boot_timeout_secs() -> u64 {
+    std::env::var("UMBRA_BOOT_TIMEOUT_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(120)
+}
+
 pub fn workspace_bin(name: &str) -> PathBuf {
     if let Ok(p) = std::env::var(format!("{}_BIN", name.to_uppercase().replace('-', "_"))) {
         return p.into();
@@ -266,8 +272,7 @@ pub fn session_manager_for(dir: &TempDir, flavor: &str, memory_mib: u32) -> umbr
         idle_timeout_secs: 0,
         ..Default::default()
     };
-    let config =
-        umbra_api::DaemonConfig { session, boot_timeout_secs: daemon::boot_timeout_secs(), ..Default::default() };
+    let config = umbra_api::DaemonConfig { session, boot_timeout_secs: boot_timeout_secs(), ..Default::default() };
     umbra_runtime::session::SessionManager::new(umbra_runtime::session::ManagerOptions {
         config,
         state_dir: Some(dir.0.join("state")),

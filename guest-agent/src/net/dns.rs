@@ -61,7 +61,7 @@ pub async fn serve_udp(socket: UdpSocket, egress: Arc<Egress>) {
 
 pub async fn serve_tcp(listener: TcpListener, egress: Arc<Egress>) {
     let connections = Arc::new(Semaphore::new(egress.limits.dns_tcp));
-    super::accept_loop("DNS (TCP)", listener, move |mut stream| {
+    super::accept::accept_loop("DNS (TCP)", listener, move |mut stream| {
         let (egress, connections) = (egress.clone(), connections.clone());
         async move {
             let Ok(_permit) = connections.try_acquire() else { return };

@@ -22,7 +22,7 @@ use super::egress::{relay, Admission, Egress, Failure};
 const MAX_HEADERS: usize = 128;
 
 pub async fn serve(listener: TcpListener, egress: Arc<Egress>) {
-    super::accept_loop("HTTP proxy", listener, move |stream| {
+    super::accept::accept_loop("HTTP proxy", listener, move |stream| {
         let egress = egress.clone();
         async move {
             match egress.admit() {

@@ -14,6 +14,7 @@
 //!
 //! [`egress`] opens the host streams and holds the limits every listener shares.
 
+mod accept;
 pub mod dns;
 pub mod egress;
 pub mod fakeip;
@@ -24,7 +25,6 @@ pub mod nft;
 pub mod socks;
 pub mod transparent;
 
-use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -246,36 +246,6 @@ fn write_resolv_conf(path: &std::path::Path, dns: SocketAddrV4) -> std::io::Resu
     let tmp = path.with_extension("umbra-tmp");
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)
-}
-
-/// Accepts forever, handling each connection on its own task. Accept errors (EMFILE) back off
-/// and retry: they must never end the agent.
-pub(crate) async fn accept_loop<F, Fut>(what: &'static str, listener: TcpListener, handle: F)
-where
-    F: Fn(TcpStream) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let mut delay: Option<Duration> = None;
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                delay = None;
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(handle(stream));
-            }
-            Err(e) => {
-                let d = match delay {
-                    None => {
-                        tracing::warn!("{what}: accept failed: {e}; retrying");
-                        Duration::from_millis(10)
-                    }
-                    Some(d) => (d * 2).min(Duration::from_millis(100)),
-                };
-                delay = Some(d);
-                tokio::time::sleep(d).await;
-            }
-        }
-    }
 }
 
 /// Writes a last message, half-closes, and drains what the client still sends for a moment

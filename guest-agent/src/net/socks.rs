@@ -32,7 +32,7 @@ pub const REP_COMMAND_NOT_SUPPORTED: u8 = 7;
 pub const REP_ADDRESS_NOT_SUPPORTED: u8 = 8;
 
 pub async fn serve(listener: TcpListener, egress: Arc<Egress>) {
-    super::accept_loop("SOCKS5 proxy", listener, move |stream| {
+    super::accept::accept_loop("SOCKS5 proxy", listener, move |stream| {
         let egress = egress.clone();
         async move {
             match egress.admit() {

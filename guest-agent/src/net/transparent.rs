@@ -14,7 +14,7 @@ use super::egress::{relay, Admission, Egress};
 
 pub async fn serve(listener: TcpListener, egress: Arc<Egress>) {
     let own = listener.local_addr().ok();
-    super::accept_loop("transparent listener", listener, move |stream| {
+    super::accept::accept_loop("transparent listener", listener, move |stream| {
         let egress = egress.clone();
         async move {
             match egress.admit() {

@@ -9,8 +9,6 @@ use std::path::{Path, PathBuf};
 
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
-use crate::policy::PolicyError;
-
 /// Compiled ignore patterns for one folder.
 #[derive(Debug, Clone)]
 pub struct IgnoreSet {
@@ -21,17 +19,16 @@ pub struct IgnoreSet {
 impl IgnoreSet {
     /// Compiles `patterns` for the folder at `root` (a path the matched paths are under, or
     /// relative paths are taken from).
-    pub fn new(root: impl Into<PathBuf>, patterns: &[String]) -> Result<Self, PolicyError> {
+    pub fn new(root: impl Into<PathBuf>, patterns: &[String]) -> Result<Self, IgnoreError> {
         let root = root.into();
         let mut builder = GitignoreBuilder::new(&root);
         for pattern in patterns {
             builder
                 .add_line(None, pattern)
-                .map_err(|e| PolicyError::BadIgnorePattern { pattern: pattern.clone(), error: e.to_string() })?;
+                .map_err(|e| IgnoreError { pattern: pattern.clone(), error: e.to_string() })?;
         }
-        let matcher = builder
-            .build()
-            .map_err(|e| PolicyError::BadIgnorePattern { pattern: patterns.join(", "), error: e.to_string() })?;
+        let matcher =
+            builder.build().map_err(|e| IgnoreError { pattern: patterns.join(", "), error: e.to_string() })?;
         Ok(Self { root, matcher })
     }
 
@@ -51,6 +48,14 @@ impl IgnoreSet {
         }
         self.matcher.matched_path_or_any_parents(relative, is_dir).is_ignore()
     }
+}
+
+/// A pattern that is not a gitignore pattern.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("ignore: {pattern:?} is not a gitignore pattern: {error}")]
+pub struct IgnoreError {
+    pub pattern: String,
+    pub error: String,
 }
 
 #[cfg(test)]

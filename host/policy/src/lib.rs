@@ -20,7 +20,7 @@ mod merge;
 pub mod network;
 mod policy;
 
-pub use ignore_set::IgnoreSet;
+pub use ignore_set::{IgnoreError, IgnoreSet};
 pub use lattice::{describe_network, network_excess, network_within};
 pub use merge::{at_least_as_restrictive, merge, merge_all, merge_sources, DecidedBy, MergedPolicy, PolicySource};
 pub use network::{NetworkMode, NetworkPolicy};

@@ -130,7 +130,8 @@ impl SandboxPolicy {
         }
         if let Some(patterns) = &self.ignore {
             check_len("ignore", patterns, |s| s.len())?;
-            crate::IgnoreSet::new("/", patterns)?;
+            crate::IgnoreSet::new("/", patterns)
+                .map_err(|e| PolicyError::BadIgnorePattern { pattern: e.pattern, error: e.error })?;
         }
         Ok(())
     }

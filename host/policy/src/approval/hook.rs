@@ -18,7 +18,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{CommandRequest, Decision, Verdict};
+use super::decision::{CommandRequest, Decision, Reason, Verdict};
 
 /// The most a hook may print.
 pub const MAX_HOOK_OUTPUT: u64 = 64 * 1024;
@@ -73,7 +73,7 @@ struct HookInput<'a> {
     env_changes_what_runs: Vec<String>,
     parts: &'a [Vec<String>],
     verdict: Verdict,
-    reason: &'a super::Reason,
+    reason: &'a Reason,
 }
 
 /// Runs one hook on a request and returns its answer.
@@ -84,7 +84,7 @@ pub async fn run(spec: &HookSpec, request: &CommandRequest, so_far: &Decision) -
         workspace: &request.workspace,
         session: request.session.as_deref(),
         env: &request.env,
-        env_changes_what_runs: super::what_changes_what_runs(&request.env),
+        env_changes_what_runs: super::env::what_changes_what_runs(&request.env),
         parts: &so_far.parts,
         verdict: so_far.verdict,
         reason: &so_far.reason,

@@ -14,20 +14,13 @@ use umbra_contract::fsd::{FsdReply, FsdRequest};
 use umbra_sys::FolderIdentity;
 
 use super::rundir::RunDir;
+pub use super::spec::Protection;
 use super::vm::FolderShare;
 use super::{SharedFolder, Supervised, VmError};
 
 pub use umbra_contract::fsd::FS_TAG;
 /// A mount in a private namespace takes microseconds; anything slower is a stuck server.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What umbra-fsd enforces inside a share beyond its mode (a sandbox policy's filesystem
-/// fields): `.git` read-only, files matching gitignore patterns never opened for the guest.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Protection {
-    pub protect_git: bool,
-    pub hide: Vec<String>,
-}
 
 pub struct FolderServer {
     stdin: ChildStdin,

@@ -35,7 +35,7 @@ use seccompiler::{
 };
 
 /// The uid and gid a helper started by a root runtime runs as (`nobody`), as umbra-vmm's.
-pub const HELPER_ID: u32 = super::kvm::JAIL_ID;
+pub const HELPER_ID: u32 = umbra_contract::vm::NOBODY;
 
 /// One step of the child's set-up.
 enum Step {

@@ -11,9 +11,8 @@ use async_trait::async_trait;
 use umbra_sys::FolderIdentity;
 
 use super::console;
-use super::fsd::Protection;
 use super::rundir::RunDir;
-use super::{io, BackendKind, Capabilities, SharedFolder, SnapshotTaken, VmError, VmSpec};
+use super::{io, BackendKind, Capabilities, Protection, SharedFolder, SnapshotTaken, VmError, VmSpec};
 use crate::agent::AgentClient;
 
 /// How long a diagnosis waits for the console copier to catch up with a guest that ended.

@@ -9,6 +9,7 @@
 //! The VMM also writes the MP table (so SMP guests find their vCPUs and the IOAPIC without
 //! ACPI) and appends one `virtio_mmio.device=` argument per device to the command line.
 
+mod error;
 pub mod layout;
 pub mod mptable;
 
@@ -25,29 +26,8 @@ use linux_loader::loader::{self, BzImage, Elf, KernelLoader, KernelLoaderResult,
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::vstate::memory::GuestMemory;
+pub use error::BootError;
 use layout::*;
-
-#[derive(Debug, thiserror::Error)]
-pub enum BootError {
-    #[error("cannot open {what} {path}: {source}")]
-    Open { what: &'static str, path: String, source: std::io::Error },
-    #[error("{path} is neither an ELF vmlinux nor a bzImage: {elf} / {bzimage}")]
-    Kernel { path: String, elf: loader::Error, bzimage: loader::Error },
-    #[error("{path} is a bzImage without a 64-bit entry point (a 32-bit-only kernel)")]
-    Not64Bit { path: String },
-    #[error("the initrd ({size} bytes) does not fit in guest memory above the kernel")]
-    InitrdTooBig { size: u64 },
-    #[error("cannot load the initrd: {0}")]
-    Initrd(String),
-    #[error("kernel command line: {0}")]
-    Cmdline(String),
-    #[error("{cpus} vCPUs requested; the MP table supports 1 to {max}")]
-    TooManyCpus { cpus: u8, max: u8 },
-    #[error("{what} does not fit in guest memory at {addr:#x}")]
-    OutOfMemory { what: &'static str, addr: u64 },
-    #[error("writing boot parameters: {0}")]
-    Configure(String),
-}
 
 /// How the boot vCPU starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,8 +4,8 @@
 
 use vm_memory::{Bytes, GuestAddress};
 
+use super::error::BootError;
 use super::layout::{APIC_ADDR, IOAPIC_ADDR, IRQ_MAX, MPTABLE_START};
-use super::BootError;
 use crate::vstate::memory::GuestMemory;
 
 /// The MP table lives in the last KiB of base memory, where Linux scans for it; this many CPU
