@@ -1,6 +1,6 @@
 //! One client of the daemon, whatever its transport: its outgoing queue, the processes it
 //! spawned and its event subscriptions. The socket loops (`connection.rs`), the handlers
-//! (`dispatch.rs`) and the process tasks (`processes.rs`) all act through it.
+//! (`handlers/`) and the process tasks (`processes.rs`) all act through it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

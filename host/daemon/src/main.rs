@@ -4,7 +4,8 @@
 //!
 //! - [`server`]: the socket, its lock, who may connect and how many;
 //! - [`connection`]: one client, with bounded queues everywhere;
-//! - [`dispatch`]: thin handlers from method names to the runtime's session layer;
+//! - [`dispatch`]: routes a method, by its namespace, to its module in [`handlers`]: thin
+//!   handlers over the runtime's session layer;
 //! - [`processes`]: a client's processes, their output credit and ordered stdin;
 //! - [`bundles`]: downloads with progress; [`settings`]: the configuration file.
 
@@ -12,6 +13,7 @@ mod bundles;
 mod client;
 mod connection;
 mod dispatch;
+mod handlers;
 mod owned;
 mod processes;
 mod server;

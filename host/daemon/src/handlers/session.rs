@@ -1,0 +1,75 @@
+//! `session.*` and `permission.respond`: a session's lifecycle, its network policy, its logs,
+//! and the answers to its spawns' permission requests.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use umbra_api::methods::{
+    Done, Method, PermissionRespond, SessionDelete, SessionFork, SessionGet, SessionList, SessionListMethod,
+    SessionLogs, SessionLogsMethod, SessionResume, SessionSetNetwork, SessionSnapshot, SessionStart, SessionStop,
+};
+
+use super::common::{call, Outcome};
+use crate::client::Connection;
+
+/// Handles this module's methods; `None` for any other.
+pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>) -> Option<Outcome> {
+    let manager = &conn.daemon.manager;
+    Some(match method {
+        SessionStart::NAME => {
+            call::<SessionStart, _, _>(params, |p| async move { Ok(manager.start(p).await?.info()) }).await
+        }
+        SessionResume::NAME => {
+            call::<SessionResume, _, _>(params, |p| async move {
+                Ok(manager.resume_with(&p.name, p.discard_snapshot).await?.info())
+            })
+            .await
+        }
+        SessionSnapshot::NAME => {
+            call::<SessionSnapshot, _, _>(params, |p| async move { Ok(manager.snapshot(&p.name).await?.info()) }).await
+        }
+        SessionFork::NAME => {
+            call::<SessionFork, _, _>(params, |p| async move { Ok(manager.fork(&p.source, &p.name).await?.info()) })
+                .await
+        }
+        SessionStop::NAME => {
+            call::<SessionStop, _, _>(params, |p| async move { Ok(manager.stop(&p.name).await?.info()) }).await
+        }
+        SessionDelete::NAME => {
+            call::<SessionDelete, _, _>(params, |p| async move {
+                manager.delete(&p.name).await?;
+                Ok(Done {})
+            })
+            .await
+        }
+        SessionSetNetwork::NAME => {
+            call::<SessionSetNetwork, _, _>(params, |p| async move {
+                let s = manager.get(&p.name)?;
+                s.set_network(p.network)?;
+                Ok(s.info())
+            })
+            .await
+        }
+        PermissionRespond::NAME => {
+            call::<PermissionRespond, _, _>(params, |p| async move {
+                manager.respond_permission(&p.request_id, p.approved)?;
+                Ok(Done {})
+            })
+            .await
+        }
+        SessionListMethod::NAME => {
+            call::<SessionListMethod, _, _>(params, |_| async { Ok(SessionList { sessions: manager.list() }) }).await
+        }
+        SessionGet::NAME => call::<SessionGet, _, _>(params, |p| async move { Ok(manager.get(&p.name)?.info()) }).await,
+        SessionLogsMethod::NAME => {
+            call::<SessionLogsMethod, _, _>(params, |p| async move {
+                let n = p.lines.unwrap_or(100).clamp(1, 10_000) as usize;
+                let s = manager.get(&p.name)?;
+                let console = s.console_tail(n).await.lines().map(str::to_string).collect();
+                Ok(SessionLogs { events: manager.recent_events(&p.name, n), console })
+            })
+            .await
+        }
+        _ => return None,
+    })
+}
