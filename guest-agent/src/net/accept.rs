@@ -1,8 +1,10 @@
-//! The accept loop every listener of the guest's network stack runs.
+//! What every listener of the guest's network stack shares: the accept loop, and the last
+//! message of a connection it refuses.
 
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// Accepts forever, handling each connection on its own task. Accept errors (EMFILE) back off
@@ -33,4 +35,23 @@ where
             }
         }
     }
+}
+
+/// Writes a last message, half-closes, and drains what the client still sends for a moment
+/// (at most 64 KiB, 1 s): closing with unread data would reset the connection and could
+/// destroy the message before the client reads it.
+pub(crate) async fn write_and_close(stream: &mut TcpStream, message: &[u8]) {
+    let _ = tokio::time::timeout(Duration::from_secs(2), stream.write_all(message)).await;
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let mut drained = 0;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while drained < 64 * 1024 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    })
+    .await;
 }

@@ -240,7 +240,7 @@ async fn respond(client: &mut TcpStream, code: u16, text: &str, why: &str) {
         "HTTP/1.1 {code} {text}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    super::write_and_close(client, response.as_bytes()).await;
+    super::accept::write_and_close(client, response.as_bytes()).await;
 }
 
 #[cfg(test)]

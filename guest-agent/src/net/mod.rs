@@ -27,10 +27,8 @@ pub mod transparent;
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpListener, UdpSocket};
 
 pub use egress::{Egress, EgressTarget, Limits};
 
@@ -246,25 +244,6 @@ fn write_resolv_conf(path: &std::path::Path, dns: SocketAddrV4) -> std::io::Resu
     let tmp = path.with_extension("umbra-tmp");
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)
-}
-
-/// Writes a last message, half-closes, and drains what the client still sends for a moment
-/// (at most 64 KiB, 1 s): closing with unread data would reset the connection and could
-/// destroy the message before the client reads it.
-pub(crate) async fn write_and_close(stream: &mut TcpStream, message: &[u8]) {
-    let _ = tokio::time::timeout(Duration::from_secs(2), stream.write_all(message)).await;
-    let _ = stream.shutdown().await;
-    let mut sink = [0u8; 4096];
-    let mut drained = 0;
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        while drained < 64 * 1024 {
-            match stream.read(&mut sink).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => drained += n,
-            }
-        }
-    })
-    .await;
 }
 
 #[cfg(test)]

@@ -164,7 +164,7 @@ fn reply(code: u8) -> [u8; 10] {
 }
 
 async fn reply_and_close(client: &mut TcpStream, code: u8) {
-    super::write_and_close(client, &reply(code)).await;
+    super::accept::write_and_close(client, &reply(code)).await;
 }
 
 #[cfg(test)]

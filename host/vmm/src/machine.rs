@@ -45,6 +45,8 @@ pub enum MachineError {
     Seccomp(String),
     #[error("snapshot: {0}")]
     Snapshot(String),
+    #[error("snapshot: {0}")]
+    Serial(#[from] crate::devices::legacy::SerialRestoreError),
 }
 
 /// Each virtio device's transport with the base of its MMIO window.
@@ -357,9 +359,7 @@ impl Machine {
         let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(device_error("eventfd"))?;
         vm.register_irqfd(&serial_irq, SERIAL_IRQ)?;
         let serial = match saved {
-            Some(saved) => {
-                SerialConsole::restore(console.clone(), serial_irq, saved).map_err(MachineError::Snapshot)?
-            }
+            Some(saved) => SerialConsole::restore(console.clone(), serial_irq, saved)?,
             None => SerialConsole::with_interrupt(console.clone(), serial_irq),
         };
         Ok(LegacyBus::with_serial(serial))

@@ -291,12 +291,15 @@ impl SnapshotState {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::devices::legacy::SerialSnapshot;
+    use crate::devices::virtio::mmio::{QueueConfig, TransportState};
+    use crate::devices::virtio::persist::{DeviceState, FsState};
 
     fn entry(function: u32, index: u32, ebx: u32, ecx: u32) -> kvm_cpuid_entry2 {
         kvm_cpuid_entry2 { function, index, ebx, ecx, ..Default::default() }
     }
 
-    /// A state with made-up registers, for the file format's tests.
+    /// A state with made-up registers and devices, for the file format's tests.
     pub fn sample_state() -> SnapshotState {
         let vcpu = VcpuState {
             id: 0,
@@ -323,8 +326,27 @@ pub(crate) mod tests {
                 clock: kvm_clock_data { clock: 99, ..Default::default() },
             },
             vcpus: vec![vcpu],
-            devices: vec![],
-            serial: None,
+            devices: vec![TransportState {
+                device_type: 26,
+                status: 15,
+                acked_features: 1 << 32,
+                device_features_sel: 1,
+                driver_features_sel: 1,
+                queue_sel: 1,
+                config_generation: 0,
+                interrupt_status: 1,
+                activated: true,
+                queues: vec![QueueConfig {
+                    size: 1024,
+                    ready: true,
+                    desc_table: 0x1000,
+                    avail_ring: 0x5000,
+                    used_ring: 0x6000,
+                }],
+                device: DeviceState::Fs(FsState { virtiofsd: b"session".to_vec() }),
+                legacy_device_state: None,
+            }],
+            serial: Some(SerialSnapshot { registers: [1, 0, 2, 1, 3, 0x60, 8, 0xb0, 0], in_buffer: vec![b'x'] }),
         }
     }
 

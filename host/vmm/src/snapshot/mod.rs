@@ -10,10 +10,13 @@
 //!   refused, naming the CPUID leaf, register and bits.
 //! - [`memory`]: guest memory written out sparsely (zero pages are holes), and mapped back
 //!   `MAP_PRIVATE`, so VMs restored from one memory file share every page none of them wrote.
+//! - Devices, kept by the devices' own modules: each virtio transport's registers and queue layout
+//!   ([`crate::devices::virtio::mmio::TransportState`]) with the device's own typed state
+//!   ([`crate::devices::virtio::persist::DeviceState`]: virtiofsd's FUSE session for virtio-fs),
+//!   and the serial port's registers ([`crate::devices::legacy::SerialSnapshot`]).
 //!
 //! Pausing a running umbra-vmm and writing these files is [`crate::control`]'s; restoring is
-//! [`crate::machine::Machine::restore`]. Not covered yet: virtio-fs (its state lives in
-//! virtiofsd); see docs/architecture.md.
+//! [`crate::machine::Machine::restore`].
 
 pub mod cpu;
 pub mod file;

@@ -2,7 +2,7 @@ mod i8042;
 mod serial;
 
 pub use i8042::{I8042, I8042_DATA_PORT, I8042_PORT_RANGE};
-pub use serial::{ConsoleLog, SerialConsole, SerialSnapshot, COM1_BASE, COM1_PORT_RANGE};
+pub use serial::{ConsoleLog, SerialConsole, SerialRestoreError, SerialSnapshot, COM1_BASE, COM1_PORT_RANGE};
 
 /// The port-I/O bus of the legacy devices. Unclaimed ports read as all ones and ignore writes,
 /// as on real hardware, so a probing guest carries on.

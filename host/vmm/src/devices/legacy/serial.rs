@@ -125,6 +125,18 @@ pub struct SerialSnapshot {
     pub in_buffer: Vec<u8>,
 }
 
+/// Why a saved UART cannot be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum SerialRestoreError {
+    #[error("the serial port's saved receive FIFO holds {0} bytes; the UART's holds {UART_FIFO_SIZE}")]
+    FifoOverflow(usize),
+    #[error("the serial port's saved state: {0}")]
+    Uart(vm_superio::serial::Error<io::Error>),
+}
+
+/// The 16550A's receive FIFO (vm-superio's `FIFO_SIZE`, which it does not export).
+const UART_FIFO_SIZE: usize = 64;
+
 pub struct SerialConsole {
     serial: Serial<IrqLine, NoEvents, ConsoleLog>,
 }
@@ -160,7 +172,7 @@ impl SerialConsole {
 
     /// A console as `saved` left the UART, its interrupts signalled on `irq` (one is raised at
     /// once if the saved state had one pending). Refuses a receive FIFO over its 64 bytes.
-    pub fn restore(log: ConsoleLog, irq: EventFd, saved: &SerialSnapshot) -> Result<Self, String> {
+    pub fn restore(log: ConsoleLog, irq: EventFd, saved: &SerialSnapshot) -> Result<Self, SerialRestoreError> {
         let [baud_divisor_low, baud_divisor_high, interrupt_enable, interrupt_identification, line_control, line_status, modem_control, modem_status, scratch] =
             saved.registers;
         let state = vm_superio::serial::SerialState {
@@ -175,9 +187,12 @@ impl SerialConsole {
             scratch,
             in_buffer: saved.in_buffer.clone(),
         };
-        Serial::from_state(&state, IrqLine(Some(irq)), NoEvents, log)
-            .map(|serial| Self { serial })
-            .map_err(|e| format!("the serial port's saved state: {e:?}"))
+        let serial = Serial::from_state(&state, IrqLine(Some(irq)), NoEvents, log).map_err(|e| match e {
+            vm_superio::serial::Error::FullFifo => SerialRestoreError::FifoOverflow(saved.in_buffer.len()),
+            // Raising the interrupt the saved state had pending failed.
+            other => SerialRestoreError::Uart(other),
+        })?;
+        Ok(Self { serial })
     }
 
     /// A byte written to `port` (COM1_BASE + offset). Out-of-range offsets are ignored.
@@ -265,6 +280,7 @@ mod tests {
         assert_eq!(log.last_lines(), vec!["k".to_string()]);
         let mut full = saved;
         full.in_buffer = vec![0; 65];
-        assert!(SerialConsole::restore(log, irq2, &full).is_err(), "a FIFO over 64 bytes");
+        let err = SerialConsole::restore(log, irq2, &full).err().expect("a FIFO over 64 bytes").to_string();
+        assert_eq!(err, "the serial port's saved receive FIFO holds 65 bytes; the UART's holds 64");
     }
 }

@@ -9,10 +9,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use base64::Engine as _;
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::persist::{DeviceState, DeviceStateError, FsState};
 use super::{features, ActiveQueue, Interrupt, VirtioDevice};
 use crate::vstate::memory::GuestMemory;
 
@@ -85,8 +85,29 @@ pub enum TransportError {
     EventFd(std::io::Error),
     #[error("invalid queue size {0}: virtio queues are a power of two up to 32768")]
     QueueSize(u16),
-    #[error("cannot restore virtio device {device_type}: {reason}")]
-    Restore { device_type: u32, reason: String },
+    #[error("cannot save virtio device {device_type}: {source}")]
+    Save { device_type: u32, source: DeviceStateError },
+    #[error("cannot restore virtio device {device_type}: {source}")]
+    Restore { device_type: u32, source: RestoreError },
+}
+
+/// Why a saved transport does not fit the device it is restored around.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("the machine has device {0} in its place")]
+    DeviceType(u32),
+    #[error("{saved} queues saved, the device has {device}")]
+    QueueCount { saved: usize, device: usize },
+    #[error("queue {queue}: size {size}: {source}")]
+    QueueSize { queue: usize, size: u16, source: virtio_queue::Error },
+    #[error("queue {queue}: used ring at {addr:#x}: {source}")]
+    UsedRing { queue: usize, addr: u64, source: vm_memory::GuestMemoryError },
+    #[error("it did not activate again (see the log above)")]
+    NotActivated,
+    #[error(transparent)]
+    Device(#[from] DeviceStateError),
+    #[error("its format-2 device state is not base64: {0}")]
+    LegacyState(base64::DecodeError),
 }
 
 /// A transport's state in a snapshot: its registers and each queue's configuration.
@@ -107,10 +128,28 @@ pub struct TransportState {
     pub interrupt_status: u32,
     pub activated: bool,
     pub queues: Vec<QueueConfig>,
-    /// What the device itself keeps beyond the transport ([`VirtioDevice::quiesce`]), base64;
-    /// empty for most devices.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub device_state: String,
+    /// What the device itself keeps beyond the transport ([`VirtioDevice::quiesce`]).
+    #[serde(default)]
+    pub device: DeviceState,
+    /// Format 2's form of `device`: base64 bytes (virtiofsd's state for virtio-fs, empty for
+    /// every other device). Read so that a session paused before the upgrade still resumes;
+    /// never written.
+    #[serde(default, rename = "device_state", skip_serializing)]
+    pub legacy_device_state: Option<String>,
+}
+
+impl TransportState {
+    /// The device's saved state, from either format.
+    fn device_state(&self) -> Result<DeviceState, RestoreError> {
+        use base64::Engine as _;
+        let Some(text) = &self.legacy_device_state else { return Ok(self.device.clone()) };
+        let bytes = base64::engine::general_purpose::STANDARD.decode(text).map_err(RestoreError::LegacyState)?;
+        // Only virtio-fs kept bytes in format 2; any other device refuses them in its restore.
+        Ok(match bytes.is_empty() {
+            true => DeviceState::Stateless,
+            false => DeviceState::Fs(FsState { virtiofsd: bytes }),
+        })
+    }
 }
 
 /// What the driver set up for one queue.
@@ -152,7 +191,8 @@ impl MmioTransport {
     /// quiesced (see [`TransportState`]).
     pub fn save(&self) -> TransportState {
         TransportState {
-            device_state: String::new(),
+            device: DeviceState::Stateless,
+            legacy_device_state: None,
             device_type: self.device.device_type(),
             status: self.status,
             acked_features: self.acked_features,
@@ -187,21 +227,19 @@ impl MmioTransport {
         state: &TransportState,
     ) -> Result<Self, TransportError> {
         let device_type = state.device_type;
-        let refuse = |reason: String| TransportError::Restore { device_type, reason };
+        let refuse = |source: RestoreError| TransportError::Restore { device_type, source };
         if device.device_type() != device_type {
-            return Err(refuse(format!("the machine has device {} in its place", device.device_type())));
+            return Err(refuse(RestoreError::DeviceType(device.device_type())));
         }
         let mut device = device;
-        let device_state = base64::engine::general_purpose::STANDARD
-            .decode(&state.device_state)
-            .map_err(|e| refuse(format!("its saved device state is not base64: {e}")))?;
-        device.prepare_restore(&device_state).map_err(refuse)?;
+        device.prepare_restore(&state.device_state().map_err(refuse)?).map_err(|e| refuse(e.into()))?;
         let mut t = Self::new(device, mem)?;
         if t.queues.len() != state.queues.len() {
-            return Err(refuse(format!("{} queues saved, the device has {}", state.queues.len(), t.queues.len())));
+            return Err(refuse(RestoreError::QueueCount { saved: state.queues.len(), device: t.queues.len() }));
         }
         for (i, (q, c)) in t.queues.iter_mut().zip(&state.queues).enumerate() {
-            q.try_set_size(c.size).map_err(|e| refuse(format!("queue {i}: size {}: {e:?}", c.size)))?;
+            q.try_set_size(c.size)
+                .map_err(|source| refuse(RestoreError::QueueSize { queue: i, size: c.size, source }))?;
             q.set_desc_table_address(Some(c.desc_table as u32), Some((c.desc_table >> 32) as u32));
             q.set_avail_ring_address(Some(c.avail_ring as u32), Some((c.avail_ring >> 32) as u32));
             q.set_used_ring_address(Some(c.used_ring as u32), Some((c.used_ring >> 32) as u32));
@@ -209,7 +247,7 @@ impl MmioTransport {
             if c.ready && state.activated {
                 // struct virtq_used { le16 flags; le16 idx; ... }
                 let idx: u16 = vm_memory::Bytes::read_obj(&t.mem, vm_memory::GuestAddress(c.used_ring.wrapping_add(2)))
-                    .map_err(|e| refuse(format!("queue {i}: used ring at {:#x}: {e}", c.used_ring)))?;
+                    .map_err(|source| refuse(RestoreError::UsedRing { queue: i, addr: c.used_ring, source }))?;
                 q.set_next_avail(idx);
                 q.set_next_used(idx);
             }
@@ -226,7 +264,7 @@ impl MmioTransport {
         if state.activated {
             t.activate();
             if !t.activated {
-                return Err(refuse("it did not activate again (see the log above)".into()));
+                return Err(refuse(RestoreError::NotActivated));
             }
         }
         if state.interrupt_status != 0 {
@@ -242,14 +280,14 @@ impl MmioTransport {
     pub fn quiesce(&mut self) -> Result<TransportState, TransportError> {
         // Stopped first, then saved: a batch the worker finishes meanwhile sets its interrupt
         // bit before the status is read, so the restored VM raises it again.
-        let device_state = if self.activated {
+        let device = if self.activated {
             let device_type = self.device.device_type();
-            self.device.quiesce().map_err(|reason| TransportError::Restore { device_type, reason })?
+            self.device.quiesce().map_err(|source| TransportError::Save { device_type, source })?
         } else {
-            Vec::new()
+            DeviceState::Stateless
         };
         let mut state = self.save();
-        state.device_state = base64::engine::general_purpose::STANDARD.encode(device_state);
+        state.device = device;
         self.activated = false;
         Ok(state)
     }
@@ -610,6 +648,28 @@ mod tests {
         setup_queue(&mut t, 0, &m, 0x1000);
         w32(&mut t, 0x70, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK);
         assert_eq!(seen.lock().unwrap().unwrap().0, (1 << 32) | (1 << 3));
+    }
+
+    #[test]
+    fn a_format_2_device_state_reads_as_its_typed_form() {
+        let v2 = |device_type: u32, bytes: &str| {
+            serde_json::from_value::<TransportState>(serde_json::json!({
+                "device_type": device_type, "status": 15, "acked_features": 0, "device_features_sel": 0,
+                "driver_features_sel": 0, "queue_sel": 0, "config_generation": 0, "interrupt_status": 0,
+                "activated": true, "queues": [], "device_state": bytes,
+            }))
+            .unwrap()
+        };
+        let fs = v2(crate::devices::virtio::device_type::FS, "c2Vzc2lvbg==");
+        assert_eq!(fs.device_state().unwrap(), DeviceState::Fs(FsState { virtiofsd: b"session".to_vec() }));
+        assert_eq!(v2(crate::devices::virtio::device_type::VSOCK, "").device_state().unwrap(), DeviceState::Stateless);
+        assert!(matches!(
+            v2(crate::devices::virtio::device_type::FS, "not base64!").device_state(),
+            Err(RestoreError::LegacyState(_))
+        ));
+        // Written in format 3 only.
+        let text = serde_json::to_string(&fs).unwrap();
+        assert!(!text.contains("device_state"), "{text}");
     }
 
     #[test]

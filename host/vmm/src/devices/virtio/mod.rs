@@ -14,6 +14,7 @@
 pub mod block;
 pub mod fs;
 pub mod mmio;
+pub mod persist;
 pub mod rng;
 #[cfg(test)]
 pub(crate) mod test_utils;
@@ -25,21 +26,13 @@ use std::sync::Arc;
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
+use self::persist::{DeviceState, DeviceStateError};
 use crate::vstate::memory::GuestMemory;
 
 /// Virtio device IDs (virtio 1.2 §5).
-pub mod device_type {
-    pub const BLOCK: u32 = 2;
-    pub const RNG: u32 = 4;
-    pub const VSOCK: u32 = 19;
-    pub const FS: u32 = 26;
-}
-
+pub mod device_type;
 /// Feature bits shared by every device (virtio 1.2 §6).
-pub mod features {
-    /// The device is modern (virtio 1.x); the only kind Umbra offers.
-    pub const VIRTIO_F_VERSION_1: u32 = 32;
-}
+pub mod features;
 
 /// How a device tells the driver something happened: sets the interrupt status bit and injects
 /// the device's IRQ (through an irqfd on KVM).
@@ -109,24 +102,20 @@ pub trait VirtioDevice: Send {
         queues: Vec<ActiveQueue>,
     ) -> Result<(), ActivateError>;
     /// Stops the device for a snapshot (its worker joined between batches, so every buffer it
-    /// took is used) and returns the state the transport cannot see, if any (virtio-fs:
-    /// virtiofsd's). By default the device is reset and has no state of its own.
-    fn quiesce(&mut self) -> Result<Vec<u8>, String> {
+    /// took is used) and returns the state the transport cannot see (virtio-fs: virtiofsd's; see
+    /// [`persist`]). By default the device is reset and has no state of its own.
+    fn quiesce(&mut self) -> Result<DeviceState, DeviceStateError> {
         if self.reset() {
-            Ok(Vec::new())
+            Ok(DeviceState::Stateless)
         } else {
-            Err("the device cannot be stopped for a snapshot".into())
+            Err(DeviceStateError::CannotStop)
         }
     }
     /// Called on a device about to be activated by a restored transport (the driver set it up
     /// in the VM the snapshot was taken of), with what [`VirtioDevice::quiesce`] returned: e.g.
     /// vsock tells the driver its connections are gone, virtio-fs loads virtiofsd's state.
-    fn prepare_restore(&mut self, state: &[u8]) -> Result<(), String> {
-        if state.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{} bytes of device state saved for a device that keeps none", state.len()))
-        }
+    fn prepare_restore(&mut self, state: &DeviceState) -> Result<(), DeviceStateError> {
+        state.expect_stateless()
     }
     /// Stops the worker and drops the queues, so the driver can set the device up again.
     /// Returns false if the device cannot be reset (the transport then marks it failed).

@@ -1,10 +1,11 @@
-//! A device worker: one thread that waits on a device's queue eventfds and an exit eventfd, and
-//! calls the device's queue handler when a queue is notified.
+//! A device worker: one thread that waits on a device's queue eventfds (through the
+//! [`EpollHelper`], whose stop eventfd ends it) and calls the device's queue handler when a queue
+//! is notified.
 //!
 //! The handler answers "is there more to do on this queue?": a device processes a bounded batch
-//! per call (so a guest that keeps the ring full cannot keep the worker from seeing the exit
+//! per call (so a guest that keeps the ring full cannot keep the worker from seeing the stop
 //! eventfd), and the worker calls it again after a non-blocking look at its eventfds. Stopping
-//! is synchronous: [`Worker::stop`] (and drop) signal the exit eventfd and join the thread, so
+//! is synchronous: [`Worker::stop`] (and drop) signal the stop eventfd and join the thread, so
 //! once it returns the device's queues and guest memory are no longer touched — which is what a
 //! virtio reset needs.
 
@@ -14,77 +15,84 @@ use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestAddress;
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
 
 use super::{ActivateError, ActiveQueue, Interrupt};
+use crate::devices::epoll_helper::{EpollHandler, EpollHelper, Flow, StopHandle};
 use crate::seccomp::{Lane, Running};
 use crate::vstate::memory::GuestMemory;
 
-/// The epoll token of the exit eventfd (queue eventfds use their index).
-const EXIT_TOKEN: u64 = u64::MAX;
-
 /// A running device worker thread.
 pub struct Worker {
-    exit: EventFd,
+    stop: StopHandle,
     thread: Option<Running<()>>,
+}
+
+/// The worker's side of the loop: each queue's eventfd has its index as token.
+struct Queues<H> {
+    notifiers: Vec<EventFd>,
+    /// Queues to hand to the handler at the end of this wake-up.
+    pending: Vec<bool>,
+    handler: H,
+}
+
+impl<H: FnMut(usize) -> bool> EpollHandler for Queues<H> {
+    fn handle_event(&mut self, _helper: &EpollHelper, token: u64, _events: EventSet) -> Flow {
+        if let Some(evt) = self.notifiers.get(token as usize) {
+            // Clears the counter; EAGAIN (already cleared) is fine.
+            let _ = evt.read();
+            self.pending[token as usize] = true;
+        }
+        Flow::Continue
+    }
+
+    fn after_events(&mut self, _helper: &EpollHelper) -> Flow {
+        for (i, more) in self.pending.iter_mut().enumerate() {
+            if *more {
+                *more = (self.handler)(i);
+            }
+        }
+        Flow::Continue
+    }
+
+    /// A queue with more to do is looked at again without waiting.
+    fn timeout_ms(&mut self) -> i32 {
+        if self.pending.contains(&true) {
+            0
+        } else {
+            -1
+        }
+    }
 }
 
 impl Worker {
     /// Runs on `lane` (the device's thread) a loop that calls `handler(i)` whenever `notifiers[i]` is signalled
     /// (and once for every queue at start, for buffers made available before activation), and
     /// again without waiting while `handler` returns true.
-    pub fn spawn<H>(lane: &Lane, notifiers: Vec<EventFd>, mut handler: H) -> io::Result<Worker>
+    pub fn spawn<H>(lane: &Lane, notifiers: Vec<EventFd>, handler: H) -> io::Result<Worker>
     where
         H: FnMut(usize) -> bool + Send + 'static,
     {
-        let exit = EventFd::new(EFD_NONBLOCK)?;
         // Set up epoll here, so every failure is reported to the caller rather than lost.
-        let epoll = Epoll::new()?;
-        epoll.ctl(ControlOperation::Add, exit.as_raw_fd(), EpollEvent::new(EventSet::IN, EXIT_TOKEN))?;
+        let helper = EpollHelper::new()?;
         for (i, evt) in notifiers.iter().enumerate() {
-            epoll.ctl(ControlOperation::Add, evt.as_raw_fd(), EpollEvent::new(EventSet::IN, i as u64))?;
+            helper.add_event(evt.as_raw_fd(), i as u64)?;
         }
+        let stop = helper.stop_handle();
+        let mut queues = Queues { pending: vec![true; notifiers.len()], notifiers, handler };
         let thread = lane.run(move || {
-            let mut pending = vec![true; notifiers.len()];
-            let mut events = [EpollEvent::default(); 8];
-            loop {
-                let timeout = if pending.contains(&true) { 0 } else { -1 };
-                let count = match epoll.wait(timeout, &mut events) {
-                    Ok(count) => count,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        eprintln!("umbra-vmm: device worker: epoll_wait failed, stopping: {e}");
-                        return;
-                    }
-                };
-                for event in &events[..count] {
-                    match event.data() {
-                        EXIT_TOKEN => return,
-                        i => {
-                            if let Some(evt) = notifiers.get(i as usize) {
-                                // Clears the counter; EAGAIN (already cleared) is fine.
-                                let _ = evt.read();
-                                pending[i as usize] = true;
-                            }
-                        }
-                    }
-                }
-                for (i, more) in pending.iter_mut().enumerate() {
-                    if *more {
-                        *more = handler(i);
-                    }
-                }
+            if let Err(e) = helper.run(&mut queues) {
+                eprintln!("umbra-vmm: device worker: epoll_wait failed, stopping: {e}");
             }
         })?;
-        Ok(Worker { exit, thread: Some(thread) })
+        Ok(Worker { stop, thread: Some(thread) })
     }
 
     /// Stops the thread and waits for it: afterwards the handler is never called again.
     pub fn stop(&mut self) {
         if let Some(thread) = self.thread.take() {
-            // An eventfd write only fails when the counter would overflow: it is then readable.
-            let _ = self.exit.write(1);
+            self.stop.stop();
             // A panicking handler has already stopped the thread; nothing is left to undo.
             let _ = thread.join();
         }
@@ -149,9 +157,10 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
     use std::time::Duration;
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
 
     #[test]
-    fn calls_the_handler_per_notified_queue_and_stops_on_exit() {
+    fn calls_the_handler_per_notified_queue_and_stops_when_told() {
         let notifiers = vec![EventFd::new(EFD_NONBLOCK).unwrap(), EventFd::new(EFD_NONBLOCK).unwrap()];
         let kick1 = notifiers[1].try_clone().unwrap();
         let (tx, rx) = mpsc::channel();
@@ -182,7 +191,7 @@ mod tests {
         let mut worker = Worker::spawn(&lane, notifiers, move |_| {
             calls += 1;
             let _ = tx.send(calls);
-            true // always more: the worker must still see the exit eventfd
+            true // always more: the worker must still see the stop eventfd
         })
         .unwrap();
         while rx.recv_timeout(Duration::from_secs(5)).unwrap() < 100 {}

@@ -14,20 +14,54 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
 
 use super::super::Interrupt;
+use crate::devices::epoll_helper::{EpollHandler, EpollHelper, Flow, StopHandle};
 use crate::seccomp::{Lane, Running};
 
-const EXIT_TOKEN: u64 = u64::MAX;
+/// The socket's token; each call eventfd has its queue index.
 const SOCKET_TOKEN: u64 = u64::MAX - 1;
 
 /// A running interrupt thread.
 pub struct CallForwarder {
-    exit: EventFd,
+    stop: StopHandle,
     hung_up: Arc<AtomicBool>,
     thread: Option<Running<()>>,
+}
+
+/// The thread's side of the loop.
+struct Forward {
+    calls: Vec<EventFd>,
+    interrupt: Arc<dyn Interrupt>,
+    /// The interrupt was raised in this wake-up: one covers every call in it (each ring was
+    /// written before its call was signalled, so the driver sees them all).
+    raised: bool,
+    hung_up: Arc<AtomicBool>,
+    hangup_message: String,
+}
+
+impl EpollHandler for Forward {
+    fn handle_event(&mut self, _helper: &EpollHelper, token: u64, _events: EventSet) -> Flow {
+        if token == SOCKET_TOKEN {
+            self.hung_up.store(true, Ordering::SeqCst);
+            eprintln!("umbra-vmm: {}", self.hangup_message);
+            return Flow::Stop;
+        }
+        // Reading clears the counter; EAGAIN means another wake-up took it.
+        let used = self.calls.get(token as usize).is_some_and(|call| call.read().is_ok());
+        if used && !self.raised {
+            self.interrupt.signal_used_queue();
+            self.raised = true;
+        }
+        Flow::Continue
+    }
+
+    fn after_events(&mut self, _helper: &EpollHelper) -> Flow {
+        self.raised = false;
+        Flow::Continue
+    }
 }
 
 impl CallForwarder {
@@ -40,51 +74,22 @@ impl CallForwarder {
         interrupt: Arc<dyn Interrupt>,
         hangup_message: String,
     ) -> io::Result<CallForwarder> {
-        let exit = EventFd::new(EFD_NONBLOCK)?;
-        let epoll = Epoll::new()?;
-        epoll.ctl(ControlOperation::Add, exit.as_raw_fd(), EpollEvent::new(EventSet::IN, EXIT_TOKEN))?;
+        let helper = EpollHelper::new()?;
         // The registration refers to the socket's open file, which the device keeps open for
         // longer than this thread runs (it stops the thread before dropping the connection).
-        epoll.ctl(ControlOperation::Add, socket, EpollEvent::new(EventSet::READ_HANG_UP, SOCKET_TOKEN))?;
+        helper.add_event_with(socket, SOCKET_TOKEN, EventSet::READ_HANG_UP)?;
         for (i, call) in calls.iter().enumerate() {
-            epoll.ctl(ControlOperation::Add, call.as_raw_fd(), EpollEvent::new(EventSet::IN, i as u64))?;
+            helper.add_event(call.as_raw_fd(), i as u64)?;
         }
         let hung_up = Arc::new(AtomicBool::new(false));
-        let seen_hangup = hung_up.clone();
+        let stop = helper.stop_handle();
+        let mut forward = Forward { calls, interrupt, raised: false, hung_up: hung_up.clone(), hangup_message };
         let thread = lane.run(move || {
-            let mut events = [EpollEvent::default(); 8];
-            loop {
-                let count = match epoll.wait(-1, &mut events) {
-                    Ok(count) => count,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        eprintln!("umbra-vmm: virtio-fs interrupt thread: epoll_wait failed, stopping: {e}");
-                        return;
-                    }
-                };
-                let (mut used, mut exit, mut hangup) = (false, false, false);
-                for event in &events[..count] {
-                    match event.data() {
-                        EXIT_TOKEN => exit = true,
-                        SOCKET_TOKEN => hangup = true,
-                        // Reading clears the counter; EAGAIN means another wake-up took it.
-                        i => used |= calls.get(i as usize).is_some_and(|call| call.read().is_ok()),
-                    }
-                }
-                if used {
-                    interrupt.signal_used_queue();
-                }
-                if hangup {
-                    seen_hangup.store(true, Ordering::SeqCst);
-                    eprintln!("umbra-vmm: {hangup_message}");
-                    return;
-                }
-                if exit {
-                    return;
-                }
+            if let Err(e) = helper.run(&mut forward) {
+                eprintln!("umbra-vmm: virtio-fs interrupt thread: epoll_wait failed, stopping: {e}");
             }
         })?;
-        Ok(CallForwarder { exit, hung_up, thread: Some(thread) })
+        Ok(CallForwarder { stop, hung_up, thread: Some(thread) })
     }
 
     /// Whether the backend hung up (the thread has then ended by itself).
@@ -95,8 +100,7 @@ impl CallForwarder {
     /// Stops the thread and waits for it.
     pub fn stop(&mut self) {
         if let Some(thread) = self.thread.take() {
-            // Only fails when the counter would overflow, and it is then readable anyway.
-            let _ = self.exit.write(1);
+            self.stop.stop();
             // The thread does not panic; if it somehow did, there is nothing left to undo.
             let _ = thread.join();
         }

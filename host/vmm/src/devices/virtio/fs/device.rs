@@ -24,6 +24,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::backend::{self, Backend, FsError, RingSetup, BACKEND_TIMEOUT};
 use super::call_forwarder::CallForwarder;
+use crate::devices::virtio::persist::{DeviceState, DeviceStateError, FsState};
 use crate::devices::virtio::{
     device_type, features, read_config_bytes, ActivateError, ActiveQueue, Interrupt, VirtioDevice,
 };
@@ -105,6 +106,10 @@ impl FsDevice {
 
     pub fn tag(&self) -> &str {
         &self.tag
+    }
+
+    fn state_error(&self, source: FsError) -> DeviceStateError {
+        DeviceStateError::Fs { tag: self.tag.clone(), source }
     }
 
     /// Starts the interrupt thread, then the backend's rings (so no call is missed); on failure
@@ -216,23 +221,27 @@ impl VirtioDevice for FsDevice {
 
     /// The device as a snapshot records it: the interrupt thread stopped, then the backend's
     /// rings, and virtiofsd's FUSE session read out (see [`Backend::save_state`]).
-    fn quiesce(&mut self) -> Result<Vec<u8>, String> {
-        let Some(mut forwarder) = self.forwarder.take() else { return Ok(Vec::new()) };
+    fn quiesce(&mut self) -> Result<DeviceState, DeviceStateError> {
+        let Some(mut forwarder) = self.forwarder.take() else { return Ok(DeviceState::Stateless) };
         forwarder.stop();
         if forwarder.hung_up() {
             self.backend.set_broken();
         }
-        self.backend.save_state().map_err(|e| format!("virtio-fs {:?}: {e}", self.tag))
+        let virtiofsd = self.backend.save_state().map_err(|e| self.state_error(e))?;
+        Ok(DeviceState::Fs(FsState { virtiofsd }))
     }
 
     /// Gives the new virtiofsd the FUSE session the snapshot saved, before the restored
     /// transport activates the device again: the guest's inodes and open files are found by
     /// their paths in the directory this virtiofsd serves.
-    fn prepare_restore(&mut self, state: &[u8]) -> Result<(), String> {
-        if state.is_empty() {
-            return Ok(());
+    fn prepare_restore(&mut self, state: &DeviceState) -> Result<(), DeviceStateError> {
+        match state {
+            // Saved before the driver started it: a fresh virtiofsd is what it had.
+            DeviceState::Stateless => Ok(()),
+            DeviceState::Fs(FsState { virtiofsd }) => {
+                self.backend.load_state(virtiofsd).map_err(|e| self.state_error(e))
+            }
         }
-        self.backend.load_state(state).map_err(|e| format!("virtio-fs {:?}: {e}", self.tag))
     }
 
     /// Stops the interrupt thread, then the backend's rings (GET_VRING_BASE) and its device state

@@ -16,6 +16,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::*;
+use crate::devices::virtio::persist::{DeviceState, FsState};
 use crate::devices::virtio::test_utils::{tempdir, TestDriver};
 use crate::devices::virtio::{features, ActiveQueue, Interrupt, VirtioDevice};
 use crate::vstate::memory::{memfd_backed, GuestMemory};
@@ -506,12 +507,13 @@ fn a_snapshot_carries_the_fuse_session_to_a_new_virtiofsd_over_another_directory
 
     let started = Instant::now();
     let state = VirtioDevice::quiesce(&mut dev).unwrap();
+    let DeviceState::Fs(FsState { virtiofsd }) = &state else { panic!("virtio-fs saved {state:?}") };
     eprintln!(
         "quiesce (GET_VRING_BASE x2, SET_DEVICE_STATE_FD, CHECK): {:?}, {} bytes of state",
         started.elapsed(),
-        state.len()
+        virtiofsd.len()
     );
-    assert!(!state.is_empty(), "virtiofsd saved its FUSE session");
+    assert!(!virtiofsd.is_empty(), "virtiofsd saved its FUSE session");
     drop(dev);
     drop(before);
 
@@ -546,9 +548,10 @@ fn a_snapshot_carries_the_fuse_session_to_a_new_virtiofsd_over_another_directory
 fn a_state_the_backend_cannot_load_fails_the_restore_by_name() {
     let fs = start_virtiofsd();
     let mut dev = FsDevice::new("share", &fs.socket).unwrap();
-    let e = dev.prepare_restore(b"not a virtiofsd state").unwrap_err();
+    let garbage = DeviceState::Fs(FsState { virtiofsd: b"not a virtiofsd state".to_vec() });
+    let e = dev.prepare_restore(&garbage).unwrap_err().to_string();
     assert!(e.contains("virtio-fs \"share\"") && e.contains("CHECK_DEVICE_STATE"), "{e}");
     // Never started: a device without state stops with nothing to save.
     let mut fresh = FsDevice::new("share", &start_virtiofsd().socket).unwrap();
-    assert_eq!(VirtioDevice::quiesce(&mut fresh).unwrap(), Vec::<u8>::new());
+    assert_eq!(VirtioDevice::quiesce(&mut fresh).unwrap(), DeviceState::Stateless);
 }

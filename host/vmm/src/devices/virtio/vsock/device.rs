@@ -14,6 +14,7 @@ use std::sync::Arc;
 use super::muxer::VsockMuxer;
 use super::unix_backend::HostListener;
 use super::worker::Worker;
+use crate::devices::virtio::persist::{DeviceState, DeviceStateError};
 use crate::devices::virtio::{device_type, read_config_bytes, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
 use crate::seccomp::{Lane, ThreadKind};
 use crate::vstate::memory::GuestMemory;
@@ -130,10 +131,8 @@ impl VirtioDevice for Vsock {
         }
     }
 
-    fn prepare_restore(&mut self, state: &[u8]) -> Result<(), String> {
-        if !state.is_empty() {
-            return Err(format!("{} bytes of device state saved for vsock, which keeps none", state.len()));
-        }
+    fn prepare_restore(&mut self, state: &DeviceState) -> Result<(), DeviceStateError> {
+        state.expect_stateless()?;
         self.queue_transport_reset();
         Ok(())
     }

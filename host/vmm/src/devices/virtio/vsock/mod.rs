@@ -12,7 +12,8 @@
 //! guest buffers; [`connection`] is the per-connection state machine and flow control;
 //! [`muxer`] routes packets, schedules rx and owns every host socket; [`unix_backend`] is the
 //! Unix socket side (the CONNECT line, non-blocking connect and send); [`device`] is the
-//! `VirtioDevice`; `worker` is the thread's epoll loop and nothing else.
+//! `VirtioDevice`; `worker` is the thread's epoll wiring (on the shared
+//! [`crate::devices::epoll_helper`]) and nothing else.
 //!
 //! Everything the guest writes is hostile: headers and lengths are checked before use, every
 //! limit (connections, buffered bytes, queued replies, time) is fixed, and malformed input

@@ -1,6 +1,7 @@
-//! The vsock device's thread: waits on the three queue eventfds, the muxer's epoll fd (every
-//! host socket) and an exit eventfd, and drives the [`VsockMuxer`] — epoll wiring only; all
-//! protocol logic lives in the muxer, which tests drive without this thread.
+//! The vsock device's thread: waits (through the [`EpollHelper`], whose stop eventfd ends it)
+//! on the three queue eventfds and the muxer's epoll fd (every host socket), and drives the
+//! [`VsockMuxer`] — epoll wiring only; all protocol logic lives in the muxer, which tests drive
+//! without this thread.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -8,20 +9,20 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use virtio_queue::QueueT;
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
 
 use super::muxer::VsockMuxer;
 use super::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE};
+use crate::devices::epoll_helper::{EpollHandler, EpollHelper, Flow, StopHandle};
 use crate::devices::virtio::{ActiveQueue, Interrupt};
 use crate::seccomp::{Lane, Running};
 use crate::vstate::memory::GuestMemory;
 
-const EXIT: u64 = 0;
-const RX: u64 = 1;
-const TX: u64 = 2;
-const EVENT: u64 = 3;
-const HOST: u64 = 4;
+const RX: u64 = 0;
+const TX: u64 = 1;
+const EVENT: u64 = 2;
+const HOST: u64 = 3;
 /// Rounds of tx/rx per wake-up before going back to epoll (rx draining the control queue can
 /// unblock tx, whose new packets can owe rx more).
 const ROUNDS_PER_WAKE: usize = 4;
@@ -29,7 +30,7 @@ const ROUNDS_PER_WAKE: usize = 4;
 /// A running device thread; [`Worker::stop`] gives the muxer back.
 #[derive(Debug)]
 pub struct Worker {
-    exit: EventFd,
+    stop: StopHandle,
     handle: Running<Option<VsockMuxer>>,
 }
 
@@ -38,7 +39,6 @@ struct Context {
     mem: GuestMemory,
     interrupt: Arc<dyn Interrupt>,
     queues: Vec<ActiveQueue>,
-    epoll: Epoll,
     /// A transport-reset event still to be put on the event queue (after a restore).
     reset_event: bool,
     /// Host connections wait (their sockets out of the epoll set) until the driver has handled
@@ -88,32 +88,31 @@ impl Worker {
         queues: Vec<ActiveQueue>,
         reset_event: bool,
     ) -> Result<Worker, (Option<Box<VsockMuxer>>, io::Error)> {
-        let setup = || -> io::Result<(EventFd, Epoll)> {
-            let exit = EventFd::new(EFD_NONBLOCK)?;
-            let epoll = Epoll::new()?;
-            let add = |fd, token| epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token));
-            add(exit.as_raw_fd(), EXIT)?;
-            add(queues[RX_QUEUE].notify.as_raw_fd(), RX)?;
-            add(queues[TX_QUEUE].notify.as_raw_fd(), TX)?;
-            add(queues[EVENT_QUEUE].notify.as_raw_fd(), EVENT)?;
+        let setup = || -> io::Result<EpollHelper> {
+            let helper = EpollHelper::new()?;
+            helper.add_event(queues[RX_QUEUE].notify.as_raw_fd(), RX)?;
+            helper.add_event(queues[TX_QUEUE].notify.as_raw_fd(), TX)?;
+            helper.add_event(queues[EVENT_QUEUE].notify.as_raw_fd(), EVENT)?;
             if !reset_event {
-                add(muxer.as_raw_fd(), HOST)?;
+                helper.add_event(muxer.as_raw_fd(), HOST)?;
             }
-            Ok((exit, epoll))
+            Ok(helper)
         };
-        let (exit, epoll) = match setup() {
-            Ok(s) => s,
+        let helper = match setup() {
+            Ok(helper) => helper,
             Err(e) => return Err((Some(Box::new(muxer)), e)),
         };
+        let stop = helper.stop_handle();
         // `spawn` consumes its closure even when it fails; the context goes through a slot so
         // that the muxer (and its bound socket) can be handed back in that case.
         let host_waits_since = reset_event.then(Instant::now);
-        let context = Context { muxer, mem, interrupt, queues, epoll, reset_event, host_waits_since };
+        let context = Context { muxer, mem, interrupt, queues, reset_event, host_waits_since };
         let slot = Arc::new(Mutex::new(Some(context)));
         let thread_slot = Arc::clone(&slot);
-        let spawned = lane.run(move || thread_slot.lock().ok().and_then(|mut ctx| ctx.take()).map(run));
+        let spawned =
+            lane.run(move || thread_slot.lock().ok().and_then(|mut ctx| ctx.take()).map(|ctx| run(&helper, ctx)));
         match spawned {
-            Ok(handle) => Ok(Worker { exit, handle }),
+            Ok(handle) => Ok(Worker { stop, handle }),
             Err(e) => {
                 let muxer = slot.lock().ok().and_then(|mut ctx| ctx.take()).map(|ctx| Box::new(ctx.muxer));
                 Err((muxer, e))
@@ -123,69 +122,71 @@ impl Worker {
 
     /// Stops the thread and returns the muxer, or None if the thread panicked.
     pub fn stop(self) -> Option<VsockMuxer> {
-        let _ = self.exit.write(1);
+        self.stop.stop();
         self.handle.join().ok().flatten()
     }
 }
 
-fn run(mut ctx: Context) -> VsockMuxer {
-    let mut events = [EpollEvent::default(); 8];
+fn run(helper: &EpollHelper, mut ctx: Context) -> VsockMuxer {
     // Buffers the driver made available before activation announced nothing.
     process_queues(&mut ctx);
-    loop {
-        let grace_end = ctx.host_waits_since.map(|t| t + RESET_GRACE);
-        let timeout_ms = if ctx.muxer.has_deferred_work() {
-            0
-        } else {
-            ctx.muxer.next_deadline().into_iter().chain(grace_end).min().map_or(-1, |deadline| {
-                let wait = deadline.saturating_duration_since(Instant::now());
-                // Round up so we do not wake just before the deadline and spin.
-                i32::try_from(wait.as_millis() + 1).unwrap_or(i32::MAX)
-            })
-        };
-        let n = match ctx.epoll.wait(timeout_ms, &mut events) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            // The epoll fd is ours and valid; nothing sensible is left to do if waiting fails.
-            Err(_) => return ctx.muxer,
-        };
-        for ev in &events[..n] {
-            match ev.data() {
-                EXIT => return ctx.muxer,
-                RX => drain(&ctx.queues[RX_QUEUE].notify),
-                TX => drain(&ctx.queues[TX_QUEUE].notify),
-                // The only event the device sends is the transport reset after a restore;
-                // otherwise buffers on the event queue simply wait there.
-                EVENT => {
-                    drain(&ctx.queues[EVENT_QUEUE].notify);
-                    // A kick after the reset went out: the driver handled it (a kick before
-                    // is the driver posting buffers, which the reset is still waiting for).
-                    if !ctx.reset_event {
-                        watch_host(&mut ctx);
-                    }
+    // The epoll fd is ours and valid; nothing sensible is left to do if waiting fails.
+    let _ = helper.run(&mut ctx);
+    ctx.muxer
+}
+
+impl EpollHandler for Context {
+    fn handle_event(&mut self, helper: &EpollHelper, token: u64, _events: EventSet) -> Flow {
+        match token {
+            RX => drain(&self.queues[RX_QUEUE].notify),
+            TX => drain(&self.queues[TX_QUEUE].notify),
+            // The only event the device sends is the transport reset after a restore;
+            // otherwise buffers on the event queue simply wait there.
+            EVENT => {
+                drain(&self.queues[EVENT_QUEUE].notify);
+                // A kick after the reset went out: the driver handled it (a kick before
+                // is the driver posting buffers, which the reset is still waiting for).
+                if !self.reset_event {
+                    watch_host(self, helper);
                 }
-                HOST => {
-                    ctx.muxer.handle_host_events();
-                }
-                _ => {}
             }
+            HOST => {
+                self.muxer.handle_host_events();
+            }
+            _ => {}
         }
-        if grace_end.is_some_and(|end| Instant::now() >= end) {
-            watch_host(&mut ctx);
+        Flow::Continue
+    }
+
+    fn after_events(&mut self, helper: &EpollHelper) -> Flow {
+        if self.host_waits_since.is_some_and(|since| Instant::now() >= since + RESET_GRACE) {
+            watch_host(self, helper);
         }
-        ctx.muxer.process_timeouts(Instant::now());
-        process_queues(&mut ctx);
+        self.muxer.process_timeouts(Instant::now());
+        process_queues(self);
+        Flow::Continue
+    }
+
+    fn timeout_ms(&mut self) -> i32 {
+        if self.muxer.has_deferred_work() {
+            return 0;
+        }
+        let grace_end = self.host_waits_since.map(|t| t + RESET_GRACE);
+        self.muxer.next_deadline().into_iter().chain(grace_end).min().map_or(-1, |deadline| {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            // Round up so we do not wake just before the deadline and spin.
+            i32::try_from(wait.as_millis() + 1).unwrap_or(i32::MAX)
+        })
     }
 }
 
 /// The driver has handled the transport reset (or had its time): watch the host sockets again
 /// and take the connections that waited.
-fn watch_host(ctx: &mut Context) {
+fn watch_host(ctx: &mut Context, helper: &EpollHelper) {
     if ctx.host_waits_since.take().is_none() {
         return;
     }
-    let fd = ctx.muxer.as_raw_fd();
-    if ctx.epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, HOST)).is_ok() {
+    if helper.add_event(ctx.muxer.as_raw_fd(), HOST).is_ok() {
         ctx.muxer.handle_host_events();
     }
 }

@@ -1,0 +1,6 @@
+//! Virtio device IDs (virtio 1.2 §5).
+
+pub const BLOCK: u32 = 2;
+pub const RNG: u32 = 4;
+pub const VSOCK: u32 = 19;
+pub const FS: u32 = 26;
