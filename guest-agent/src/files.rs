@@ -120,23 +120,11 @@ pub fn write(req: &WriteFileRequest, data: &[u8]) -> Result<u64, ErrorBody> {
     Ok(data.len() as u64)
 }
 
-fn kind_of(ft: fs::FileType) -> FileKind {
-    if ft.is_symlink() {
-        FileKind::Symlink
-    } else if ft.is_dir() {
-        FileKind::Dir
-    } else if ft.is_file() {
-        FileKind::File
-    } else {
-        FileKind::Other
-    }
-}
-
 /// Stats without following a final symlink, so a caller sees links as links.
 pub fn stat(path: &str) -> Result<FileStat, ErrorBody> {
     let md = fs::symlink_metadata(absolute(path)?).map_err(|e| io_error("cannot stat", path, e))?;
     Ok(FileStat {
-        kind: kind_of(md.file_type()),
+        kind: FileKind::from(md.file_type()),
         size: md.len(),
         mode: md.mode(),
         uid: md.uid(),
@@ -171,7 +159,7 @@ fn list_within(path: &str, limit: Option<u32>, budget: usize) -> Result<(Vec<Dir
         let md = entry.metadata().ok();
         let entry = DirEntry {
             name: entry.file_name().to_string_lossy().into_owned(),
-            kind: md.as_ref().map_or(FileKind::Other, |m| kind_of(m.file_type())),
+            kind: md.as_ref().map_or(FileKind::Other, |m| FileKind::from(m.file_type())),
             size: md.map_or(0, |m| m.len()),
         };
         // Its JSON plus the separating comma; names escape to up to 6 bytes per byte.

@@ -397,6 +397,21 @@ pub enum FileKind {
     Other,
 }
 
+impl From<std::fs::FileType> for FileKind {
+    /// The kind of what `lstat` found (a symlink is a symlink, not its target).
+    fn from(ft: std::fs::FileType) -> Self {
+        if ft.is_symlink() {
+            FileKind::Symlink
+        } else if ft.is_dir() {
+            FileKind::Dir
+        } else if ft.is_file() {
+            FileKind::File
+        } else {
+            FileKind::Other
+        }
+    }
+}
+
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileStat {

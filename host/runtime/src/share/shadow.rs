@@ -67,6 +67,18 @@ pub enum FileKind {
     Other,
 }
 
+impl From<umbra_proto::FileKind> for FileKind {
+    /// The same kinds as the protocol's; this one is kept in baselines under its own names.
+    fn from(kind: umbra_proto::FileKind) -> Self {
+        match kind {
+            umbra_proto::FileKind::File => FileKind::File,
+            umbra_proto::FileKind::Dir => FileKind::Dir,
+            umbra_proto::FileKind::Symlink => FileKind::Symlink,
+            umbra_proto::FileKind::Other => FileKind::Other,
+        }
+    }
+}
+
 /// What a host entry looked like; two equal stats are taken to mean "unchanged".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EntryStat {
@@ -82,18 +94,8 @@ pub struct EntryStat {
 impl EntryStat {
     /// From `lstat` metadata.
     pub fn of(meta: &Metadata) -> Self {
-        let ft = meta.file_type();
-        let kind = if ft.is_symlink() {
-            FileKind::Symlink
-        } else if ft.is_dir() {
-            FileKind::Dir
-        } else if ft.is_file() {
-            FileKind::File
-        } else {
-            FileKind::Other
-        };
         EntryStat {
-            kind,
+            kind: FileKind::from(umbra_proto::FileKind::from(meta.file_type())),
             size: meta.size(),
             mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
             ino: meta.ino(),
