@@ -10,6 +10,7 @@
 
 mod connect;
 mod error;
+mod events;
 mod process;
 #[cfg(test)]
 mod tests;
@@ -27,14 +28,14 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use umbra_proto::{
     json_frame, json_frame_with_attachment, parse_body, Channel, DirEntry, ErrorBody, Event, FileStat, Frame,
-    FrameCodec, FrameKind, Hello, MountRequest, Request, Response, ResponseBody, ShadowChange, ShareRequest,
-    SpawnRequest, Stats, WriteFileRequest, INITIAL_OUTPUT_CREDIT, LARGE_OUTPUT_CHUNK, MAX_BODY_LEN, MAX_FILE_CHUNK,
-    PROTOCOL_VERSION,
+    FrameCodec, FrameKind, Hello, MountRequest, Request, Response, ResponseBody, ShadowChange, ShareRequest, Stats,
+    WriteFileRequest, LARGE_OUTPUT_CHUNK, MAX_BODY_LEN, MAX_FILE_CHUNK, PROTOCOL_VERSION,
 };
 
 pub use connect::{hybrid_handshake, HandshakeError};
 pub use error::ClientError;
-pub use process::{Process, ProcessEvent, ProcessOutput, ProcessStdin};
+pub use events::{ProcessEvent, ProcessOutput};
+pub use process::{Process, ProcessStdin};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request waits for its response unless set with [`AgentClient::with_call_timeout`].
@@ -258,35 +259,6 @@ impl AgentClient {
             ResponseBody::Stats(s) => Ok(s),
             other => Err(unexpected("stats", &other)),
         }
-    }
-
-    /// Starts a process. Returns at once: the first event is `Spawned` (or `SpawnFailed`), and
-    /// stdin written before that is held here and sent once the agent confirms the spawn.
-    pub fn spawn(&self, request: SpawnRequest) -> Result<Process, ClientError> {
-        let id = self.next_id();
-        let frame = json_frame(FrameKind::Request, id, &Request::Spawn(request));
-        check_frame_size(&frame, "spawn")?;
-        let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let (confirm_tx, confirm_rx) = oneshot::channel();
-        let stdin_credit = Arc::new(Semaphore::new(umbra_proto::INITIAL_STDIN_CREDIT as usize));
-        {
-            let mut state = self.inner.state.lock().unwrap();
-            if let Some(cause) = &state.lost {
-                return Err(ClientError::ConnectionLost(cause.clone()));
-            }
-            let slot = ProcessSlot {
-                events: events_tx,
-                stdin_credit: stdin_credit.clone(),
-                stdin_unacked: 0,
-                stdout_window: INITIAL_OUTPUT_CREDIT as u64,
-                stderr_window: INITIAL_OUTPUT_CREDIT as u64,
-                error_events: 0,
-                confirm: Some(confirm_tx),
-            };
-            state.processes.insert(id, slot);
-        }
-        self.send(frame)?;
-        Ok(Process::new(self.clone(), id, events_rx, confirm_rx, stdin_credit))
     }
 
     /// Sends `signal` to the process group of process `id` (a [`Process::id`]).

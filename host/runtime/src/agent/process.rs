@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Semaphore};
-use umbra_proto::{Channel, ErrorBody, ExitStatus, Request, MAX_DATA_CHUNK};
+use umbra_proto::{json_frame, Channel, FrameKind, Request, SpawnRequest, INITIAL_OUTPUT_CREDIT, MAX_DATA_CHUNK};
 
-use super::{AgentClient, ClientError};
+use super::events::{ProcessEvent, ProcessOutput};
+use super::{check_frame_size, AgentClient, ClientError, ProcessSlot};
 
 /// Stdin writes queued ahead of the credit; small so `write` applies backpressure.
 const STDIN_QUEUE: usize = 16;
@@ -19,29 +20,35 @@ const STDIN_QUEUE: usize = 16;
 /// the whole window is in flight or consumed, and consuming it crosses this threshold.
 const GRANT_BATCH: usize = umbra_proto::INITIAL_OUTPUT_CREDIT as usize / 4;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProcessEvent {
-    /// The agent started the process. Always the first event unless the spawn failed.
-    Spawned {
-        pid: u32,
-    },
-    /// The agent could not start it; no further events follow.
-    SpawnFailed(ErrorBody),
-    Stdout(Bytes),
-    Stderr(Bytes),
-    /// The process ended; all of its output came before this. No further events follow.
-    Exit(ExitStatus),
-    /// Something failed around the process. After a lost connection this is the last event.
-    Error(String),
-}
-
-/// Everything a process printed, and how it ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcessOutput {
-    pub pid: u32,
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-    pub status: ExitStatus,
+impl AgentClient {
+    /// Starts a process. Returns at once: the first event is `Spawned` (or `SpawnFailed`), and
+    /// stdin written before that is held here and sent once the agent confirms the spawn.
+    pub fn spawn(&self, request: SpawnRequest) -> Result<Process, ClientError> {
+        let id = self.next_id();
+        let frame = json_frame(FrameKind::Request, id, &Request::Spawn(request));
+        check_frame_size(&frame, "spawn")?;
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let (confirm_tx, confirm_rx) = oneshot::channel();
+        let stdin_credit = Arc::new(Semaphore::new(umbra_proto::INITIAL_STDIN_CREDIT as usize));
+        {
+            let mut state = self.inner.state.lock().unwrap();
+            if let Some(cause) = &state.lost {
+                return Err(ClientError::ConnectionLost(cause.clone()));
+            }
+            let slot = ProcessSlot {
+                events: events_tx,
+                stdin_credit: stdin_credit.clone(),
+                stdin_unacked: 0,
+                stdout_window: INITIAL_OUTPUT_CREDIT as u64,
+                stderr_window: INITIAL_OUTPUT_CREDIT as u64,
+                error_events: 0,
+                confirm: Some(confirm_tx),
+            };
+            state.processes.insert(id, slot);
+        }
+        self.send(frame)?;
+        Ok(Process::new(self.clone(), id, events_rx, confirm_rx, stdin_credit))
+    }
 }
 
 pub struct Process {
