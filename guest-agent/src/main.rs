@@ -15,6 +15,7 @@ mod server;
 mod shares;
 mod system;
 mod text;
+mod trust;
 
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;

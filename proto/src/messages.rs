@@ -122,7 +122,18 @@ pub enum Request {
     /// the clock is set, the hostname (and `/etc/machine-id`, where the image has one) changed.
     /// Only a PID-1 agent does this; any other answers `unsupported`.
     Reidentify(ReidentifyRequest),
+    /// Since 1.6. Makes the guest trust `pem` (one CA certificate, the session's: the host's
+    /// egress proxy signs with it for the hosts whose requests it reads): in the system store,
+    /// in a bundle under `/run/umbra`, and in the variables every spawn gets from now on
+    /// (`SSL_CERT_FILE`, `NODE_EXTRA_CA_CERTS`, …). A later call replaces the CA. Only a PID-1
+    /// agent does this; any other answers `unsupported`.
+    InstallCa {
+        pem: String,
+    },
 }
+
+/// The longest CA certificate `InstallCa` takes.
+pub const MAX_CA_PEM: usize = 16 * 1024;
 
 /// See [`Request::Reidentify`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,6 +166,7 @@ impl Request {
             Request::ShadowReset { .. } => "shadow_reset",
             Request::Shutdown => "shutdown",
             Request::Reidentify(_) => "reidentify",
+            Request::InstallCa { .. } => "install_ca",
         }
     }
 }

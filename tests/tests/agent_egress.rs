@@ -52,8 +52,9 @@ fn real_host(path: &Path) -> (EgressProxy, Log) {
             });
         }
     });
-    let proxy = EgressProxy::start(path, Arc::new(RwLock::new(Policy::new(&policy))), report, EgressLimits::default())
-        .expect("start the host's egress proxy");
+    let proxy =
+        EgressProxy::start(path, Arc::new(RwLock::new(Policy::new(&policy))), None, report, EgressLimits::default())
+            .expect("start the host's egress proxy");
     (proxy, log)
 }
 

@@ -83,7 +83,8 @@ fn run_ok(cmd: &mut Command) {
     assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// A test CA and a certificate for `allowed.test` it signed, in `dir` (ca.pem, cert.pem, key.pem).
+/// A test CA and a certificate for `allowed.test` and `other.test` it signed, in `dir` (ca.pem,
+/// cert.pem, key.pem).
 fn test_pki(dir: &Path) {
     let openssl = || {
         let mut c = Command::new("openssl");
@@ -103,7 +104,7 @@ fn test_pki(dir: &Path) {
             .args(["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=allowed.test"])
             .args(["-keyout", "key.pem", "-out", "cert.csr"]),
     );
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=DNS:allowed.test\n").unwrap();
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=DNS:allowed.test,DNS:other.test\n").unwrap();
     run_ok(openssl().args(["x509", "-req", "-in", "cert.csr", "-CA", "ca.pem", "-CAkey", "ca.key"]).args([
         "-CAcreateserial",
         "-days",
@@ -165,8 +166,115 @@ fn git_server(dir: &Path) -> (Server, u16) {
     (server, port)
 }
 
+/// An HTTPS server on 127.0.0.1 (the `dir` of [`test_pki`]) that logs each request (host, path,
+/// `Authorization`, `X-Token`) to `dir/requests.log`. `/open/…` answers anyone; everything else
+/// wants `value` as a Bearer token or a Basic password (401 asking for Basic otherwise, as a git
+/// host does) and then serves `dir/srv` (a dumb-HTTP git repository) or says `authenticated`.
+fn secret_server(dir: &Path, value: &str) -> (Server, u16) {
+    const SERVER: &str = r#"
+import base64, functools, http.server, ssl, sys
+port, root, value, log = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+class H(http.server.SimpleHTTPRequestHandler):
+    protocol_version = 'HTTP/1.1'
+    def reply(self, code, body, extra=()):
+        self.send_response(code)
+        for k, v in extra: self.send_header(k, v)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        auth = self.headers.get('Authorization') or ''
+        with open(log, 'a') as f:
+            f.write(f"{self.headers.get('Host')} {self.path} auth={auth} x-token={self.headers.get('X-Token')}\n")
+        if self.path.startswith('/open/'):
+            return self.reply(200, b'open\n')
+        ok = auth == 'Bearer ' + value
+        if auth.startswith('Basic '):
+            ok = base64.b64decode(auth[6:]).decode(errors='replace').split(':', 1)[-1] == value
+        if not ok:
+            return self.reply(401, b'', [('WWW-Authenticate', 'Basic realm="test"')])
+        if self.path.startswith('/repo.git/'):
+            return super().do_GET()
+        self.reply(200, b'authenticated\n')
+    def log_message(self, *args): pass
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain('cert.pem', 'key.pem')
+srv = http.server.ThreadingHTTPServer(('127.0.0.1', port), functools.partial(H, directory=root))
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.serve_forever()
+"#;
+    let port = free_port();
+    let child = Command::new("python3")
+        .current_dir(dir)
+        .args(["-c", SERVER, &port.to_string()])
+        .arg(dir.join("srv"))
+        .arg(value)
+        .arg(dir.join("requests.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    wait_listening(port);
+    (server, port)
+}
+
+/// An HTTP CONNECT proxy on 127.0.0.1 that wants `user:pass` (407 otherwise) and logs each
+/// CONNECT target to `log`, as a company's proxy would be.
+fn connect_proxy(log: &Path) -> (Server, u16) {
+    const PROXY: &str = r#"
+import base64, select, socket, socketserver, sys
+port, log = int(sys.argv[1]), sys.argv[2]
+want = 'Basic ' + base64.b64encode(b'user:pass').decode()
+class H(socketserver.StreamRequestHandler):
+    def handle(self):
+        line = self.rfile.readline().decode()
+        headers = {}
+        while True:
+            h = self.rfile.readline().decode()
+            if h.strip() == '': break
+            k, _, v = h.partition(':')
+            headers[k.strip().lower()] = v.strip()
+        with open(log, 'a') as f:
+            f.write(line.strip() + ' auth=' + str(headers.get('proxy-authorization') == want) + '\n')
+        if headers.get('proxy-authorization') != want:
+            self.wfile.write(b'HTTP/1.1 407 Proxy Authentication Required\r\n\r\n'); return
+        host, _, p = line.split()[1].rpartition(':')
+        up = socket.create_connection((host.strip('[]'), int(p)))
+        self.wfile.write(b'HTTP/1.1 200 Connection established\r\n\r\n'); self.wfile.flush()
+        socks = [self.connection, up]
+        while True:
+            ready, _, _ = select.select(socks, [], [], 60)
+            if not ready: return
+            for r in ready:
+                data = r.recv(65536)
+                if not data: return
+                (up if r is self.connection else self.connection).sendall(data)
+class S(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+S(('127.0.0.1', port), H).serve_forever()
+"#;
+    let port = free_port();
+    let child = Command::new("python3")
+        .args(["-c", PROXY, &port.to_string()])
+        .arg(log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    wait_listening(port);
+    (server, port)
+}
+
 fn vmctl_run(flavor: &str, network: &[&str], script: &str, mounts: &[String]) -> Output {
+    vmctl_run_with(flavor, network, script, mounts, &[])
+}
+
+fn vmctl_run_with(flavor: &str, network: &[&str], script: &str, mounts: &[String], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(workspace_bin("vmctl"));
+    c.envs(env.iter().copied());
     c.args(["run", "--json", "--timeout", "240", "--bundle"]).arg(test_bundle(flavor)).args(network);
     for m in mounts {
         c.args(["--mount", m]);
@@ -343,6 +451,107 @@ fn https_git_and_guest_root_in_the_standard_image() {
     assert!(run.egress("denied.test").iter().all(|e| e["allowed"] == false), "{why}");
     let via: Vec<_> = run.egress("allowed.test").iter().filter_map(|e| e["via"].as_str()).map(String::from).collect();
     assert!(via.iter().any(|v| v == "http") && via.iter().any(|v| v == "transparent"), "{via:?}: {why}");
+}
+
+/// Secrets: curl, Python's requests, Node's fetch and git each authenticate to the bound host
+/// with a value they only saw as a placeholder; the same placeholder sent to another allowed
+/// host arrives unchanged; a client pinning the other host's key works (its TLS is end to end);
+/// the value shows in no event. Every connection leaves through an authenticating HTTP proxy
+/// (`HTTPS_PROXY` in vmctl's environment), as behind a company's.
+#[test]
+fn secrets_reach_only_their_hosts_in_the_standard_image() {
+    let pki = TempDir::new("egress-secrets");
+    test_pki(&pki.0);
+    // A dumb-HTTP repository under srv/repo.git.
+    let (_unused, _) = git_server(&pki.0);
+    drop(_unused);
+    let value = format!("real-secret-{}", std::process::id());
+    let (_server, port) = secret_server(&pki.0, &value);
+    let proxy_log = pki.0.join("proxy.log");
+    let (_proxy, proxy_port) = connect_proxy(&proxy_log);
+    let https_proxy = format!("http://user:pass@127.0.0.1:{proxy_port}");
+    let pin = {
+        let out = Command::new("sh")
+            .current_dir(&pki.0)
+            .args(["-c", "openssl x509 -in cert.pem -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64"])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let test_ca = std::fs::read_to_string(pki.0.join("ca.pem")).unwrap();
+    let script = format!(
+        "set -u
+         echo \"placeholder=$TOKEN\"
+         cat > /tmp/test-ca.pem <<'PEM'
+{test_ca}PEM
+         curl -sS --fail --max-time 30 -H \"Authorization: Bearer $TOKEN\" https://allowed.test:{port}/curl && echo curl-ok
+         python3 -c \"import os, requests; r = requests.get('https://allowed.test:{port}/requests', headers={{'Authorization': 'Bearer ' + os.environ['TOKEN']}}, timeout=30); r.raise_for_status(); print('requests-ok')\"
+         node -e \"fetch('https://allowed.test:{port}/fetch', {{headers: {{authorization: 'Bearer ' + process.env.TOKEN}}}}).then(r => {{ if (!r.ok) process.exit(1); console.log('fetch-ok') }}, e => {{ console.error(e); process.exit(1) }})\"
+         git clone -q \"https://x-access-token:$TOKEN@allowed.test:{port}/repo.git\" /tmp/clone && cat /tmp/clone/README && echo git-ok
+         curl -sS --fail --max-time 30 --cacert /tmp/test-ca.pem -H \"X-Token: $TOKEN\" https://other.test:{port}/open/other && echo other-ok
+         curl -sS --fail --max-time 30 --cacert /tmp/test-ca.pem --pinnedpubkey 'sha256//{pin}' https://other.test:{port}/open/pinned && echo pinned-ok
+         curl -sS --max-time 30 --pinnedpubkey 'sha256//{pin}' https://allowed.test:{port}/open/pinned-bound; echo pinned-bound-exit=$?"
+    );
+    let network = [
+        "--allow-domain",
+        "allowed.test",
+        "--allow-domain",
+        "other.test",
+        "--resolve",
+        "allowed.test:127.0.0.1",
+        "--resolve",
+        "other.test:127.0.0.1",
+        "--allow-cidr",
+        "127.0.0.1/32",
+        "--secret",
+        "TOKEN@allowed.test=UMBRA_TEST_TOKEN",
+    ];
+    let trust = pki.0.join("ca.pem").display().to_string();
+    let mut args: Vec<&str> = network.to_vec();
+    args.extend(["--trust-ca", &trust]);
+    let env = [("UMBRA_TEST_TOKEN", value.as_str()), ("HTTPS_PROXY", https_proxy.as_str()), ("NO_PROXY", "")];
+    let out = vmctl_run_with("standard", &args, &script, &[], &env);
+    let raw = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let run = parse(out);
+    let why = run.explain();
+    assert_eq!(run.code, Some(0), "{why}");
+    for want in ["curl-ok", "requests-ok", "fetch-ok", "git-ok", "other-ok", "pinned-ok"] {
+        assert!(run.stdout.contains(want), "{want}: {why}");
+    }
+    assert!(run.stdout.contains("cloned through the egress proxy"), "{why}");
+    // The bound host is intercepted: a client pinning the real key refuses the proxy's.
+    assert!(!run.stdout.contains("pinned-bound-exit=0"), "{why}");
+    let placeholder = run.stdout.lines().find_map(|l| l.strip_prefix("placeholder=")).unwrap_or_default().to_string();
+    assert!(placeholder.starts_with("umbra-secret-"), "{why}");
+    let log = std::fs::read_to_string(pki.0.join("requests.log")).unwrap();
+    // What each server got: the value where bound, the placeholder elsewhere.
+    for path in ["/curl", "/requests", "/fetch"] {
+        let line = log.lines().find(|l| l.contains(&format!(" {path} "))).unwrap_or_else(|| panic!("{path}: {log}"));
+        assert!(line.contains(&format!("auth=Bearer {value}")), "{line}");
+    }
+    assert!(log.lines().any(|l| l.contains("/repo.git/") && l.contains("auth=Basic ")), "{log}");
+    let other = log.lines().find(|l| l.contains("/open/other")).unwrap_or_else(|| panic!("{log}"));
+    assert!(other.contains(&format!("x-token={placeholder}")), "{other}");
+    assert!(!log.lines().any(|l| l.starts_with("other.test") && l.contains(&value)), "{log}");
+    // The events say where each secret went, never its value.
+    assert!(!raw.contains(&value), "the value is in vmctl's output: {why}");
+    let used = |host: &str| {
+        run.events.iter().any(|e| e["event"] == "secret_used" && e["host"] == host && e["name"] == "TOKEN")
+    };
+    assert!(used("allowed.test") && !used("other.test"), "{why}");
+    assert!(run.events.iter().any(|e| e["event"] == "tls_intercepted" && e["host"] == "allowed.test"), "{why}");
+    assert!(!run.events.iter().any(|e| e["event"] == "tls_intercepted" && e["host"] == "other.test"), "{why}");
+    // Every connection went through the proxy, authenticated, to the pinned address.
+    let log = std::fs::read_to_string(&proxy_log).unwrap_or_default();
+    // (The test's own check that the proxy listens sends no request line.)
+    let tunnels: Vec<&str> = log.lines().filter(|l| !l.starts_with(" auth=")).collect();
+    assert!(tunnels.len() >= 7, "{log}");
+    assert!(tunnels.iter().all(|l| *l == format!("CONNECT 127.0.0.1:{port} HTTP/1.1 auth=True")), "{log}");
+    let through = format!("through the upstream proxy 127.0.0.1:{proxy_port}");
+    assert!(
+        run.egress("allowed.test").iter().any(|e| e["address"].as_str().is_some_and(|a| a.ends_with(&through))),
+        "{why}"
+    );
 }
 
 /// A running session's policy changes apply to its next connection, and survive a restart of

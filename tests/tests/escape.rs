@@ -285,6 +285,64 @@ fn give_to_share_owner(root: &Path) {
     }
 }
 
+/// Reads every readable mapping of the VM's processes that hold guest memory (QEMU's, or
+/// umbra-vmm's) through `/proc/PID/mem`; returns the bytes read and where `needle` was found.
+fn process_memory_holds(vm: &[u32], needle: &[u8]) -> (u64, Vec<String>) {
+    use std::os::unix::fs::FileExt;
+    let (mut scanned, mut hits) = (0u64, Vec::new());
+    for &pid in vm {
+        let comm = umbra_tests::comm(pid);
+        if !(comm.starts_with("qemu-system") || comm.starts_with("umbra-vmm")) {
+            continue;
+        }
+        let (Ok(maps), Ok(mem)) =
+            (std::fs::read_to_string(format!("/proc/{pid}/maps")), std::fs::File::open(format!("/proc/{pid}/mem")))
+        else {
+            continue;
+        };
+        let mut buf = vec![0u8; (1 << 20) + needle.len()];
+        for line in maps.lines() {
+            let mut f = line.split_whitespace();
+            let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
+            let Some((lo, hi)) = range.split_once('-') else { continue };
+            let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else { continue };
+            if !perms.starts_with('r') {
+                continue;
+            }
+            let mut at = lo;
+            while at < hi {
+                let want = ((hi - at) as usize).min(buf.len());
+                let Ok(n) = mem.read_at(&mut buf[..want], at) else { break };
+                if n == 0 {
+                    break;
+                }
+                scanned += n as u64;
+                if memchr::memmem::find(&buf[..n], needle).is_some() {
+                    hits.push(format!("{comm} {pid} near {at:#x}"));
+                }
+                at += (n.saturating_sub(needle.len())).max(1) as u64;
+            }
+        }
+    }
+    (scanned, hits)
+}
+
+/// The regular files below `root` of at most 16 MiB (records, logs; not the disk images).
+fn walk_files(root: &Path) -> Vec<std::path::PathBuf> {
+    let (mut files, mut stack) = (Vec::new(), vec![root.to_path_buf()]);
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let Ok(meta) = std::fs::symlink_metadata(entry.path()) else { continue };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else if meta.is_file() && meta.len() <= 16 << 20 {
+                files.push(entry.path());
+            }
+        }
+    }
+    files
+}
+
 /// The (uid, gid) pairs of everything below `root`.
 fn owners_in(root: &Path) -> std::collections::BTreeSet<(u32, u32)> {
     use std::os::unix::fs::MetadataExt;
@@ -300,6 +358,7 @@ fn owners_in(root: &Path) -> std::collections::BTreeSet<(u32, u32)> {
 async fn run_suite(backend: BackendKind) {
     let dir = TempDir::new("escape");
     let canary = format!("HOST-CANARY-{}-{}", std::process::id(), backend.name());
+    let secret_value = format!("SECRET-VALUE-{}-{}", std::process::id(), backend.name());
     let (ro, rw) = (dir.0.join("ro"), dir.0.join("rw"));
     std::fs::create_dir_all(ro.join("sub")).unwrap();
     std::fs::create_dir_all(&rw).unwrap();
@@ -337,6 +396,14 @@ async fn run_suite(backend: BackendKind) {
             policy: Some(SandboxPolicy { ignore: Some(vec!["*.key".into(), "vault/".into()]), ..Default::default() }),
             ..Default::default()
         },
+        // A secret the guest must never see the value of (the case "a secret's value …").
+        secrets: vec![umbra_api::secrets::SecretSpec {
+            name: "ESC_TOKEN".into(),
+            value: Some(umbra_api::secrets::SecretValue::new(secret_value.clone())),
+            from_env: None,
+            hosts: vec!["secret-host.test".into()],
+            inject: vec![umbra_api::secrets::Inject::Header, umbra_api::secrets::Inject::Basic],
+        }],
     };
     let s = m.start(params).await.unwrap_or_else(|e| panic!("{backend:?}: start: {e}"));
     // A VM failure (and restart) during a case is reported with its reason.
@@ -616,6 +683,86 @@ async fn run_suite(backend: BackendKind) {
             Ok(format!(
                 "the hog ended ({how}); agent answered in {t:.1?}; VM RSS {rss_boot} → {rss} MiB: VMM \
                  {vmm_boot} → {vmm} (bound {MEMORY_MIB} + {own}), other helpers (anonymous) {helpers_boot} → {helpers}"
+            ))
+        }),
+    ));
+    cases.push((
+        "a secret's value is nowhere in the guest: environment, files, the VM's memory",
+        Box::pin(async {
+            // The script carries the value hex-encoded: its own command line must not hold it.
+            let hex: String = secret_value.bytes().map(|b| format!("{b:02x}")).collect();
+            let (code, out) = g
+                .sh(&format!(
+                    "echo \"placeholder=$ESC_TOKEN\"; python3 - 2>&1 <<'PY'\n\
+                     import os, re\n\
+                     v = bytes.fromhex('{hex}')\n\
+                     found, errors, scanned = [], [], 0\n\
+                     for pid in [p for p in os.listdir('/proc') if p.isdigit()]:\n\
+                     \x20   for f in ('environ', 'cmdline'):\n\
+                     \x20       try:\n\
+                     \x20           if v in open(f'/proc/{{pid}}/{{f}}', 'rb').read(): found.append(f'{{pid}}/{{f}}')\n\
+                     \x20       except OSError: pass\n\
+                     # Every readable mapping of the agent (PID 1), as a memory dump would hold it.\n\
+                     try:\n\
+                     \x20   mem = open('/proc/1/mem', 'rb', 0)\n\
+                     \x20   for line in open('/proc/1/maps'):\n\
+                     \x20       m = re.match(r'([0-9a-f]+)-([0-9a-f]+) r', line)\n\
+                     \x20       if not m: continue\n\
+                     \x20       lo, hi = int(m.group(1), 16), int(m.group(2), 16)\n\
+                     \x20       for at in range(lo, hi, 1 << 20):\n\
+                     \x20           try:\n\
+                     \x20               mem.seek(at); chunk = mem.read(min(hi - at, (1 << 20) + 4096))\n\
+                     \x20           except (OSError, ValueError, OverflowError) as e:\n\
+                     \x20               errors.append(f'{{line.split()[0]}}: {{e}}'); break\n\
+                     \x20           scanned += len(chunk)\n\
+                     \x20           if v in chunk: found.append('agent memory ' + line.split()[0])\n\
+                     except OSError as e: errors.append(f'/proc/1/mem: {{e}}')\n\
+                     for top in ('/etc', '/run', '/root', '/tmp', '/var', '/home', '/usr/local'):\n\
+                     \x20   for d, _, files in os.walk(top):\n\
+                     \x20       for name in files:\n\
+                     \x20           try:\n\
+                     \x20               if v in open(os.path.join(d, name), 'rb').read(): found.append(os.path.join(d, name))\n\
+                     \x20           except OSError: pass\n\
+                     print(f'agent-bytes-scanned={{scanned}}')\n\
+                     print('errors=' + '; '.join(errors[:5]))\n\
+                     print('found=' + ','.join(found))\n\
+                     PY"
+                ))
+                .await;
+            let placeholder = s.info().secrets.first().map(|i| i.placeholder.clone()).unwrap_or_default();
+            if code != 0 || !out.contains(&format!("placeholder={placeholder}")) || placeholder.is_empty() {
+                return Err(format!("the guest's $ESC_TOKEN is not the placeholder {placeholder:?}: exit {code}: {out}"));
+            }
+            if !out.lines().any(|l| l == "found=") {
+                return Err(format!("the secret's value is readable in the guest: {out}"));
+            }
+            // Nor anywhere in the guest's memory: the whole of it, read from the VM's process on
+            // the host (commands in this session cannot read the agent's memory themselves).
+            let (scanned, hits) = process_memory_holds(&vm, secret_value.as_bytes());
+            if scanned < u64::from(MEMORY_MIB) << 20 {
+                return Err(format!("read only {} MiB of the VM's memory (its {MEMORY_MIB} MiB expected)", scanned >> 20));
+            }
+            if !hits.is_empty() {
+                return Err(format!("the secret's value is in the VM's memory: {hits:?}"));
+            }
+            // The same scan finds what the guest does hold: the placeholder.
+            if process_memory_holds(&vm, placeholder.as_bytes()).1.is_empty() {
+                return Err("the memory scan does not even find the placeholder the guest holds".into());
+            }
+            // Nor in what the host keeps of the session (its record, its storage).
+            let mut host_hits = Vec::new();
+            for entry in walk_files(&dir.0) {
+                if std::fs::read(&entry).is_ok_and(|b| b.windows(secret_value.len()).any(|w| w == secret_value.as_bytes())) {
+                    host_hits.push(entry.display().to_string());
+                }
+            }
+            if !host_hits.is_empty() {
+                return Err(format!("the secret's value is in the session's host files: {host_hits:?}"));
+            }
+            Ok(format!(
+                "$ESC_TOKEN is {placeholder}; the value is in no process's environment or command line, no file, \
+                 none of the VM process's {} MiB of memory (guest RAM included), and no host file of the session",
+                scanned >> 20
             ))
         }),
     ));
@@ -1120,6 +1267,7 @@ async fn a_folder_replaced_while_its_session_is_stopped_is_refused_at_resume() {
                 disk_size_mib: Some(DISK_MIB),
                 ..Default::default()
             },
+            secrets: Vec::new(),
         };
         let folder =
             |path: &Path, name: &str, mode| FolderSpec { path: path.to_path_buf(), name: Some(name.into()), mode };

@@ -81,6 +81,7 @@ async fn git_tmp_and_ignored_files_are_enforced_by_the_host_even_against_guest_r
         name: "pol".into(),
         folders: vec![FolderSpec { path: ws.clone(), name: Some("ws".into()), mode: ShareMode::Rwd }],
         settings: SettingsPatch { policy: Some(policy), ..Default::default() },
+        ..Default::default()
     };
     let s = m.start(params).await.unwrap();
     // umbra-fsd (which holds the fanotify group) runs under its seccomp filter, on every thread.
@@ -169,6 +170,7 @@ async fn workspace_readonly_holds_against_guest_root_and_extra_paths_follow_thei
         name: "ro".into(),
         folders: vec![FolderSpec { path: ws.clone(), name: Some("ws".into()), mode: ShareMode::Rwd }],
         settings: SettingsPatch { policy: Some(policy), ..Default::default() },
+        ..Default::default()
     };
     let s = m.start(params).await.unwrap();
     let folders = s.info().folders;

@@ -54,6 +54,8 @@ pub fn child_env(req: &SpawnRequest) -> BTreeMap<String, String> {
     // The egress proxies (HTTP_PROXY, ALL_PROXY, NO_PROXY, … in both cases), when the agent
     // serves them.
     env.extend(crate::net::proxy_env().iter().cloned());
+    // The session CA's bundle (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, …), once the host gave one.
+    env.extend(crate::trust::trust_env());
     env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env
 }

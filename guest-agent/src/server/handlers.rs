@@ -235,6 +235,9 @@ impl Connection {
                     Request::ShadowReset { session, name } => {
                         agent.shares.shadow_reset(&session, &name).map(|_| ResponseBody::Done).map_err(share_error)
                     }
+                    Request::InstallCa { pem } => {
+                        crate::trust::install_ca(&pem, agent.pid1).map(|()| ResponseBody::Done)
+                    }
                     Request::Reidentify(req) => {
                         crate::identity::reidentify(&req, attachment.as_deref().unwrap_or_default(), agent.pid1)
                             .map(|_| ResponseBody::Done)

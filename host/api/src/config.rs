@@ -35,6 +35,19 @@ pub struct DaemonConfig {
     /// The most guest memory the pool's idle VMs may hold together; the pool keeps fewer VMs
     /// than `pool_size` when `pool_size × memory_mib` would exceed it.
     pub pool_memory_mib: u64,
+    /// CA certificates (PEM files) the egress proxy trusts upstream besides the host's trust
+    /// store, when it reads a request to give it a secret: a company's TLS-inspecting proxy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trust_ca: Vec<std::path::PathBuf>,
+    /// The HTTP proxy every guest connection goes out through, as `CONNECT` tunnels:
+    /// `http://[user:password@]host:port`. Unset: umbrad's `HTTPS_PROXY` (or `HTTP_PROXY`) when
+    /// it has one, else none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_proxy: Option<String>,
+    /// Names (with the names below them), addresses and CIDRs reached directly, not through
+    /// `upstream_proxy`; `*` for all. Unset: umbrad's `NO_PROXY`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_proxy: Option<Vec<String>>,
 }
 
 impl Default for DaemonConfig {
@@ -49,6 +62,9 @@ impl Default for DaemonConfig {
             auto_download: false,
             pool_size: 0,
             pool_memory_mib: 4096,
+            trust_ca: Vec::new(),
+            upstream_proxy: None,
+            no_proxy: None,
         }
     }
 }
@@ -69,10 +85,17 @@ impl DaemonConfig {
             boot_timeout_secs,
             auto_download,
             pool_size,
-            pool_memory_mib
+            pool_memory_mib,
+            trust_ca
         );
         if let Some(url) = &patch.bundle_url {
             next.bundle_url = (!url.is_empty()).then(|| url.clone());
+        }
+        if let Some(url) = &patch.upstream_proxy {
+            next.upstream_proxy = (!url.is_empty()).then(|| url.clone());
+        }
+        if let Some(list) = &patch.no_proxy {
+            next.no_proxy = Some(list.clone());
         }
         next.validate()?;
         Ok(next)
@@ -131,6 +154,15 @@ pub struct ConfigPatch {
     /// The guest memory the pool's idle VMs may hold together, in MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_memory_mib: Option<u64>,
+    /// Replaces the list of extra upstream CA files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_ca: Option<Vec<std::path::PathBuf>>,
+    /// The upstream HTTP proxy; `""` goes back to umbrad's environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_proxy: Option<String>,
+    /// Replaces the list reached without the upstream proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_proxy: Option<Vec<String>>,
 }
 
 /// The most VMs a warm pool may keep.

@@ -213,6 +213,26 @@ pub enum EventKind {
         /// Seconds until silence counts as denied.
         timeout_secs: u64,
     },
+    /// The proxy put a secret's value in place of its placeholder, in a request to a host the
+    /// secret is bound to. Never the value.
+    SecretUsed {
+        name: String,
+        host: String,
+    },
+    /// A secret's placeholder went to a host it is not bound to: it was passed on as the
+    /// placeholder, never the value.
+    SecretWithheld {
+        name: String,
+        host: String,
+    },
+    /// The proxy terminated the guest's TLS to `host` (a host a secret is bound to) and made
+    /// its own verified connection upstream; `error` when that failed (the guest got a 502).
+    TlsIntercepted {
+        host: String,
+        port: u16,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
     /// A permission request was answered (or timed out).
     PermissionResolved {
         request_id: String,
@@ -256,6 +276,9 @@ impl EventKind {
             EventKind::EgressClosed { .. } => "egress_closed",
             EventKind::PermissionRequest { .. } => "permission_request",
             EventKind::PermissionResolved { .. } => "permission_resolved",
+            EventKind::SecretUsed { .. } => "secret_used",
+            EventKind::SecretWithheld { .. } => "secret_withheld",
+            EventKind::TlsIntercepted { .. } => "tls_intercepted",
             EventKind::DownloadProgress(_) => "download_progress",
             EventKind::Error { .. } => "error",
         }

@@ -17,6 +17,7 @@ pub mod paths;
 pub mod reference;
 pub mod rpc;
 pub mod schema;
+pub mod secrets;
 pub mod session;
 pub mod typescript;
 
@@ -48,4 +49,4 @@ pub use event::{Data, Encoding, EventKind, ProcessExit, SessionEvent};
 pub use session::{BackendChoice, FolderInfo, FolderSpec, SessionInfo, SessionSettings, SessionStatus, VmInfo};
 
 /// The IPC contract's version: a new minor adds methods, fields or events; a new major breaks.
-pub const API_VERSION: &str = "1.5";
+pub const API_VERSION: &str = "1.6";

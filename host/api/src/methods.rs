@@ -132,6 +132,9 @@ pub struct StartParams {
     /// Settings that differ from the daemon's defaults (flattened: `memory_mib`, `cpus`, …).
     #[serde(flatten)]
     pub settings: SettingsPatch,
+    /// Credentials the guest sees only as placeholders (`docs/network.md`, "Secrets").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::secrets::SecretSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -165,6 +168,15 @@ pub struct ForkParams {
 pub struct SetNetworkParams {
     pub name: String,
     pub network: crate::session::NetworkPolicy,
+}
+
+/// Params of `session.set_secret`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SetSecretParams {
+    pub name: String,
+    /// Replaces the secret of this name (its placeholder stays, so running processes keep
+    /// working) or adds one (processes spawned from now on see it).
+    pub secret: crate::secrets::SecretSpec,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -530,6 +542,9 @@ methods! {
     /// Replaces a session's network policy; new connections follow it at once (open ones are
     /// not cut), and restarts and resumes keep it.
     SessionSetNetwork = "session.set_network" (SetNetworkParams) -> SessionInfo;
+    /// Adds a secret to a session or gives one a new value (rotation), effective for the next
+    /// request through the proxy; the value is never sent to the guest.
+    SessionSetSecret = "session.set_secret" (SetSecretParams) -> SessionInfo;
     /// Every session.
     SessionListMethod = "session.list" (NoParams) -> SessionList;
     /// One session.

@@ -244,6 +244,9 @@ pub struct SessionInfo {
     /// The session's snapshot (`session.snapshot`, or the one it was forked from), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotInfo>,
+    /// Its secrets: names, placeholders and hosts, never a value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::secrets::SecretInfo>,
 }
 
 /// A session's snapshot: its VM paused into the session's storage (memory, devices, disk,

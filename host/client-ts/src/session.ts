@@ -14,6 +14,7 @@ import type {
   FolderInfo,
   FolderSpec,
   NetworkPolicy,
+  SecretSpec,
   ResumeParams,
   SessionInfo,
   SessionLogs,
@@ -375,6 +376,22 @@ export class Session {
    */
   async setNetwork(network: NetworkPolicy): Promise<SessionInfo> {
     this.current = await this.client.call("session.set_network", { name: this.name, network });
+    return this.current;
+  }
+
+  /**
+   * Gives it a secret, or a secret it has a new value (rotation: its placeholder stays, so
+   * running processes keep working). The guest sees only the placeholder, in `$name`; umbrad's
+   * egress proxy puts the value in its place in requests to the secret's `hosts` and nowhere
+   * else (the wire shape: `{ name, value | from_env, hosts, inject? }`). The value never reaches
+   * the guest, a session record, a log or an event.
+   *
+   * ```ts
+   * await session.setSecret({ name: "GITHUB_TOKEN", value: token, hosts: ["github.com", "*.github.com"] });
+   * ```
+   */
+  async setSecret(secret: SecretSpec): Promise<SessionInfo> {
+    this.current = await this.client.call("session.set_secret", { name: this.name, secret });
     return this.current;
   }
 

@@ -363,6 +363,36 @@ test("network: the policy is set on a running session and kept; bad ones are ref
   await session.setNetwork({ mode: "none" });
 });
 
+test("secrets: the guest sees a placeholder, a rotation keeps it, the value is never reported", async () => {
+  const value = `value-${randomBytes(8).toString("hex")}`;
+  const secrets = client.sessions.start({
+    name: "secrets",
+    memoryMiB: 256,
+    idleTimeoutSecs: 0,
+    secrets: [{ name: "API_TOKEN", value, hosts: ["api.example.com"] }],
+  });
+  const s = await secrets;
+  const [info] = s.info.secrets;
+  assert.equal(info.name, "API_TOKEN");
+  assert.match(info.placeholder, /^umbra-secret-[0-9a-f]{32}$/);
+  assert.deepEqual(info.hosts, ["api.example.com"]);
+  assert.equal(info.has_value, true);
+  const env = await s.exec(["sh", "-c", "echo $API_TOKEN; echo $SSL_CERT_FILE; head -1 /run/umbra/session-ca.pem"]);
+  assert.equal(env.stdout.toString(), `${info.placeholder}\n/run/umbra/ca-bundle.pem\n-----BEGIN CERTIFICATE-----\n`);
+  // A rotation: the same placeholder, another value, more hosts.
+  const rotated = await s.setSecret({ name: "API_TOKEN", value: `${value}-2`, hosts: ["api.example.com", "*.example.org"] });
+  assert.equal(rotated.secrets[0].placeholder, info.placeholder);
+  assert.deepEqual(rotated.secrets[0].hosts, ["api.example.com", "*.example.org"]);
+  await assert.rejects(s.setSecret({ name: "BAD", value: "v\r\nX: y", hosts: ["a.example"] }), InvalidParamsError);
+  await assert.rejects(s.setSecret({ name: "NOHOST", value: "v", hosts: [] }), InvalidParamsError);
+  // Nothing a client sees holds the value: not the session, not its events or logs.
+  const logs = await s.logs();
+  for (const seen of [JSON.stringify(await s.refresh()), JSON.stringify(events), JSON.stringify(logs)]) {
+    assert.ok(!seen.includes(value), "the value is in what the daemon reports");
+  }
+  await s.delete();
+});
+
 test("snapshot and fork on qemu: refused by name, and the session runs on", async () => {
   const e = await session.snapshot().catch((x) => x);
   assert.ok(e instanceof UnsupportedError, String(e));

@@ -30,6 +30,25 @@ pub struct NetworkArgs {
     /// Resolve NAME to ADDR on the host instead of asking DNS (repeatable), like curl's --resolve.
     #[arg(long = "resolve", value_name = "NAME:ADDR", value_parser = parse_resolve)]
     resolve: Vec<(String, IpAddr)>,
+    /// A secret the guest sees only as a placeholder in $NAME (repeatable): the host's egress
+    /// proxy puts the value of this vmctl's variable ENV_VAR in its place in requests to HOST
+    /// (a name or *.domain; several with commas), and nowhere else.
+    #[arg(long = "secret", value_name = "NAME@HOST=ENV_VAR", value_parser = parse_secret)]
+    secrets: Vec<SecretArg>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SecretArg {
+    name: String,
+    hosts: Vec<String>,
+    env_var: String,
+}
+
+fn parse_secret(s: &str) -> Result<SecretArg, String> {
+    let (name, rest) = s.split_once('@').ok_or_else(|| format!("{s:?} is not NAME@HOST=ENV_VAR"))?;
+    let (hosts, env_var) = rest.split_once('=').ok_or_else(|| format!("{s:?} is not NAME@HOST=ENV_VAR"))?;
+    let hosts = hosts.split(',').map(str::to_string).collect();
+    Ok(SecretArg { name: name.into(), hosts, env_var: env_var.into() })
 }
 
 fn parse_resolve(s: &str) -> Result<(String, IpAddr), String> {
@@ -40,6 +59,26 @@ fn parse_resolve(s: &str) -> Result<(String, IpAddr), String> {
 }
 
 impl NetworkArgs {
+    /// The secrets, their values read from this process's environment now (they go to the
+    /// session's host side, never to the guest).
+    pub fn secrets(&self) -> Result<Vec<umbra_api::secrets::SecretSpec>, String> {
+        self.secrets
+            .iter()
+            .map(|s| {
+                let value = std::env::var(&s.env_var)
+                    .map_err(|_| format!("--secret {}: the variable {} is not set", s.name, s.env_var))?;
+                let spec = umbra_api::secrets::SecretSpec {
+                    name: s.name.clone(),
+                    value: Some(umbra_api::secrets::SecretValue::new(value)),
+                    from_env: None,
+                    hosts: s.hosts.clone(),
+                    inject: vec![umbra_api::secrets::Inject::Header, umbra_api::secrets::Inject::Basic],
+                };
+                spec.validate().map(|()| spec).map_err(|e| format!("--secret: {e}"))
+            })
+            .collect()
+    }
+
     /// Whether any network flag was given.
     pub fn given(&self) -> bool {
         self.network.is_some()

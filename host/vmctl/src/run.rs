@@ -70,6 +70,10 @@ pub struct RunArgs {
     tty: bool,
     #[command(flatten)]
     network: crate::network::NetworkArgs,
+    /// A CA certificate (PEM file) the egress proxy trusts, besides the host's store, when it
+    /// connects to a host a --secret is bound to (repeatable): a company's TLS proxy.
+    #[arg(long = "trust-ca", value_name = "FILE")]
+    trust_ca: Vec<std::path::PathBuf>,
     #[command(flatten)]
     policy: crate::policy::PolicyArgs,
     /// Print the session's events, one JSON object per line, instead of the command's output.
@@ -134,7 +138,11 @@ impl Output {
 
 pub async fn run(args: RunArgs) -> i32 {
     let out = Output { json: args.json };
-    let config = DaemonConfig { boot_timeout_secs: args.boot_timeout.max(1), ..DaemonConfig::default() };
+    let config = DaemonConfig {
+        boot_timeout_secs: args.boot_timeout.max(1),
+        trust_ca: args.trust_ca.clone(),
+        ..DaemonConfig::default()
+    };
     let manager = SessionManager::new(ManagerOptions::ephemeral(config));
     let result = run_in(&manager, &args, &out).await;
     manager.shutdown().await;
@@ -170,7 +178,8 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
         policy: args.policy.load(args.network.given()).map_err(anyhow::Error::msg)?,
         ..Default::default()
     };
-    let start = manager.start(StartParams { name: SESSION.into(), folders: args.mounts.clone(), settings });
+    let secrets = args.network.secrets().map_err(anyhow::Error::msg)?;
+    let start = manager.start(StartParams { name: SESSION.into(), folders: args.mounts.clone(), settings, secrets });
     let session = tokio::select! {
         s = start => s.context("the sandbox did not start")?,
         _ = sigint.recv() => bail!("interrupted during boot"),

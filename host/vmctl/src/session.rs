@@ -198,7 +198,8 @@ async fn start(args: StartArgs) -> Result<(), ApiError> {
         policy: args.policy.load(args.network.given()).map_err(ApiError::invalid_params)?,
         ..Default::default()
     };
-    let params = StartParams { name: args.name.clone(), folders: args.mounts, settings };
+    let secrets = args.network.secrets().map_err(ApiError::invalid_params)?;
+    let params = StartParams { name: args.name.clone(), folders: args.mounts, settings, secrets };
     let start = client.call::<SessionStart>(params);
     tokio::pin!(start);
     let info = loop {

@@ -4,7 +4,7 @@
 // The wire protocol and what every field means: docs/ipc.md.
 
 /** The IPC contract's version (`major.minor`) these types describe. */
-export const API_VERSION = "1.5";
+export const API_VERSION = "1.6";
 
 /** Bytes of each output stream umbrad sends before it waits for `process.ack`. */
 export const OUTPUT_WINDOW = 1048576;
@@ -133,6 +133,8 @@ export interface ConfigPatch {
   memory_mib?: number | null;
   /** The network policy (replaces the whole policy). */
   network?: NetworkPolicy | null;
+  /** Replaces the list reached without the upstream proxy. */
+  no_proxy?: string[] | null;
   /** The sandbox policy, as JSON: `{"type": "workspace_readonly", "ignore": [".env"]}`. */
   policy?: SandboxPolicy | null;
   /** The guest memory the pool's idle VMs may hold together, in MiB. */
@@ -141,6 +143,10 @@ export interface ConfigPatch {
   pool_size?: number | null;
   /** The restart window, in seconds. */
   restart_window_secs?: number | null;
+  /** Replaces the list of extra upstream CA files. */
+  trust_ca?: string[] | null;
+  /** The upstream HTTP proxy; `""` goes back to umbrad's environment. */
+  upstream_proxy?: string | null;
 }
 
 /**
@@ -242,6 +248,11 @@ export interface DaemonConfig {
    */
   network?: NetworkPolicy;
   /**
+   * Names (with the names below them), addresses and CIDRs reached directly, not through
+   * `upstream_proxy`; `*` for all. Unset: umbrad's `NO_PROXY`.
+   */
+  no_proxy?: string[] | null;
+  /**
    * The sandbox policy, enforced on the host when the VM boots: the workspace folders' mode,
    * extra paths, read-only `.git` and `/tmp`, hidden files and (when it has one) the
    * network. `session.start` merges its policy with the daemon's default, field by field,
@@ -269,6 +280,17 @@ export interface DaemonConfig {
    * @defaultValue `300`
    */
   restart_window_secs?: number;
+  /**
+   * CA certificates (PEM files) the egress proxy trusts upstream besides the host's trust
+   * store, when it reads a request to give it a secret: a company's TLS-inspecting proxy.
+   */
+  trust_ca?: string[];
+  /**
+   * The HTTP proxy every guest connection goes out through, as `CONNECT` tunnels:
+   * `http://[user:password@]host:port`. Unset: umbrad's `HTTPS_PROXY` (or `HTTP_PROXY`) when
+   * it has one, else none.
+   */
+  upstream_proxy?: string | null;
 }
 
 export interface DaemonInfo {
@@ -458,6 +480,15 @@ export interface HookSpec {
    */
   timeout_ms?: number;
 }
+
+/**
+ * Where in a request the proxy looks for a secret's placeholder.
+ *
+ * - `"header"`: Any request header's value (`Authorization: Bearer …`, `X-Api-Key: …`).
+ * - `"basic"`: The user or password of an `Authorization: Basic` header, decoded (what `git` sends).
+ * - `"query"`: The request target: its path and query (`?key=…`). Off unless asked: servers log URLs.
+ */
+export type Inject = "header" | "basic" | "query";
 
 /** One installed (or warm) bundle, as `vmctl bundle ls` shows it. */
 export interface InstalledInfo {
@@ -907,6 +938,52 @@ export type SandboxPolicy = {
   type?: PolicyType | null;
 };
 
+/** A secret as `session.get` reports it: never its value. */
+export interface SecretInfo {
+  name: string;
+  /** What the guest's processes see in `$name`. */
+  placeholder: string;
+  hosts: string[];
+  inject: Inject[];
+  /**
+   * Whether the host holds a value (a value given inline is gone after umbrad restarts,
+   * until `session.set_secret` gives it again).
+   */
+  has_value: boolean;
+  /** The variable of umbrad's environment it comes from, when it does. */
+  from_env?: string | null;
+}
+
+/** A secret as `session.start` and `session.set_secret` take it. */
+export interface SecretSpec {
+  /**
+   * The environment variable the guest's processes see it as (holding the placeholder):
+   * letters, digits and `_`, not starting with a digit, at most 64 bytes.
+   */
+  name: string;
+  /**
+   * The hosts that receive the value: `api.example.com` or `*.example.com` (any name below
+   * it). A request to any other host carries the placeholder unchanged.
+   */
+  hosts: string[];
+  /** The name of a variable of umbrad's own environment holding the value. */
+  from_env?: string | null;
+  /**
+   * Where the placeholder is replaced: `header` and `basic` unless given.
+   *
+   * @defaultValue `["header","basic"]`
+   */
+  inject?: Inject[];
+  /** The value. Exactly one of `value` and `from_env`. */
+  value?: SecretValue | null;
+}
+
+/**
+ * A secret's value. Its `Debug` never shows it; it is never part of a record, a log or an
+ * event (the only things that serialize it are a client's request and its parse).
+ */
+export type SecretValue = string;
+
 /**
  * One event. `session` is absent for events about the host (bundle downloads).
  *
@@ -947,6 +1024,9 @@ export type SessionEventKind =
   | EgressEvent
   | EgressClosedEvent
   | PermissionRequestEvent
+  | SecretUsedEvent
+  | SecretWithheldEvent
+  | TlsInterceptedEvent
   | PermissionResolvedEvent
   | DownloadProgressEvent
   | ErrorEvent;
@@ -977,6 +1057,9 @@ export const SESSION_EVENT_KINDS = [
   "egress",
   "egress_closed",
   "permission_request",
+  "secret_used",
+  "secret_withheld",
+  "tls_intercepted",
   "permission_resolved",
   "download_progress",
   "error",
@@ -1196,6 +1279,37 @@ export interface PermissionRequestEvent {
   env_changes_what_runs?: string[];
 }
 
+/**
+ * The proxy put a secret's value in place of its placeholder, in a request to a host the
+ * secret is bound to. Never the value.
+ */
+export interface SecretUsedEvent {
+  event: "secret_used";
+  name: string;
+  host: string;
+}
+
+/**
+ * A secret's placeholder went to a host it is not bound to: it was passed on as the
+ * placeholder, never the value.
+ */
+export interface SecretWithheldEvent {
+  event: "secret_withheld";
+  name: string;
+  host: string;
+}
+
+/**
+ * The proxy terminated the guest's TLS to `host` (a host a secret is bound to) and made
+ * its own verified connection upstream; `error` when that failed (the guest got a 502).
+ */
+export interface TlsInterceptedEvent {
+  event: "tls_intercepted";
+  host: string;
+  port: number;
+  error?: string | null;
+}
+
 /** A permission request was answered (or timed out). */
 export interface PermissionResolvedEvent {
   event: "permission_resolved";
@@ -1233,6 +1347,8 @@ export interface SessionInfo {
   created_ms: number;
   /** Why the session last stopped or failed. */
   last_error?: string | null;
+  /** Its secrets: names, placeholders and hosts, never a value. */
+  secrets?: SecretInfo[];
   /** The session's snapshot (`session.snapshot`, or the one it was forked from), if any. */
   snapshot?: SnapshotInfo | null;
   /** The running VM, when there is one. */
@@ -1352,6 +1468,16 @@ export type SessionStatus = "starting" | "ready" | "restarting" | "stopping" | "
 export interface SetNetworkParams {
   name: string;
   network: NetworkPolicy;
+}
+
+/** Params of `session.set_secret`. */
+export interface SetSecretParams {
+  name: string;
+  /**
+   * Replaces the secret of this name (its placeholder stays, so running processes keep
+   * working) or adds one (processes spawned from now on see it).
+   */
+  secret: SecretSpec;
 }
 
 /**
@@ -1547,6 +1673,8 @@ export interface StartParams {
   network?: NetworkPolicy | null;
   /** The sandbox policy, as JSON: `{"type": "workspace_readonly", "ignore": [".env"]}`. */
   policy?: SandboxPolicy | null;
+  /** Credentials the guest sees only as placeholders (`docs/network.md`, "Secrets"). */
+  secrets?: SecretSpec[];
 }
 
 /**
@@ -1689,6 +1817,10 @@ export interface Methods {
    * Replaces a session's network policy; new connections follow it at once (open ones are not cut), and restarts and resumes keep it.
    */
   "session.set_network": { params: SetNetworkParams; result: SessionInfo };
+  /**
+   * Adds a secret to a session or gives one a new value (rotation), effective for the next request through the proxy; the value is never sent to the guest.
+   */
+  "session.set_secret": { params: SetSecretParams; result: SessionInfo };
   /** Every session. */
   "session.list": { params: NoParams; result: SessionList };
   /** One session. */
@@ -1758,6 +1890,7 @@ export const METHOD_NAMES = [
   "session.fork",
   "session.delete",
   "session.set_network",
+  "session.set_secret",
   "session.list",
   "session.get",
   "session.logs",

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use serde_json::Value;
 use umbra_api::methods::{
     Done, Method, PermissionRespond, SessionDelete, SessionFork, SessionGet, SessionList, SessionListMethod,
-    SessionLogs, SessionLogsMethod, SessionResume, SessionSetNetwork, SessionSnapshot, SessionStart, SessionStop,
+    SessionLogs, SessionLogsMethod, SessionResume, SessionSetNetwork, SessionSetSecret, SessionSnapshot, SessionStart,
+    SessionStop,
 };
 
 use super::common::{call, Outcome};
@@ -46,6 +47,14 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
             call::<SessionSetNetwork, _, _>(params, |p| async move {
                 let s = manager.get(&p.name)?;
                 s.set_network(p.network)?;
+                Ok(s.info())
+            })
+            .await
+        }
+        SessionSetSecret::NAME => {
+            call::<SessionSetSecret, _, _>(params, |p| async move {
+                let s = manager.get(&p.name)?;
+                s.set_secret(&p.secret)?;
                 Ok(s.info())
             })
             .await

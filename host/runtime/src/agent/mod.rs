@@ -360,6 +360,11 @@ impl AgentClient {
         }
     }
 
+    /// Makes the guest trust `pem`, the session's CA (protocol 1.6; `Request::InstallCa`).
+    pub async fn install_ca(&self, pem: &str) -> Result<(), ClientError> {
+        self.call(&Request::InstallCa { pem: pem.into() }).await.map(drop)
+    }
+
     /// Asks the guest to power off (or a host-side agent to exit).
     pub async fn shutdown(&self) -> Result<(), ClientError> {
         self.call(&Request::Shutdown).await.map(drop)

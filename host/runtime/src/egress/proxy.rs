@@ -26,13 +26,14 @@ use tokio::sync::Semaphore;
 use umbra_api::EventKind;
 use umbra_proto::egress::{EgressReply, EgressRequest, EgressVia, MAX_EGRESS_LINE};
 
+use super::intercept::Broker;
 use super::policy::{normalise, HostAddresses, Policy, Refusal};
+use super::secrets::Scanner;
 
 /// A policy the session can replace while the VM runs: new connections follow it.
 pub type SharedPolicy = Arc<RwLock<Policy>>;
 
-/// Where decisions go (the session's event bus).
-pub type Report = Arc<dyn Fn(EventKind) + Send + Sync>;
+use super::report::Report;
 
 /// How the host resolves a name: a blocking call, run on the blocking pool within the VM's
 /// lookup slots. [`system_resolver`] (`getaddrinfo`) unless a test needs a resolver that
@@ -99,12 +100,19 @@ pub struct EgressProxy {
 }
 
 impl EgressProxy {
-    /// Listens on `socket` (the backend's `<vsock socket>_1026`).
-    pub fn start(socket: &Path, policy: SharedPolicy, report: Report, limits: EgressLimits) -> std::io::Result<Self> {
+    /// Listens on `socket` (the backend's `<vsock socket>_1026`). With a `broker`, requests to
+    /// the hosts its secrets are bound to are read and given their values.
+    pub fn start(
+        socket: &Path,
+        policy: SharedPolicy,
+        broker: Option<Broker>,
+        report: Report,
+        limits: EgressLimits,
+    ) -> std::io::Result<Self> {
         let _ = std::fs::remove_file(socket);
         let listener = UnixListener::bind(socket)?;
         crate::backend::open_to_vmm(socket)?;
-        let task = tokio::spawn(serve(listener, policy, report, Arc::new(limits)));
+        let task = tokio::spawn(serve(listener, policy, broker.map(Arc::new), report, Arc::new(limits)));
         Ok(Self { task, socket: socket.to_path_buf() })
     }
 
@@ -120,7 +128,13 @@ impl Drop for EgressProxy {
     }
 }
 
-async fn serve(listener: UnixListener, policy: SharedPolicy, report: Report, limits: Arc<EgressLimits>) {
+async fn serve(
+    listener: UnixListener,
+    policy: SharedPolicy,
+    broker: Option<Arc<Broker>>,
+    report: Report,
+    limits: Arc<EgressLimits>,
+) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let lookups = Arc::new(Semaphore::new(limits.max_lookups.max(1)));
     let mut connections = tokio::task::JoinSet::new();
@@ -139,10 +153,10 @@ async fn serve(listener: UnixListener, policy: SharedPolicy, report: Report, lim
         };
         match slots.clone().try_acquire_owned() {
             Ok(slot) => {
-                let (policy, report, limits, lookups) =
-                    (policy.clone(), report.clone(), limits.clone(), lookups.clone());
+                let (policy, broker, report, limits, lookups) =
+                    (policy.clone(), broker.clone(), report.clone(), limits.clone(), lookups.clone());
                 connections.spawn(async move {
-                    handle(stream, &policy, &report, &limits, &lookups).await;
+                    handle(stream, &policy, broker.as_deref(), &report, &limits, &lookups).await;
                     drop(slot);
                 });
             }
@@ -249,6 +263,7 @@ fn permitted_with(addrs: Vec<IpAddr>, policy: &Policy, host: &HostAddresses) -> 
 async fn handle(
     stream: UnixStream,
     policy: &SharedPolicy,
+    broker: Option<&Broker>,
     report: &Report,
     limits: &EgressLimits,
     lookups: &Arc<Semaphore>,
@@ -288,38 +303,64 @@ async fn handle(
     if let Err(r) = policy.decide_name(&name) {
         refuse!(R::Denied, r.0);
     }
-    let addrs = match addresses(&name, port.max(1), &policy, limits, lookups).await {
-        Ok(a) if a.is_empty() => refuse!(R::NotFound, format!("{name} has no address")),
-        Ok(a) => a,
-        Err(why) => refuse!(R::NotFound, why),
-    };
-    let addrs = match permitted(addrs, &policy) {
-        Ok(a) => a,
-        Err(r) => refuse!(R::Denied, format!("{name}: {r}")),
-    };
-    if matches!(request, EgressRequest::Resolve { .. }) {
-        report(decision(true, None, Some(addrs[0].to_string())));
-        let _ = reader.into_inner().write_all(&EgressReply::ok().to_line()).await;
-        return;
-    }
-    // Connect to an address that was checked, in the order the resolver gave them.
-    let mut last_error = String::new();
-    let mut upstream = None;
-    for addr in &addrs {
-        let target = SocketAddr::new(*addr, port);
-        match tokio::time::timeout(limits.connect_timeout, TcpStream::connect(target)).await {
-            Ok(Ok(s)) => {
-                upstream = Some((s, target));
-                break;
+    let via_proxy = broker.and_then(|b| b.upstream_proxy.as_ref()).filter(|p| p.applies_to(&name));
+    let (upstream, target) = match via_proxy {
+        // The proxy resolves the name: only an address the host itself picked is checked
+        // here (a literal, a `resolve` pin).
+        Some(proxy) => {
+            let pinned = policy.override_for(&name).or_else(|| name.parse::<IpAddr>().ok());
+            if let Some(addr) = pinned {
+                if let Err(r) = permitted(vec![addr], &policy) {
+                    refuse!(R::Denied, format!("{name}: {r}"));
+                }
             }
-            Ok(Err(e)) => last_error = format!("{target}: {e}"),
-            Err(_) => last_error = format!("{target}: no answer within {:?}", limits.connect_timeout),
+            if matches!(request, EgressRequest::Resolve { .. }) {
+                report(decision(true, None, Some(format!("through the upstream proxy {}", proxy.address()))));
+                let _ = reader.into_inner().write_all(&EgressReply::ok().to_line()).await;
+                return;
+            }
+            let to = pinned.map_or_else(|| name.clone(), |a| a.to_string());
+            match proxy.connect(&to, port, limits.connect_timeout).await {
+                Ok(s) => (s, format!("{to}:{port} through the upstream proxy {}", proxy.address())),
+                Err(why) => refuse!(R::Unreachable, format!("cannot connect to {name}:{port}: {why}")),
+            }
         }
-    }
-    let Some((upstream, target)) = upstream else {
-        refuse!(R::Unreachable, format!("cannot connect to {name}:{port} ({last_error})"));
+        None => {
+            let addrs = match addresses(&name, port.max(1), &policy, limits, lookups).await {
+                Ok(a) if a.is_empty() => refuse!(R::NotFound, format!("{name} has no address")),
+                Ok(a) => a,
+                Err(why) => refuse!(R::NotFound, why),
+            };
+            let addrs = match permitted(addrs, &policy) {
+                Ok(a) => a,
+                Err(r) => refuse!(R::Denied, format!("{name}: {r}")),
+            };
+            if matches!(request, EgressRequest::Resolve { .. }) {
+                report(decision(true, None, Some(addrs[0].to_string())));
+                let _ = reader.into_inner().write_all(&EgressReply::ok().to_line()).await;
+                return;
+            }
+            // Connect to an address that was checked, in the order the resolver gave them.
+            let mut last_error = String::new();
+            let mut upstream = None;
+            for addr in &addrs {
+                let target = SocketAddr::new(*addr, port);
+                match tokio::time::timeout(limits.connect_timeout, TcpStream::connect(target)).await {
+                    Ok(Ok(s)) => {
+                        upstream = Some((s, target.to_string()));
+                        break;
+                    }
+                    Ok(Err(e)) => last_error = format!("{target}: {e}"),
+                    Err(_) => last_error = format!("{target}: no answer within {:?}", limits.connect_timeout),
+                }
+            }
+            match upstream {
+                Some(u) => u,
+                None => refuse!(R::Unreachable, format!("cannot connect to {name}:{port} ({last_error})")),
+            }
+        }
     };
-    report(decision(true, None, Some(target.to_string())));
+    report(decision(true, None, Some(target)));
     let started = Instant::now();
     // Bytes the guest sent after its request line are already in the reader's buffer.
     let buffered = reader.buffer().to_vec();
@@ -327,7 +368,26 @@ async fn handle(
     if guest.write_all(&EgressReply::ok().to_line()).await.is_err() {
         return;
     }
-    let (sent, received) = pump(guest, upstream, buffered, limits.idle_timeout).await;
+    let idle = limits.idle_timeout;
+    let (secrets_bound, placeholders) = match broker {
+        Some(b) => {
+            let secrets = b.secrets.read().unwrap();
+            (secrets.bound_to(&name), secrets.placeholders())
+        }
+        None => (false, Vec::new()),
+    };
+    let (sent, received) = match broker {
+        // A host a secret is bound to: its requests are read if the guest speaks TLS to it.
+        Some(broker) if secrets_bound => {
+            let (tls, pending) = super::intercept::guest_opens_tls(&mut guest, &upstream, buffered, idle).await;
+            if tls {
+                super::intercept::carry(guest, pending, upstream, (&name, port), broker, report, idle).await
+            } else {
+                pump(guest, upstream, pending, idle, Scanner::new(placeholders), |n| withheld(report, n, &name)).await
+            }
+        }
+        _ => pump(guest, upstream, buffered, idle, Scanner::new(placeholders), |n| withheld(report, n, &name)).await,
+    };
     report(EventKind::EgressClosed {
         name,
         port,
@@ -337,10 +397,22 @@ async fn handle(
     });
 }
 
+fn withheld(report: &Report, secret: String, host: &str) {
+    report(EventKind::SecretWithheld { name: secret, host: host.to_string() });
+}
+
 /// Carries bytes both ways until both directions are done (each end's EOF is passed on as a
 /// write shutdown) or nothing moved for `idle`. Returns (guest → destination, destination →
-/// guest) byte counts.
-async fn pump<G, D>(guest: G, dest: D, pending: Vec<u8>, idle: Duration) -> (u64, u64)
+/// guest) byte counts. What the guest sends is scanned for secrets' placeholders, each found
+/// passed to `found` (the bytes go on unchanged).
+async fn pump<G, D>(
+    guest: G,
+    dest: D,
+    pending: Vec<u8>,
+    idle: Duration,
+    mut scanner: Scanner,
+    found: impl Fn(String),
+) -> (u64, u64)
 where
     G: AsyncRead + AsyncWrite + Unpin,
     D: AsyncRead + AsyncWrite + Unpin,
@@ -349,6 +421,7 @@ where
     let (mut dr, mut dw) = tokio::io::split(dest);
     let (mut sent, mut received) = (0u64, 0u64);
     if !pending.is_empty() {
+        scanner.feed(&pending).into_iter().for_each(&found);
         if dw.write_all(&pending).await.is_err() {
             return (0, 0);
         }
@@ -362,7 +435,10 @@ where
             tokio::select! {
                 r = gr.read(&mut up), if up_open => match r {
                     Ok(0) | Err(_) => { up_open = false; let _ = dw.shutdown().await; Ok(()) }
-                    Ok(n) => dw.write_all(&up[..n]).await.map(|()| sent += n as u64),
+                    Ok(n) => {
+                        scanner.feed(&up[..n]).into_iter().for_each(&found);
+                        dw.write_all(&up[..n]).await.map(|()| sent += n as u64)
+                    }
                 },
                 r = dr.read(&mut down), if down_open => match r {
                     Ok(0) | Err(_) => { down_open = false; let _ = gw.shutdown().await; Ok(()) }
@@ -401,7 +477,7 @@ mod tests {
         let sink = events.clone();
         let policy: SharedPolicy = Arc::new(RwLock::new(Policy::new(&p)));
         let report: Report = Arc::new(move |e| sink.lock().unwrap().push(e));
-        let proxy = EgressProxy::start(&socket, policy.clone(), report, limits).unwrap();
+        let proxy = EgressProxy::start(&socket, policy.clone(), None, report, limits).unwrap();
         Harness { _dir: dir, socket, events, policy, _proxy: proxy }
     }
 

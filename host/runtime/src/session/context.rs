@@ -23,6 +23,9 @@ pub(super) struct Context {
     pub approvals: super::approval::Approvals,
     pub pool: super::pool::WarmPool,
     next_process: AtomicU64,
+    /// The egress proxy's upstream TLS trust, made when first needed and again when the
+    /// configuration's `trust_ca` changes.
+    upstream: std::sync::Mutex<Option<(Vec<PathBuf>, crate::egress::Upstream)>>,
 }
 
 impl Context {
@@ -45,7 +48,47 @@ impl Context {
             // Beside the sessions' storage (`<data_dir>/pool`): a take renames a disk across.
             pool: super::pool::WarmPool::new(storage_root.as_ref().map(|r| r.with_file_name("pool"))),
             next_process: AtomicU64::new(1),
+            upstream: Default::default(),
         }
+    }
+
+    /// The company proxy guest connections go out through: the configuration's, else this
+    /// process's `HTTPS_PROXY`/`HTTP_PROXY` (with `NO_PROXY`); none when neither is set.
+    pub fn upstream_proxy(&self) -> Result<Option<crate::egress::UpstreamProxy>, String> {
+        let config = self.config();
+        let no_proxy = |from_env: Option<String>| match &config.no_proxy {
+            Some(list) => list.join(","),
+            None => from_env.unwrap_or_default(),
+        };
+        let env = |k: &str| std::env::var(k).ok().or_else(|| std::env::var(k.to_ascii_lowercase()).ok());
+        match &config.upstream_proxy {
+            Some(url) => crate::egress::UpstreamProxy::parse(url, &no_proxy(env("NO_PROXY"))).map(Some),
+            None => crate::egress::UpstreamProxy::from_env(|k| match k.eq_ignore_ascii_case("NO_PROXY") {
+                true => Some(no_proxy(env("NO_PROXY"))),
+                false => std::env::var(k).ok(),
+            })
+            .transpose(),
+        }
+    }
+
+    /// How the egress proxy verifies the hosts it reads requests for: the host's trust store
+    /// and the configuration's `trust_ca` files.
+    pub fn upstream(&self) -> Result<crate::egress::Upstream, String> {
+        let files = self.config().trust_ca;
+        let mut cached = self.upstream.lock().unwrap();
+        if let Some((for_files, upstream)) = cached.as_ref() {
+            if *for_files == files {
+                return Ok(upstream.clone());
+            }
+        }
+        let mut extra = Vec::new();
+        for f in &files {
+            let pem = std::fs::read_to_string(f).map_err(|e| format!("trust_ca {}: {e}", f.display()))?;
+            extra.push((f.display().to_string(), pem));
+        }
+        let upstream = crate::egress::Upstream::new(&extra).map_err(|e| e.to_string())?;
+        *cached = Some((files, upstream.clone()));
+        Ok(upstream)
     }
 
     pub fn config(&self) -> DaemonConfig {

@@ -38,6 +38,8 @@ pub(super) struct BootPlan {
     pub network: crate::egress::SharedPolicy,
     /// The folders the session shared before, which must still be what they were.
     pub pins: crate::share::FolderPins,
+    /// What the egress proxy needs to give the session's secrets to their hosts.
+    pub broker: crate::egress::Broker,
 }
 
 /// The VM and the folders shared with it, changed together.
@@ -282,6 +284,7 @@ impl Incarnation {
         let egress = crate::egress::EgressProxy::start(
             &egress_socket,
             plan.network.clone(),
+            Some(plan.broker.clone()),
             std::sync::Arc::new(move |kind| egress_report(kind)),
             crate::egress::EgressLimits::default(),
         )
@@ -314,6 +317,21 @@ impl Incarnation {
             _outputs: outputs,
             _egress: egress,
         })
+    }
+
+    /// Makes the guest trust the session's CA (see `Request::InstallCa`). An agent older than
+    /// protocol 1.6 cannot: its guest gets no secrets' values over TLS, and a warning says so.
+    pub async fn trust(&self, ca: &crate::egress::SessionCa) -> Result<(), SessionError> {
+        match self.agent.install_ca(ca.pem()).await {
+            Ok(()) => Ok(()),
+            Err(crate::agent::ClientError::Agent(e))
+                if matches!(e.code, umbra_proto::ErrorCode::Unsupported | umbra_proto::ErrorCode::BadRequest) =>
+            {
+                tracing::warn!("the guest agent cannot install the session CA ({}): secrets stay unread", e.message);
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// What processes are told when their connection drops (`None`: it is not expected to).

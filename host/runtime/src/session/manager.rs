@@ -73,7 +73,7 @@ impl SessionManager {
                 record.last_error = Some("its VM ended when the daemon that ran it stopped".into());
                 ctx.records.save(&record);
             }
-            sessions.insert(record.name.clone(), Session::new(ctx.clone(), record));
+            sessions.insert(record.name.clone(), Session::new(ctx.clone(), record, None));
         }
         super::pool::refill::start(&ctx);
         Self { ctx, sessions: Mutex::new(sessions) }
@@ -160,13 +160,18 @@ impl SessionManager {
         check_name(&params.name)?;
         let settings = start_settings(&self.config().session, &params.settings)?;
         let folders = check_folders(&params.folders)?;
+        let mut secrets = crate::egress::Secrets::default();
+        for spec in &params.secrets {
+            secrets.set(spec, |k| std::env::var(k).ok()).map_err(SessionError::InvalidArgument)?;
+        }
         let (session, created) = {
             let mut sessions = self.sessions.lock().unwrap();
             match sessions.get(&params.name) {
                 Some(existing) => (existing.clone(), false),
                 None => {
-                    let record = SessionRecord::new(&params.name, settings, folders);
-                    let session = Session::new(self.ctx.clone(), record);
+                    let mut record = SessionRecord::new(&params.name, settings, folders);
+                    record.secrets = secrets.bindings();
+                    let session = Session::new(self.ctx.clone(), record, Some(secrets));
                     sessions.insert(params.name.clone(), session.clone());
                     (session, true)
                 }
@@ -250,7 +255,7 @@ impl SessionManager {
                 )),
                 _ => SessionError::io(format!("create {}", dest.display()))(e),
             })?;
-            let session = Session::new(self.ctx.clone(), src.fork_record(name));
+            let session = Session::new(self.ctx.clone(), src.fork_record(name), Some(src.secrets()));
             sessions.insert(name.into(), session.clone());
             session
         };

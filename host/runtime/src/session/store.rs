@@ -41,6 +41,9 @@ pub struct SessionRecord {
     /// [`crate::share::FolderPins`]); a fork keeps its source's.
     #[serde(default)]
     pub pinned: crate::share::FolderPins,
+    /// Its secrets' names, placeholders and hosts: never a value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::egress::SecretBinding>,
 }
 
 impl SessionRecord {
@@ -55,6 +58,7 @@ impl SessionRecord {
             last_error: None,
             snapshot: None,
             pinned: Default::default(),
+            secrets: Vec::new(),
         }
     }
 }

@@ -92,10 +92,12 @@ impl Session {
             boot_timeout: Duration::from_secs(self.ctx.config().boot_timeout_secs),
             network: self.network.clone(),
             pins,
+            broker: self.broker()?,
         };
         if !resumes {
             let inc = Arc::new(Incarnation::boot(&plan, &self.ctx, self.report()).await?);
             self.keep_pins(&inc).await;
+            inc.trust(&plan.broker.ca).await?;
             return Ok(inc);
         }
         let storage = self.storage_dir().ok_or_else(|| SessionError::Unsupported("no storage".into()))?;
@@ -109,6 +111,8 @@ impl Session {
         };
         let inc = Incarnation::restore(&plan, &self.ctx, self.report(), &snapshot, &hostname).await?;
         self.keep_pins(&inc).await;
+        // This process's CA, which may not be the one the snapshotted guest trusted.
+        inc.trust(&plan.broker.ca).await?;
         {
             // From now on the disk moves on from the snapshot's: a later VM boots.
             let mut state = self.state.lock().unwrap();

@@ -54,6 +54,11 @@ pub struct Session {
     status: watch::Sender<SessionStatus>,
     /// The network policy every VM of this session applies to new connections.
     network: crate::egress::SharedPolicy,
+    /// Its secrets, which every VM's egress proxy gives to their hosts.
+    secrets: crate::egress::SharedSecrets,
+    /// The CA the guest trusts for the hosts the proxy reads requests of: made once per
+    /// session in this process (its key never leaves it).
+    ca: std::sync::OnceLock<Arc<crate::egress::SessionCa>>,
     /// Serialises start, stop, resume and restart.
     lifecycle: tokio::sync::Mutex<()>,
     last_activity: Mutex<Instant>,
@@ -78,12 +83,18 @@ struct State {
 }
 
 impl Session {
-    pub(super) fn new(ctx: Arc<Context>, record: SessionRecord) -> Arc<Self> {
+    /// A session of `record`, with `secrets` (values included), or the secrets the record
+    /// kept (their `from_env` values read again; a value given inline is gone).
+    pub(super) fn new(ctx: Arc<Context>, record: SessionRecord, secrets: Option<crate::egress::Secrets>) -> Arc<Self> {
         let (status, _) = watch::channel(record.status);
         let network = Arc::new(std::sync::RwLock::new(crate::egress::Policy::new(&record.settings.network)));
+        let secrets =
+            secrets.unwrap_or_else(|| crate::egress::Secrets::restore(&record.secrets, |k| std::env::var(k).ok()));
         Arc::new(Self {
             name: record.name.clone(),
             network,
+            secrets: Arc::new(std::sync::RwLock::new(secrets)),
+            ca: std::sync::OnceLock::new(),
             ctx,
             state: Mutex::new(State {
                 record,
@@ -200,7 +211,43 @@ impl Session {
             created_ms: state.record.created_ms,
             last_error: state.record.last_error.clone(),
             snapshot: state.record.snapshot.clone(),
+            secrets: self.secrets.read().unwrap().infos(),
         }
+    }
+
+    /// What the egress proxy of this session's VMs needs for its secrets.
+    pub(super) fn broker(&self) -> Result<crate::egress::Broker, SessionError> {
+        let ca = match self.ca.get() {
+            Some(ca) => ca.clone(),
+            None => {
+                let ca = crate::egress::SessionCa::generate(&self.name)
+                    .map_err(|e| SessionError::Internal(format!("session {}: its CA: {e}", self.name)))?;
+                self.ca.get_or_init(|| Arc::new(ca)).clone()
+            }
+        };
+        // Without a trust store upstream, requests that need one are answered 502 saying why.
+        let upstream = self.ctx.upstream();
+        // A proxy setting that does not parse stops the boot, saying why: connecting around
+        // the company's proxy instead would be wrong.
+        let upstream_proxy = self.ctx.upstream_proxy().map_err(SessionError::InvalidArgument)?;
+        Ok(crate::egress::Broker { secrets: self.secrets.clone(), ca, upstream, upstream_proxy })
+    }
+
+    /// A copy of the secrets, values included (for a fork in this process).
+    pub(super) fn secrets(&self) -> crate::egress::Secrets {
+        self.secrets.read().unwrap().clone()
+    }
+
+    /// Adds or replaces a secret (see `session.set_secret`); the next request uses it.
+    pub fn set_secret(&self, spec: &umbra_api::secrets::SecretSpec) -> Result<(), SessionError> {
+        let bindings = {
+            let mut secrets = self.secrets.write().unwrap();
+            secrets.set(spec, |k| std::env::var(k).ok()).map_err(SessionError::InvalidArgument)?;
+            secrets.bindings()
+        };
+        self.state.lock().unwrap().record.secrets = bindings;
+        self.persist();
+        Ok(())
     }
 
     /// The last console lines of the running (or last) VM.

@@ -38,10 +38,13 @@ impl Session {
             self.ctx.approvals.check(&settings, request, |kind| self.emit(kind)).await?;
         }
         let inc = self.running("run a process").await?;
+        // Each secret as its placeholder; the request's own variables win.
+        let mut env: std::collections::BTreeMap<String, String> = self.secrets.read().unwrap().env().collect();
+        env.extend(req.env.clone());
         let spawn = umbra_proto::SpawnRequest {
             argv: req.argv.clone(),
             cwd: req.cwd.clone(),
-            env: req.env.clone(),
+            env,
             uid: None,
             gid: None,
             tty: req.tty,

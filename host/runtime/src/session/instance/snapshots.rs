@@ -205,6 +205,8 @@ impl Session {
         let state = self.state.lock().unwrap();
         let mut record = SessionRecord::new(name, state.record.settings.clone(), state.record.folders.clone());
         record.pinned = state.record.pinned.clone();
+        // The same placeholders: the snapshot's processes hold them.
+        record.secrets = state.record.secrets.clone();
         record
     }
 
