@@ -41,6 +41,7 @@ fn real_host(path: &Path) -> (EgressProxy, Log) {
         allow_domains: names.iter().map(|n| n.to_string()).collect(),
         allow_cidrs: vec!["127.0.0.1/32".into()],
         resolve: names.iter().map(|n| (n.to_string(), local)).collect(),
+        ..Default::default()
     };
     let log: Log = Arc::default();
     let seen = log.clone();

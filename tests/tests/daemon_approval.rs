@@ -22,7 +22,7 @@ async fn next_request(inbox: &mut Inbox) -> (String, String, serde_json::Value) 
     .await;
     match ev.kind {
         EventKind::PermissionRequest { request_id, command, decision, .. } => {
-            (request_id, command, serde_json::to_value(&decision.reason).unwrap())
+            (request_id, command, serde_json::to_value(&decision.expect("a command has a decision").reason).unwrap())
         }
         _ => unreachable!(),
     }
@@ -80,7 +80,14 @@ async fn commands_needing_approval_wait_for_an_answer_and_silence_denies() {
         let (id, command, rule) = next_request(&mut inbox).await;
         assert_eq!(command, "sh -c 'echo approved-ran'");
         assert_eq!(rule["rule"], "not_allowlisted", "{rule}");
-        client.call::<PermissionRespond>(RespondPermissionParams { request_id: id, approved: true }).await.unwrap();
+        client
+            .call::<PermissionRespond>(RespondPermissionParams {
+                request_id: id,
+                approved: true,
+                scope: Default::default(),
+            })
+            .await
+            .unwrap();
     };
     let (spawned, ()) = tokio::join!(spawn, answer);
     let p = spawned.expect("an approved command runs");
@@ -91,7 +98,14 @@ async fn commands_needing_approval_wait_for_an_answer_and_silence_denies() {
     let spawn = client.call::<ProcessSpawn>(argv("ap", &["ls", "/"]));
     let answer = async {
         let (id, _, _) = next_request(&mut inbox).await;
-        client.call::<PermissionRespond>(RespondPermissionParams { request_id: id, approved: false }).await.unwrap();
+        client
+            .call::<PermissionRespond>(RespondPermissionParams {
+                request_id: id,
+                approved: false,
+                scope: Default::default(),
+            })
+            .await
+            .unwrap();
     };
     let (spawned, ()) = tokio::join!(spawn, answer);
     let e = spawned.unwrap_err();
@@ -120,7 +134,13 @@ async fn commands_needing_approval_wait_for_an_answer_and_silence_denies() {
     assert!(e.message.contains("no answer within 3 s"), "{e:?}");
     assert!(asked.elapsed() >= Duration::from_secs(3), "waited the timeout");
     // Too late: the request is gone.
-    let late = client.call::<PermissionRespond>(RespondPermissionParams { request_id: id, approved: true }).await;
+    let late = client
+        .call::<PermissionRespond>(RespondPermissionParams {
+            request_id: id,
+            approved: true,
+            scope: Default::default(),
+        })
+        .await;
     assert_eq!(late.unwrap_err().code, ErrorCode::NotFound);
 
     // The deny list wins over everything, inside a compound command too, without asking.
@@ -175,10 +195,17 @@ async fn variables_that_change_what_runs_need_a_rule_that_names_them() {
         assert_eq!(env.get("CI").map(String::as_str), Some("1"));
         assert_eq!(env_changes_what_runs, ["BASH_ENV"]);
         assert_eq!(cwd, "/");
-        let rule = serde_json::to_value(&decision.reason).unwrap();
+        let rule = serde_json::to_value(&decision.expect("a command has a decision").reason).unwrap();
         assert_eq!(rule["rule"], "env_not_allowed", "{rule}");
         assert_eq!(rule["variable"], "BASH_ENV=/tmp/rc", "{rule}");
-        client.call::<PermissionRespond>(RespondPermissionParams { request_id, approved: false }).await.unwrap();
+        client
+            .call::<PermissionRespond>(RespondPermissionParams {
+                request_id,
+                approved: false,
+                scope: Default::default(),
+            })
+            .await
+            .unwrap();
     };
     let (spawned, ()) = tokio::join!(spawn, answer);
     let e = spawned.unwrap_err();
@@ -192,7 +219,14 @@ async fn variables_that_change_what_runs_need_a_rule_that_names_them() {
         let (id, _, rule) = next_request(&mut inbox).await;
         assert_eq!(rule["rule"], "env_not_allowed", "{rule}");
         assert_eq!(rule["variable"], "LD_PRELOAD=/tmp/x.so", "{rule}");
-        client.call::<PermissionRespond>(RespondPermissionParams { request_id: id, approved: false }).await.unwrap();
+        client
+            .call::<PermissionRespond>(RespondPermissionParams {
+                request_id: id,
+                approved: false,
+                scope: Default::default(),
+            })
+            .await
+            .unwrap();
     };
     let (spawned, ()) = tokio::join!(spawn, answer);
     assert_eq!(spawned.unwrap_err().code, ErrorCode::PermissionDenied);
@@ -207,4 +241,157 @@ async fn variables_that_change_what_runs_need_a_rule_that_names_them() {
     assert!(out.split(|b| *b == 0).any(|v| v == b"BASH_ENV=/tmp/rc"), "{}", String::from_utf8_lossy(&out));
 
     client.call::<SessionDelete>(SessionRef { name: "env".into() }).await.unwrap();
+}
+
+/// Network mode `ask` through umbrad's socket (issue 30): a connection to a name outside the
+/// allowlist waits for the answer — allowed once (asked again next time), for the session (not
+/// asked again), denied, or left unanswered (denied at the timeout) — and the guest sees each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_ask_mode_holds_a_connection_until_the_user_answers() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    // An echo server on 127.0.0.1: answers each line with "pong <line>".
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut s = tokio::io::BufReader::new(s);
+                let mut line = String::new();
+                if s.read_line(&mut line).await.unwrap_or(0) > 0 {
+                    let _ = s.get_mut().write_all(format!("pong {line}").as_bytes()).await;
+                }
+            });
+        }
+    });
+    let daemon = TestDaemon::start("daemon-ask", serde_json::json!({}));
+    let (client, mut inbox) = daemon.client().await;
+    client.call::<EventsSubscribe>(SubscribeParams { session: Some("ask".into()) }).await.unwrap();
+    let network = serde_json::from_value(serde_json::json!({
+        "mode": "ask",
+        "allow_domains": ["listed.test"],
+        "allow_cidrs": ["127.0.0.1/32"],
+        "resolve": {"listed.test": "127.0.0.1", "asked.test": "127.0.0.1", "other.test": "127.0.0.1", "typed.test": "127.0.0.1"},
+        "ask_timeout_secs": 3,
+    }))
+    .unwrap();
+    let start = StartParams {
+        name: "ask".into(),
+        settings: SettingsPatch { network: Some(network), ..Default::default() },
+        ..Default::default()
+    };
+    tokio::time::timeout(Duration::from_secs(boot_timeout_secs() + 30), client.call::<SessionStart>(start))
+        .await
+        .expect("boots in time")
+        .unwrap();
+    let run = Duration::from_secs(60);
+    // busybox nc through the transparent path: the guest's DNS, a fake address, the redirect.
+    let connect = |name: &str| argv("ask", &["sh", "-c", &format!("echo ping | nc -w 20 {name} {port}; echo exit=$?")]);
+    let answer = |approved: bool, scope: umbra_api::event::PermissionScope| {
+        let client = &client;
+        move |id: String| async move {
+            client
+                .call::<PermissionRespond>(RespondPermissionParams { request_id: id, approved, scope })
+                .await
+                .unwrap();
+        }
+    };
+    async fn request(inbox: &mut Inbox, host: &str) -> String {
+        let ev = wait_event(inbox, Duration::from_secs(60), "a network permission_request", |e| {
+            matches!(&e.kind, EventKind::PermissionRequest { kind: umbra_api::event::PermissionKind::Network, .. })
+        })
+        .await;
+        let EventKind::PermissionRequest { request_id, host: Some(h), port: Some(_), timeout_secs, .. } = ev.kind
+        else {
+            panic!("{ev:?}")
+        };
+        assert_eq!((h.as_str(), timeout_secs), (host, 3));
+        request_id
+    }
+    use umbra_api::event::PermissionScope::{Once, Session};
+
+    // A listed name: no question.
+    let p = client.call::<ProcessSpawn>(connect("listed.test")).await.unwrap();
+    let (out, _, _) = process_output(&client, &mut inbox, "ask", p.process, run).await;
+    assert_eq!(String::from_utf8_lossy(&out), "pong ping\nexit=0\n");
+
+    // Allowed once, twice: asked each time.
+    for _ in 0..2 {
+        let p = client.call::<ProcessSpawn>(connect("asked.test")).await.unwrap();
+        answer(true, Once)(request(&mut inbox, "asked.test").await).await;
+        let (out, _, _) = process_output(&client, &mut inbox, "ask", p.process, run).await;
+        assert_eq!(String::from_utf8_lossy(&out), "pong ping\nexit=0\n");
+    }
+    // Allowed for the session: then not asked again (a question would time out and fail it).
+    let p = client.call::<ProcessSpawn>(connect("asked.test")).await.unwrap();
+    answer(true, Session)(request(&mut inbox, "asked.test").await).await;
+    let (out, _, _) = process_output(&client, &mut inbox, "ask", p.process, run).await;
+    assert_eq!(String::from_utf8_lossy(&out), "pong ping\nexit=0\n");
+    let p = client.call::<ProcessSpawn>(connect("asked.test")).await.unwrap();
+    let (out, _, _) = process_output(&client, &mut inbox, "ask", p.process, run).await;
+    assert_eq!(String::from_utf8_lossy(&out), "pong ping\nexit=0\n", "not asked again");
+
+    // Denied: through the HTTP proxy the guest hears a 403 (through the transparent path the
+    // connection just closes).
+    let wget = argv("ask", &["sh", "-c", &format!("wget -q -O- http://other.test:{port}/ 2>&1; echo exit=$?")]);
+    let p = client.call::<ProcessSpawn>(wget.clone()).await.unwrap();
+    answer(false, Once)(request(&mut inbox, "other.test").await).await;
+    let (out, _, _) = process_output(&client, &mut inbox, "ask", p.process, run).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.contains("403") && out.contains("exit=1") && !out.contains("pong"), "{out}");
+
+    // Silence: denied after the 3 s timeout, announced as such.
+    let asked = std::time::Instant::now();
+    let p = client.call::<ProcessSpawn>(wget).await.unwrap();
+    let id = request(&mut inbox, "other.test").await;
+    let ev = wait_event(
+        &mut inbox,
+        Duration::from_secs(30),
+        "permission_resolved",
+        |e| matches!(&e.kind, EventKind::PermissionResolved { request_id, .. } if *request_id == id),
+    )
+    .await;
+    let EventKind::PermissionResolved { approved, reason, .. } = ev.kind else { unreachable!() };
+    assert!(!approved && reason == "no answer within 3 s", "{reason}");
+    let (out, _, _) = process_output(&client, &mut inbox, "ask", p.process, run).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.contains("403") && out.contains("exit=1") && !out.contains("pong"), "{out}");
+    assert!(asked.elapsed() >= Duration::from_secs(3));
+
+    // `vmctl session exec` on a terminal puts the question to its user: the line typed answers.
+    const DRIVER: &str = r#"
+import os, pty, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+out, answered, start = b'', False, time.time()
+while time.time() - start < 60:
+    if fd in select.select([fd], [], [], 1)[0]:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+        if not answered and b'[s]ession, or [d]eny?' in out:
+            os.write(fd, b'o\n')
+            answered = True
+sys.stdout.write(out.decode(errors='replace'))
+"#;
+    let script = format!("echo ping | nc -w 20 typed.test {port}; echo exit=$?");
+    let vmctl = umbra_tests::workspace_bin("vmctl");
+    let out = tokio::process::Command::new("python3")
+        .args(["-c", DRIVER])
+        .arg(&vmctl)
+        .args(["session", "exec", "ask", "--", "sh", "-c", &script])
+        .env("UMBRA_SOCKET", &daemon.socket)
+        .output()
+        .await
+        .unwrap();
+    let typed = String::from_utf8_lossy(&out.stdout).replace('\r', "") + &String::from_utf8_lossy(&out.stderr);
+    assert!(typed.contains("the guest wants to connect to typed.test:"), "{typed}");
+    assert!(typed.contains("pong ping\nexit=0"), "{typed}");
+
+    client.call::<SessionDelete>(SessionRef { name: "ask".into() }).await.unwrap();
+    server.abort();
 }

@@ -585,6 +585,7 @@ async fn a_running_sessions_policy_change_applies_to_new_connections() {
         allow_domains: vec!["allowed.test".into()],
         allow_cidrs: vec!["127.0.0.1/32".into()],
         resolve: [("allowed.test".to_string(), "127.0.0.1".parse().unwrap())].into(),
+        ..Default::default()
     };
     s.set_network(allow.clone()).unwrap();
     let (code, out, err) = fetch().await;
@@ -640,6 +641,7 @@ async fn set_network_over_the_socket_stays_within_the_merged_policy() {
         allow_domains: domains.iter().map(|d| d.to_string()).collect(),
         allow_cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
         resolve: [("allowed.test".to_string(), "127.0.0.1".parse().unwrap())].into(),
+        ..Default::default()
     };
     let admin = allowlist(&["allowed.test"], &["127.0.0.1/32"]);
 
@@ -737,6 +739,7 @@ async fn ten_thousand_guest_connections_hold_a_bounded_number_of_host_fds() {
         allow_domains: vec!["allowed.test".into()],
         allow_cidrs: vec!["127.0.0.1/32".into()],
         resolve: [("allowed.test".to_string(), "127.0.0.1".parse().unwrap())].into(),
+        ..Default::default()
     };
     let settings = SettingsPatch { network: Some(policy), ..Default::default() };
     let s = m.start(StartParams { name: "flood".into(), settings, ..Default::default() }).await.unwrap();

@@ -66,6 +66,9 @@ pub struct Limits {
     pub request_timeout: Duration,
     /// How long the host has to accept the stream and answer its request line.
     pub host_timeout: Duration,
+    /// The same for a connection, which the host may hold while its user is asked (network
+    /// mode `ask`, at most an hour).
+    pub connect_timeout: Duration,
     /// Longest HTTP request head.
     pub max_http_head: usize,
 }
@@ -79,6 +82,7 @@ impl Default for Limits {
             dns_tcp: 32,
             request_timeout: Duration::from_secs(10),
             host_timeout: Duration::from_secs(15),
+            connect_timeout: Duration::from_secs(3600 + 30),
             max_http_head: 32 * 1024,
         }
     }
@@ -219,16 +223,15 @@ impl Egress {
     pub async fn resolve(&self, name: &str) -> Result<(), Failure> {
         let _permit = self.lookups.try_acquire().map_err(|_| Failure::busy("pending DNS lookups"))?;
         let request = EgressRequest::Resolve { name: name.to_string() };
-        self.ask(&request).await.map(drop)
+        self.ask(&request, self.limits.host_timeout).await.map(drop)
     }
 
     /// Asks the host for a connection; on success the stream carries it.
     pub async fn connect(&self, request: &EgressRequest) -> Result<Connected, Failure> {
-        self.ask(request).await
+        self.ask(request, self.limits.connect_timeout).await
     }
 
-    async fn ask(&self, request: &EgressRequest) -> Result<Connected, Failure> {
-        let timeout = self.limits.host_timeout;
+    async fn ask(&self, request: &EgressRequest, timeout: Duration) -> Result<Connected, Failure> {
         match tokio::time::timeout(timeout, self.ask_inner(request)).await {
             Ok(r) => r,
             Err(_) => {

@@ -196,9 +196,15 @@ pub enum EventKind {
     /// `timeout_secs` denies it.
     PermissionRequest {
         request_id: String,
-        /// The command line as the rules saw it (argv, shell-quoted).
+        /// What is asked for: a command to run (`process.spawn` under approval settings), or a
+        /// connection to a name outside a session's allowlist (network mode `ask`).
+        #[serde(default)]
+        kind: PermissionKind,
+        /// The command line as the rules saw it (argv, shell-quoted). Commands only.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
         command: String,
-        /// Its working directory in the guest.
+        /// Its working directory in the guest. Commands only.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
         cwd: String,
         /// The variables it would run with on top of the guest's defaults (the spawn's `env`).
         #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -208,8 +214,18 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         env_changes_what_runs: Vec<String>,
         /// What the rules decided and why; `parts` are the simple commands it runs (the
-        /// candidates for an allow list).
-        decision: umbra_policy::approval::Decision,
+        /// candidates for an allow list). Commands only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        decision: Option<umbra_policy::approval::Decision>,
+        /// The name (or address) the guest wants to connect to. Network only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host: Option<String>,
+        /// Its port. Network only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        port: Option<u16>,
+        /// How the connection reached the agent (`http`, `socks`, `transparent`). Network only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        via: Option<umbra_proto::egress::EgressVia>,
         /// Seconds until silence counts as denied.
         timeout_secs: u64,
     },
@@ -282,6 +298,35 @@ impl EventKind {
             EventKind::DownloadProgress(_) => "download_progress",
             EventKind::Error { .. } => "error",
         }
+    }
+}
+
+/// What a `permission_request` asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionKind {
+    /// A command, before it runs.
+    #[default]
+    Command,
+    /// A connection to a name outside the session's allowlist, held while the user decides.
+    Network,
+}
+
+/// How far a `permission.respond` approval reaches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionScope {
+    /// This request only (every connection waiting on it).
+    #[default]
+    Once,
+    /// A network request: the name for the rest of the session in this umbrad; later
+    /// connections to it are not asked again. (For a command, the same as `once`.)
+    Session,
+}
+
+impl PermissionScope {
+    pub fn is_once(&self) -> bool {
+        *self == PermissionScope::Once
     }
 }
 

@@ -303,6 +303,10 @@ pub struct RespondPermissionParams {
     /// The `request_id` of a `permission_request` event.
     pub request_id: String,
     pub approved: bool,
+    /// How far an approval reaches: `once` (the default) or `session` (a network name for the
+    /// rest of the session).
+    #[serde(default, skip_serializing_if = "crate::event::PermissionScope::is_once")]
+    pub scope: crate::event::PermissionScope,
 }
 
 // ---- folders, files, shadow --------------------------------------------------------------

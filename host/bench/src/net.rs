@@ -239,6 +239,7 @@ pub async fn net(args: NetBenchArgs) -> anyhow::Result<()> {
         allow_domains: vec![NAME.into()],
         allow_cidrs: vec!["127.0.0.1/32".into()],
         resolve: [(NAME.to_string(), "127.0.0.1".parse()?)].into(),
+        ..Default::default()
     };
     let settings = umbra_api::session::SettingsPatch { network: Some(policy), ..Default::default() };
     let session = manager.start(StartParams { name: "bench-net".into(), settings, ..Default::default() }).await?;

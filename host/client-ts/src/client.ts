@@ -21,6 +21,7 @@ import {
   type Progress,
   type SessionEvent,
   type SessionLogs,
+  type PermissionScope,
   type StartParams,
 } from "./generated/types";
 import { type CallOptions, type CamelCased, toWire } from "./options";
@@ -340,20 +341,27 @@ export class Umbra extends EventEmitter<UmbraEvents> {
   }
 
   /**
-   * Answers a `'permission-request'` event (Cowork's `respondToToolPermission`): the command
-   * waiting on it runs (its `spawn`/`exec` resolves), or its `spawn`/`exec` rejects with a
-   * `PermissionDeniedError` naming the rule. Rejects with a `NotFoundError` when the request is
-   * no longer waiting (answered, or timed out: silence denies).
+   * Answers a `'permission-request'` event (Cowork's `respondToToolPermission`). For a command
+   * (`kind: "command"`), the command waiting on it runs (its `spawn`/`exec` resolves), or its
+   * `spawn`/`exec` rejects with a `PermissionDeniedError` naming the rule. For a connection
+   * (`kind: "network"`, a session in network mode `ask`: `host`, `port`), the guest's connection
+   * goes ahead or is refused; `scope: "session"` allows the name for the rest of the session.
+   * Rejects with a `NotFoundError` when the request is no longer waiting (answered, or timed
+   * out: silence denies).
    *
    * ```ts
    * client.on("permission-request", async (e) => {
-   *   const ok = await askTheUser(e.command, e.decision.reason);
-   *   await client.respondPermission(e.request_id, ok);
+   *   if (e.kind === "network") {
+   *     const ok = await askTheUser(`connect to ${e.host}:${e.port}?`);
+   *     await client.respondPermission(e.request_id, ok, "session");
+   *   } else {
+   *     await client.respondPermission(e.request_id, await askTheUser(e.command, e.decision?.reason));
+   *   }
    * });
    * ```
    */
-  async respondPermission(requestId: string, approved: boolean): Promise<void> {
-    await this.call("permission.respond", { request_id: requestId, approved });
+  async respondPermission(requestId: string, approved: boolean, scope: PermissionScope = "once"): Promise<void> {
+    await this.call("permission.respond", { request_id: requestId, approved, ...(scope === "once" ? {} : { scope }) });
   }
 
   /** What this daemon is (`daemon.info`). */

@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import * as crypto from "node:crypto";
 import { randomBytes } from "node:crypto";
 import * as fs from "node:fs";
+import * as net from "node:net";
 import * as path from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
@@ -391,6 +392,47 @@ test("secrets: the guest sees a placeholder, a rotation keeps it, the value is n
     assert.ok(!seen.includes(value), "the value is in what the daemon reports");
   }
   await s.delete();
+});
+
+test("network ask mode: allow once, for the session, deny, and silence, each as the guest sees it", async () => {
+  const server = net.createServer((c) => c.once("data", (d) => c.end(`pong ${d}`)));
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = server.address().port;
+  try {
+    const s = await client.sessions.start({
+      name: "ask",
+      memoryMiB: 256,
+      idleTimeoutSecs: 0,
+      network: {
+        mode: "ask",
+        allow_cidrs: ["127.0.0.1/32"],
+        resolve: { "asked.test": "127.0.0.1", "other.test": "127.0.0.1" },
+        ask_timeout_secs: 2,
+      },
+    });
+    const connect = (name) => s.exec(["sh", "-c", `echo ping | nc -w 20 ${name} ${port}`]);
+    /** Runs `name`'s connection, answering its question with `answer` (or not at all). */
+    const asked = async (name, answer) => {
+      const request = nextEvent(client, "permission-request", (e) => e.session === "ask" && e.kind === "network");
+      const run = connect(name);
+      const e = await request;
+      assert.equal(e.host, name);
+      assert.equal(e.port, port);
+      assert.equal(e.timeout_secs, 2);
+      if (answer) await client.respondPermission(e.request_id, ...answer);
+      return (await run).stdout.toString();
+    };
+    assert.equal(await asked("asked.test", [true]), "pong ping\n", "allowed once");
+    assert.equal(await asked("asked.test", [true, "session"]), "pong ping\n", "allowed for the session");
+    assert.equal((await connect("asked.test")).stdout.toString(), "pong ping\n", "not asked again");
+    assert.equal(await asked("other.test", [false]), "", "denied: the connection closes");
+    const resolved = nextEvent(client, "permission-resolved", (e) => e.session === "ask");
+    assert.equal(await asked("other.test", null), "", "silence denies");
+    assert.equal((await resolved).reason, "no answer within 2 s");
+    await s.delete();
+  } finally {
+    server.close();
+  }
 });
 
 test("snapshot and fork on qemu: refused by name, and the session runs on", async () => {

@@ -220,7 +220,8 @@ fn mode_rank(mode: NetworkMode) -> u8 {
     match mode {
         NetworkMode::None => 0,
         NetworkMode::Allowlist => 1,
-        NetworkMode::Any => 2,
+        NetworkMode::Ask => 2,
+        NetworkMode::Any => 3,
     }
 }
 
@@ -231,8 +232,11 @@ pub fn canonical_network(n: &NetworkPolicy) -> NetworkPolicy {
     if n.mode != NetworkMode::None {
         out.allow_cidrs = canonical_cidrs(&n.allow_cidrs);
     }
-    if n.mode == NetworkMode::Allowlist {
+    if n.mode.lists_names() {
         out.allow_domains = canonical_domains(&n.allow_domains);
+    }
+    if n.mode == NetworkMode::Ask {
+        out.ask_timeout_secs = n.ask_timeout_secs;
     }
     out
 }
@@ -252,11 +256,18 @@ pub fn network_meet(a: &NetworkPolicy, b: &NetworkPolicy) -> NetworkPolicy {
     if mode != NetworkMode::None {
         out.allow_cidrs = cidrs_meet(&a.allow_cidrs, &b.allow_cidrs);
     }
-    if mode == NetworkMode::Allowlist {
-        out.allow_domains = match (a.mode, b.mode) {
-            (NetworkMode::Allowlist, NetworkMode::Allowlist) => domains_meet(&a.allow_domains, &b.allow_domains),
-            (NetworkMode::Allowlist, _) => a.allow_domains,
+    if mode.lists_names() {
+        out.allow_domains = match (a.mode.lists_names(), b.mode.lists_names()) {
+            (true, true) => domains_meet(&a.allow_domains, &b.allow_domains),
+            (true, false) => a.allow_domains,
             _ => b.allow_domains,
+        };
+    }
+    if mode == NetworkMode::Ask {
+        // The shorter wait: silence denies sooner.
+        out.ask_timeout_secs = match (a.ask_timeout_secs, b.ask_timeout_secs) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
         };
     }
     out
@@ -271,18 +282,13 @@ pub fn network_within(a: &NetworkPolicy, b: &NetworkPolicy) -> bool {
 /// within `b` (`resolve` pins aside: they are not permissions).
 pub fn network_excess(a: &NetworkPolicy, b: &NetworkPolicy) -> Option<String> {
     let (a, b) = (canonical_network(a), canonical_network(b));
-    let mode = |m: NetworkMode| match m {
-        NetworkMode::None => "none",
-        NetworkMode::Allowlist => "allowlist",
-        NetworkMode::Any => "any",
-    };
     if mode_rank(a.mode) > mode_rank(b.mode) {
-        return Some(format!("mode {} is wider than mode {}", mode(a.mode), mode(b.mode)));
+        return Some(format!("mode {} is wider than mode {}", a.mode.name(), b.mode.name()));
     }
     if a.mode == NetworkMode::None {
         return None;
     }
-    if a.mode == NetworkMode::Allowlist && b.mode == NetworkMode::Allowlist {
+    if a.mode.lists_names() && b.mode.lists_names() {
         if let Some(d) = a.allow_domains.iter().find(|d| !domains_within(std::slice::from_ref(*d), &b.allow_domains)) {
             return Some(format!("the domain {d} is not in the allowlist"));
         }
@@ -296,14 +302,7 @@ pub fn network_excess(a: &NetworkPolicy, b: &NetworkPolicy) -> Option<String> {
 /// A network policy in a line: `mode none`, `mode allowlist (domains a, *.b; cidrs 10.0.0.0/8)`.
 pub fn describe_network(n: &NetworkPolicy) -> String {
     let n = canonical_network(n);
-    let mut out = format!(
-        "mode {}",
-        match n.mode {
-            NetworkMode::None => "none",
-            NetworkMode::Allowlist => "allowlist",
-            NetworkMode::Any => "any",
-        }
-    );
+    let mut out = format!("mode {}", n.mode.name());
     let mut lists = Vec::new();
     if !n.allow_domains.is_empty() {
         lists.push(format!("domains {}", n.allow_domains.join(", ")));
@@ -348,6 +347,20 @@ mod tests {
         pinned.resolve.insert("pypi.org".into(), "127.0.0.1".parse().unwrap());
         assert_eq!(network_excess(&pinned, &list), None);
         assert_eq!(describe_network(&list), "mode allowlist (domains *.example.com, pypi.org; cidrs 10.0.0.0/8)");
+
+        // `ask` ranks between allowlist and any; its list is compared like an allowlist's.
+        let ask = net(NetworkMode::Ask, &["*.example.com", "pypi.org"], &["10.0.0.0/8"]);
+        assert_eq!(network_excess(&ask, &list).unwrap(), "mode ask is wider than mode allowlist");
+        assert_eq!(network_excess(&list, &ask), None);
+        assert_eq!(network_excess(&ask, &net(NetworkMode::Any, &[], &["10.0.0.0/8"])), None);
+        let asks_more = net(NetworkMode::Allowlist, &["evil.net"], &[]);
+        assert_eq!(network_excess(&asks_more, &ask).unwrap(), "the domain evil.net is not in the allowlist");
+        let met = network_meet(
+            &ask,
+            &NetworkPolicy { ask_timeout_secs: Some(5), ..net(NetworkMode::Ask, &["pypi.org"], &[]) },
+        );
+        assert_eq!((met.mode, met.allow_domains, met.ask_timeout_secs), (NetworkMode::Ask, s(&["pypi.org"]), Some(5)));
+        assert_eq!(network_meet(&ask, &list).mode, NetworkMode::Allowlist);
     }
 
     fn s(v: &[&str]) -> Vec<String> {

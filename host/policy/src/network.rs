@@ -16,6 +16,10 @@ pub enum NetworkMode {
     /// Only the names in `allow_domains` (exact, or `*.suffix` for names below a domain), and
     /// addresses in `allow_cidrs`.
     Allowlist,
+    /// As `allowlist`, and a connection to any other name waits while the user is asked
+    /// (`permission_request` with `kind: "network"`): allowed once, for the session, or denied;
+    /// silence denies after `ask_timeout_secs`.
+    Ask,
     /// Any public address; private, loopback and link-local ones still only through
     /// `allow_cidrs`.
     Any,
@@ -39,6 +43,26 @@ pub struct NetworkPolicy {
     /// `--resolve`): `{"allowed.test": "127.0.0.1"}`.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub resolve: std::collections::BTreeMap<String, std::net::IpAddr>,
+    /// In `ask` mode, how long a connection waits for the user's answer (default 60 s, at
+    /// most 3600); silence denies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ask_timeout_secs: Option<u64>,
+}
+
+impl NetworkMode {
+    /// Whether the mode lists the names it allows (`allowlist`, `ask`).
+    pub fn lists_names(self) -> bool {
+        matches!(self, NetworkMode::Allowlist | NetworkMode::Ask)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NetworkMode::None => "none",
+            NetworkMode::Allowlist => "allowlist",
+            NetworkMode::Ask => "ask",
+            NetworkMode::Any => "any",
+        }
+    }
 }
 
 impl NetworkPolicy {
@@ -54,6 +78,9 @@ impl NetworkPolicy {
             if !is_cidr(c) {
                 return Err(format!("allow_cidrs: {c:?} is not an address range such as 10.0.0.0/8 or ::1/128"));
             }
+        }
+        if self.ask_timeout_secs.is_some_and(|t| !(1..=3600).contains(&t)) {
+            return Err("ask_timeout_secs must be within 1..=3600".into());
         }
         for name in self.resolve.keys() {
             if !is_host_name(name) {

@@ -10,13 +10,16 @@ use umbra_api::session::{NetworkMode, NetworkPolicy};
 pub enum Mode {
     None,
     Allowlist,
+    /// As allowlist; a connection to another name waits for the user's answer.
+    Ask,
     Any,
 }
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct NetworkArgs {
-    /// What the guest may connect to: none, allowlist (the --allow-domain names) or any (public
-    /// addresses) [default: none, or the daemon's setting for sessions]
+    /// What the guest may connect to: none, allowlist (the --allow-domain names), ask (those,
+    /// and any other name the user allows when asked) or any (public addresses) [default: none,
+    /// or the daemon's setting for sessions]
     #[arg(long, value_enum)]
     network: Option<Mode>,
     /// A name the guest may connect to (repeatable); `*.example.com` for names below a domain.
@@ -30,6 +33,10 @@ pub struct NetworkArgs {
     /// Resolve NAME to ADDR on the host instead of asking DNS (repeatable), like curl's --resolve.
     #[arg(long = "resolve", value_name = "NAME:ADDR", value_parser = parse_resolve)]
     resolve: Vec<(String, IpAddr)>,
+    /// With --network ask: seconds a connection waits for the answer before it is denied
+    /// [default: 60].
+    #[arg(long = "ask-timeout", value_name = "SECS")]
+    ask_timeout: Option<u64>,
     /// A secret the guest sees only as a placeholder in $NAME (repeatable): the host's egress
     /// proxy puts the value of this vmctl's variable ENV_VAR in its place in requests to HOST
     /// (a name or *.domain; several with commas), and nowhere else.
@@ -85,6 +92,7 @@ impl NetworkArgs {
             || !self.allow_domains.is_empty()
             || !self.allow_cidrs.is_empty()
             || !self.resolve.is_empty()
+            || self.ask_timeout.is_some()
     }
 
     /// The policy these flags describe; `None` when no flag was given (the default applies).
@@ -96,6 +104,7 @@ impl NetworkArgs {
             Some(Mode::None) => NetworkMode::None,
             Some(Mode::Any) => NetworkMode::Any,
             Some(Mode::Allowlist) => NetworkMode::Allowlist,
+            Some(Mode::Ask) => NetworkMode::Ask,
             None if !self.allow_domains.is_empty() || !self.allow_cidrs.is_empty() => NetworkMode::Allowlist,
             None => NetworkMode::None,
         };
@@ -104,6 +113,7 @@ impl NetworkArgs {
             allow_domains: self.allow_domains.clone(),
             allow_cidrs: self.allow_cidrs.clone(),
             resolve: self.resolve.iter().cloned().collect::<BTreeMap<_, _>>(),
+            ask_timeout_secs: self.ask_timeout,
         })
     }
 }

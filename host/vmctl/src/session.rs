@@ -331,6 +331,12 @@ async fn exec(args: ExecArgs) -> i32 {
 
 async fn exec_inner(args: ExecArgs) -> anyhow::Result<i32> {
     let (client, mut notes) = Client::connect(None).await?;
+    // On a terminal (not a raw one), a connection the session asks about (network mode `ask`)
+    // is put to the person running the command: the next line typed answers it.
+    let prompts = (!args.tty && std::io::IsTerminal::is_terminal(&std::io::stdin())).then(Prompts::default);
+    if prompts.is_some() {
+        client.call::<EventsSubscribe>(SubscribeParams { session: Some(args.name.clone()) }).await?;
+    }
     let raw = if args.tty { RawTerminal::enable().ok() } else { None };
     let params = SpawnParams {
         session: args.name.clone(),
@@ -352,8 +358,16 @@ async fn exec_inner(args: ExecArgs) -> anyhow::Result<i32> {
     let stdin_client = client.clone();
     let stdin_process = process.clone();
     let mut host_stdin = crate::run::host_stdin_reader();
+    let answers = prompts.clone();
     let stdin_task = tokio::spawn(async move {
         while let Some(chunk) = host_stdin.recv().await {
+            // A line typed while a question is open answers it, and is not the command's.
+            if let (Some(bytes), Some(answers)) = (&chunk, &answers) {
+                if let Some(tx) = answers.0.lock().unwrap().take() {
+                    let _ = tx.send(bytes.to_vec());
+                    continue;
+                }
+            }
             let sent = match chunk {
                 Some(bytes) => {
                     let data = Data::from_bytes(&bytes);
@@ -368,13 +382,54 @@ async fn exec_inner(args: ExecArgs) -> anyhow::Result<i32> {
             }
         }
     });
-    let code = drive(&client, &mut notes, &process, args.tty).await;
+    let code = drive(&client, &mut notes, &process, args.tty, prompts.as_ref()).await;
     stdin_task.abort();
     drop(raw);
     code
 }
 
-async fn drive(client: &Client, notes: &mut Notifications, process: &ProcessRef, tty: bool) -> anyhow::Result<i32> {
+/// Where the next line typed goes while a question is open.
+#[derive(Clone, Default)]
+struct Prompts(std::sync::Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Vec<u8>>>>>);
+
+impl Prompts {
+    /// Asks about a connection on the terminal and answers umbrad with what is typed: `o`nce,
+    /// `s`ession, anything else denies; no answer before the request's timeout leaves it to
+    /// time out (denied).
+    fn ask(&self, client: &Client, request_id: String, what: String, timeout_secs: u64) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        *self.0.lock().unwrap() = Some(tx);
+        eprint!("vmctl: the guest wants to connect to {what}. Allow [o]nce, for the [s]ession, or [d]eny? ");
+        let _ = std::io::stderr().flush();
+        let (client, slot) = (client.clone(), self.0.clone());
+        tokio::spawn(async move {
+            let typed = tokio::time::timeout(Duration::from_secs(timeout_secs), rx).await;
+            slot.lock().unwrap().take();
+            let Ok(Ok(line)) = typed else {
+                eprintln!("\nvmctl: no answer: the connection to {what} is denied");
+                return;
+            };
+            let typed = String::from_utf8_lossy(&line).trim().to_ascii_lowercase();
+            let (approved, scope) = match typed.as_str() {
+                "o" | "once" | "y" | "yes" => (true, umbra_api::event::PermissionScope::Once),
+                "s" | "session" => (true, umbra_api::event::PermissionScope::Session),
+                _ => (false, umbra_api::event::PermissionScope::Once),
+            };
+            let answer = RespondPermissionParams { request_id, approved, scope };
+            if let Err(e) = client.call::<PermissionRespond>(answer).await {
+                eprintln!("vmctl: cannot answer: {}", e.message);
+            }
+        });
+    }
+}
+
+async fn drive(
+    client: &Client,
+    notes: &mut Notifications,
+    process: &ProcessRef,
+    tty: bool,
+    prompts: Option<&Prompts>,
+) -> anyhow::Result<i32> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
@@ -393,6 +448,22 @@ async fn drive(client: &Client, notes: &mut Notifications, process: &ProcessRef,
             n = notes.recv() => {
                 let Some(n) = n else { bail!("umbrad closed the connection") };
                 if n.method == NOTIFY_LOST {
+                    continue;
+                }
+                if n.method == NOTIFY_EVENT {
+                    if let (Some(prompts), Ok(ev)) = (prompts, serde_json::from_value::<SessionEvent>(n.params)) {
+                        if let EventKind::PermissionRequest {
+                            request_id,
+                            kind: umbra_api::event::PermissionKind::Network,
+                            host: Some(host),
+                            port: Some(port),
+                            timeout_secs,
+                            ..
+                        } = ev.kind
+                        {
+                            prompts.ask(client, request_id, format!("{host}:{port}"), timeout_secs);
+                        }
+                    }
                     continue;
                 }
                 if n.method != NOTIFY_PROCESS {

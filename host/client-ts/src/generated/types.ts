@@ -564,9 +564,10 @@ export interface MountParams {
  *
  * - `"none"`: No connection leaves the guest (DNS answers nothing).
  * - `"allowlist"`: Only the names in `allow_domains` (exact, or `*.suffix` for names below a domain), and addresses in `allow_cidrs`.
+ * - `"ask"`: As `allowlist`, and a connection to any other name waits while the user is asked (`permission_request` with `kind: "network"`): allowed once, for the session, or denied; silence denies after `ask_timeout_secs`.
  * - `"any"`: Any public address; private, loopback and link-local ones still only through `allow_cidrs`.
  */
-export type NetworkMode = "none" | "allowlist" | "any";
+export type NetworkMode = "none" | "allowlist" | "ask" | "any";
 
 /** A session's network policy. */
 export interface NetworkPolicy {
@@ -581,6 +582,11 @@ export interface NetworkPolicy {
    * `*.example.com` (any name below it, not `example.com` itself).
    */
   allow_domains?: string[];
+  /**
+   * In `ask` mode, how long a connection waits for the user's answer (default 60 s, at
+   * most 3600); silence denies.
+   */
+  ask_timeout_secs?: number | null;
   /** @defaultValue `"none"` */
   mode?: NetworkMode;
   /**
@@ -607,6 +613,22 @@ export interface PathParams {
    */
   host?: boolean;
 }
+
+/**
+ * What a `permission_request` asks for.
+ *
+ * - `"command"`: A command, before it runs.
+ * - `"network"`: A connection to a name outside the session's allowlist, held while the user decides.
+ */
+export type PermissionKind = "command" | "network";
+
+/**
+ * How far a `permission.respond` approval reaches.
+ *
+ * - `"once"`: This request only (every connection waiting on it).
+ * - `"session"`: A network request: the name for the rest of the session in this umbrad; later connections to it are not asked again. (For a command, the same as `once`.)
+ */
+export type PermissionScope = "once" | "session";
 
 /**
  * - `"manifest"`: Fetching and checking `manifest.json`.
@@ -896,6 +918,11 @@ export interface RespondPermissionParams {
   /** The `request_id` of a `permission_request` event. */
   request_id: string;
   approved: boolean;
+  /**
+   * How far an approval reaches: `once` (the default) or `session` (a network name for the
+   * rest of the session).
+   */
+  scope?: PermissionScope;
 }
 
 /** Params of `session.resume`. */
@@ -1259,17 +1286,17 @@ export interface EgressClosedEvent {
 export interface PermissionRequestEvent {
   event: "permission_request";
   request_id: string;
-  /** The command line as the rules saw it (argv, shell-quoted). */
-  command: string;
-  /** Its working directory in the guest. */
-  cwd: string;
-  /**
-   * What the rules decided and why; `parts` are the simple commands it runs (the
-   * candidates for an allow list).
-   */
-  decision: Decision;
   /** Seconds until silence counts as denied. */
   timeout_secs: number;
+  /** The command line as the rules saw it (argv, shell-quoted). Commands only. */
+  command?: string;
+  /** Its working directory in the guest. Commands only. */
+  cwd?: string;
+  /**
+   * What the rules decided and why; `parts` are the simple commands it runs (the
+   * candidates for an allow list). Commands only.
+   */
+  decision?: Decision | null;
   /** The variables it would run with on top of the guest's defaults (the spawn's `env`). */
   env?: Record<string, string>;
   /**
@@ -1277,6 +1304,19 @@ export interface PermissionRequestEvent {
    * `PYTHONPATH`, `NODE_OPTIONS`, …): worth a person's look before approving.
    */
   env_changes_what_runs?: string[];
+  /** The name (or address) the guest wants to connect to. Network only. */
+  host?: string | null;
+  /**
+   * What is asked for: a command to run (`process.spawn` under approval settings), or a
+   * connection to a name outside a session's allowlist (network mode `ask`).
+   *
+   * @defaultValue `"command"`
+   */
+  kind?: PermissionKind;
+  /** Its port. Network only. */
+  port?: number | null;
+  /** How the connection reached the agent (`http`, `socks`, `transparent`). Network only. */
+  via?: EgressVia | null;
 }
 
 /**

@@ -61,7 +61,7 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
         }
         PermissionRespond::NAME => {
             call::<PermissionRespond, _, _>(params, |p| async move {
-                manager.respond_permission(&p.request_id, p.approved)?;
+                manager.respond_permission(&p.request_id, p.approved, p.scope)?;
                 Ok(Done {})
             })
             .await

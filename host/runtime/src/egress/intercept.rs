@@ -35,6 +35,8 @@ pub struct Broker {
     pub upstream: Result<Upstream, String>,
     /// The company proxy every connection goes through, when there is one.
     pub upstream_proxy: Option<UpstreamProxy>,
+    /// Whom to ask about a name outside the allowlist (network mode `ask`).
+    pub ask: Option<Arc<super::ask::AskGate>>,
 }
 
 /// How long each side has for its TLS handshake.

@@ -6,6 +6,7 @@
 //! per-VM listener that applies it. A session's secrets ([`secrets`]) reach only the hosts they
 //! are bound to: [`intercept`] reads those hosts' requests, over TLS made with [`tls`].
 
+pub mod ask;
 pub mod intercept;
 pub mod policy;
 pub mod proxy;
@@ -14,6 +15,7 @@ pub mod secrets;
 pub mod tls;
 pub mod upstream_proxy;
 
+pub use ask::{AskGate, Asker};
 pub use intercept::Broker;
 pub use policy::{HostAddresses, Policy};
 pub use proxy::{EgressLimits, EgressProxy, Resolver, SharedPolicy};

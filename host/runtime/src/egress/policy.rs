@@ -26,6 +26,7 @@ pub struct Policy {
     suffixes: Vec<String>,
     cidrs: Vec<IpNet>,
     resolve: std::collections::BTreeMap<String, IpAddr>,
+    ask_timeout: std::time::Duration,
 }
 
 /// Why a name or address is refused.
@@ -61,7 +62,14 @@ impl Policy {
             suffixes,
             cidrs: p.allow_cidrs.iter().filter_map(|c| c.parse().ok()).collect(),
             resolve: p.resolve.iter().map(|(k, v)| (normalise(k), *v)).collect(),
+            ask_timeout: std::time::Duration::from_secs(p.ask_timeout_secs.unwrap_or(60)),
         }
+    }
+
+    /// In mode `ask`, how long a connection to a name outside the allowlist waits for the
+    /// user: `None` in the other modes (such a name is refused).
+    pub fn ask_timeout(&self) -> Option<std::time::Duration> {
+        (self.mode == NetworkMode::Ask).then_some(self.ask_timeout)
     }
 
     pub fn mode(&self) -> NetworkMode {
@@ -262,7 +270,7 @@ mod tests {
             mode,
             allow_domains: domains.iter().map(|s| s.to_string()).collect(),
             allow_cidrs: cidrs.iter().map(|s| s.to_string()).collect(),
-            resolve: Default::default(),
+            ..Default::default()
         })
     }
 

@@ -301,7 +301,24 @@ async fn handle(
         }};
     }
     if let Err(r) = policy.decide_name(&name) {
-        refuse!(R::Denied, r.0);
+        // Mode `ask`: a well-formed name (or address) outside the allowlist is asked about.
+        let askable = umbra_api::session::is_host_name(&name) || name.parse::<IpAddr>().is_ok();
+        let gate = broker.and_then(|b| b.ask.as_deref()).filter(|_| askable);
+        match (gate, policy.ask_timeout()) {
+            // A lookup is answered at once (the guest gets a fake address): the question
+            // comes with the connection, which names a port.
+            (Some(_), Some(_)) if matches!(request, EgressRequest::Resolve { .. }) => {
+                report(decision(true, Some("to be asked about when connected to".into()), None));
+                let _ = reader.into_inner().write_all(&EgressReply::ok().to_line()).await;
+                return;
+            }
+            (Some(gate), Some(timeout)) => {
+                if let Err(why) = gate.check(&name, port, via, timeout).await {
+                    refuse!(R::Denied, format!("{name}: {why}"));
+                }
+            }
+            _ => refuse!(R::Denied, r.0),
+        }
     }
     let via_proxy = broker.and_then(|b| b.upstream_proxy.as_ref()).filter(|p| p.applies_to(&name));
     let (upstream, target) = match via_proxy {

@@ -4,6 +4,9 @@
 //! becomes a `permission_request` event on the session's bus with a request id; the spawn waits
 //! until [`Approvals::respond`] answers it (`permission.respond` over IPC) or the settings'
 //! timeout passes, which denies it: silence never runs a command. Every outcome says its rule.
+//!
+//! A session in network mode `ask` asks the same way before a connection to a name outside its
+//! allowlist ([`Approvals::ask_network`]): the connection waits for the answer.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,6 +14,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+use umbra_api::event::{PermissionKind, PermissionScope};
 use umbra_api::EventKind;
 use umbra_policy::approval::{ApprovalSettings, CommandRequest, Verdict};
 
@@ -19,7 +23,7 @@ use super::SessionError;
 /// Requests waiting for an answer, by id. One per manager: ids are unique across sessions.
 #[derive(Default)]
 pub struct Approvals {
-    pending: Mutex<HashMap<String, oneshot::Sender<bool>>>,
+    pending: Mutex<HashMap<String, oneshot::Sender<(bool, PermissionScope)>>>,
     next: AtomicU64,
 }
 
@@ -29,15 +33,81 @@ pub const MAX_PENDING: usize = 1024;
 
 impl Approvals {
     /// Answers a pending request.
-    pub fn respond(&self, request_id: &str, approved: bool) -> Result<(), SessionError> {
+    pub fn respond(&self, request_id: &str, approved: bool, scope: PermissionScope) -> Result<(), SessionError> {
         let sender = self.pending.lock().unwrap().remove(request_id);
         match sender {
             Some(tx) => {
                 // The spawn may have timed out in between: then the answer is too late.
-                tx.send(approved).map_err(|_| SessionError::NoPermissionRequest(request_id.to_string()))
+                tx.send((approved, scope)).map_err(|_| SessionError::NoPermissionRequest(request_id.to_string()))
             }
             None => Err(SessionError::NoPermissionRequest(request_id.to_string())),
         }
+    }
+
+    /// A request id and its answer's receiver; `Busy` past [`MAX_PENDING`].
+    fn open(&self, what: &str) -> Result<(String, oneshot::Receiver<(bool, PermissionScope)>), SessionError> {
+        let request_id = format!("perm-{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
+        let (tx, rx) = oneshot::channel();
+        let mut pending = self.pending.lock().unwrap();
+        if pending.len() >= MAX_PENDING {
+            return Err(SessionError::Busy(format!("{MAX_PENDING} {what} already wait for approval")));
+        }
+        pending.insert(request_id.clone(), tx);
+        Ok((request_id, rx))
+    }
+
+    /// Waits for the answer to `request_id` (silence denies after `timeout`); emits the
+    /// resolution. Returns the scope of an approval, or why it was not approved.
+    async fn wait(
+        &self,
+        request_id: String,
+        rx: oneshot::Receiver<(bool, PermissionScope)>,
+        timeout: Duration,
+        emit: impl Fn(EventKind),
+    ) -> Result<PermissionScope, String> {
+        let answer = tokio::time::timeout(timeout, rx).await;
+        self.pending.lock().unwrap().remove(&request_id);
+        let outcome = match answer {
+            Ok(Ok((true, PermissionScope::Session))) => Ok(PermissionScope::Session),
+            Ok(Ok((true, PermissionScope::Once))) => Ok(PermissionScope::Once),
+            Ok(Ok((false, _))) => Err("denied by the user".to_string()),
+            Ok(Err(_)) => Err("the request was dropped".to_string()),
+            Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
+        };
+        let reason = match &outcome {
+            Ok(PermissionScope::Session) => "approved for the session".to_string(),
+            Ok(PermissionScope::Once) => "approved".to_string(),
+            Err(why) => why.clone(),
+        };
+        emit(EventKind::PermissionResolved { request_id, approved: outcome.is_ok(), reason });
+        outcome
+    }
+
+    /// Asks whether the guest may connect to `host:port` (network mode `ask`): a
+    /// `permission_request` of kind `network`, answered within `timeout` or denied.
+    pub async fn ask_network(
+        &self,
+        host: &str,
+        port: u16,
+        via: umbra_proto::egress::EgressVia,
+        timeout: Duration,
+        emit: impl Fn(EventKind),
+    ) -> Result<PermissionScope, String> {
+        let (request_id, rx) = self.open("connections").map_err(|e| e.to_string())?;
+        emit(EventKind::PermissionRequest {
+            request_id: request_id.clone(),
+            kind: PermissionKind::Network,
+            command: String::new(),
+            cwd: String::new(),
+            env: Default::default(),
+            env_changes_what_runs: Vec::new(),
+            decision: None,
+            host: Some(host.to_string()),
+            port: Some(port),
+            via: Some(via),
+            timeout_secs: timeout.as_secs(),
+        });
+        self.wait(request_id, rx, timeout, emit).await
     }
 
     /// Decides on `argv`: returns when it may run, or the refusal naming the rule (or the
@@ -55,39 +125,27 @@ impl Approvals {
             Verdict::Deny => return Err(SessionError::CommandRefused { command, reason: decision.reason.to_string() }),
             Verdict::Ask => {}
         }
-        let request_id = format!("perm-{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut pending = self.pending.lock().unwrap();
-            if pending.len() >= MAX_PENDING {
-                return Err(SessionError::Busy(format!("{MAX_PENDING} commands already wait for approval")));
-            }
-            pending.insert(request_id.clone(), tx);
-        }
+        let (request_id, rx) = self.open("commands")?;
         let timeout = Duration::from_secs(settings.timeout_secs);
         let rule = decision.reason.to_string();
         emit(EventKind::PermissionRequest {
             request_id: request_id.clone(),
+            kind: PermissionKind::Command,
             command: command.clone(),
             cwd: request.cwd.display().to_string(),
             env: request.env.clone(),
             env_changes_what_runs: umbra_policy::approval::what_changes_what_runs(&request.env),
-            decision,
+            decision: Some(decision),
+            host: None,
+            port: None,
+            via: None,
             timeout_secs: settings.timeout_secs,
         });
-        let answer = tokio::time::timeout(timeout, rx).await;
-        self.pending.lock().unwrap().remove(&request_id);
-        let (approved, reason) = match answer {
-            Ok(Ok(true)) => (true, "approved".to_string()),
-            Ok(Ok(false)) => (false, "denied by the user".to_string()),
-            Ok(Err(_)) => (false, "the request was dropped".to_string()),
-            Err(_) => (false, format!("no answer within {} s", settings.timeout_secs)),
-        };
-        emit(EventKind::PermissionResolved { request_id, approved, reason: reason.clone() });
-        if approved {
-            Ok(())
-        } else {
-            Err(SessionError::CommandRefused { command, reason: format!("{reason} (it needed approval: {rule})") })
+        match self.wait(request_id, rx, timeout, &emit).await {
+            Ok(_) => Ok(()),
+            Err(reason) => {
+                Err(SessionError::CommandRefused { command, reason: format!("{reason} (it needed approval: {rule})") })
+            }
         }
     }
 }

@@ -149,8 +149,13 @@ impl SessionManager {
     }
 
     /// Answers a `permission_request` event: the spawn waiting on it runs, or is refused.
-    pub fn respond_permission(&self, request_id: &str, approved: bool) -> Result<(), SessionError> {
-        self.ctx.approvals.respond(request_id, approved)
+    pub fn respond_permission(
+        &self,
+        request_id: &str,
+        approved: bool,
+        scope: umbra_api::event::PermissionScope,
+    ) -> Result<(), SessionError> {
+        self.ctx.approvals.respond(request_id, approved, scope)
     }
 
     /// Creates session `params.name` and boots it; returns once it is ready. A session of that

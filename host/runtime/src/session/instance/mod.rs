@@ -59,6 +59,8 @@ pub struct Session {
     /// The CA the guest trusts for the hosts the proxy reads requests of: made once per
     /// session in this process (its key never leaves it).
     ca: std::sync::OnceLock<Arc<crate::egress::SessionCa>>,
+    /// Names the user allowed for the session when asked (network mode `ask`).
+    network_approved: Arc<Mutex<std::collections::HashSet<String>>>,
     /// Serialises start, stop, resume and restart.
     lifecycle: tokio::sync::Mutex<()>,
     last_activity: Mutex<Instant>,
@@ -95,6 +97,7 @@ impl Session {
             network,
             secrets: Arc::new(std::sync::RwLock::new(secrets)),
             ca: std::sync::OnceLock::new(),
+            network_approved: Default::default(),
             ctx,
             state: Mutex::new(State {
                 record,
@@ -216,7 +219,7 @@ impl Session {
     }
 
     /// What the egress proxy of this session's VMs needs for its secrets.
-    pub(super) fn broker(&self) -> Result<crate::egress::Broker, SessionError> {
+    pub(super) fn broker(self: &Arc<Self>) -> Result<crate::egress::Broker, SessionError> {
         let ca = match self.ca.get() {
             Some(ca) => ca.clone(),
             None => {
@@ -230,7 +233,17 @@ impl Session {
         // A proxy setting that does not parse stops the boot, saying why: connecting around
         // the company's proxy instead would be wrong.
         let upstream_proxy = self.ctx.upstream_proxy().map_err(SessionError::InvalidArgument)?;
-        Ok(crate::egress::Broker { secrets: self.secrets.clone(), ca, upstream, upstream_proxy })
+        // Mode `ask` asks through the session's approvals, on its event stream.
+        let me = Arc::downgrade(self);
+        let asker: crate::egress::Asker = Arc::new(move |host, port, via, timeout| {
+            let me = me.clone();
+            Box::pin(async move {
+                let me = me.upgrade().ok_or("the session is gone")?;
+                me.ctx.approvals.ask_network(&host, port, via, timeout, |kind| me.emit(kind)).await
+            })
+        });
+        let ask = Some(Arc::new(crate::egress::AskGate::new(asker, self.network_approved.clone())));
+        Ok(crate::egress::Broker { secrets: self.secrets.clone(), ca, upstream, upstream_proxy, ask })
     }
 
     /// A copy of the secrets, values included (for a fork in this process).
