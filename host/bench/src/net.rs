@@ -14,6 +14,13 @@
 //!   exchanges a byte on each and holds them all open at once; the server counts how many it
 //!   held at the peak. Errors are counted, not hidden.
 //!
+//! - **HTTPS, intercepted vs passthrough**: `--https-requests` GETs by Python's `http.client`
+//!   to two TLS servers of vmctl's (certificates from a "public" test CA the proxy is told to
+//!   trust): `bench.test`, which a secret is bound to (so the proxy ends the guest's TLS,
+//!   verifies the server's and puts the secret in the `Authorization` header), and `pass.test`,
+//!   which it carries end to end. Each on one kept-alive connection and with a new connection
+//!   per request; medians, p90s, requests per second, and intercepted / passthrough.
+//!
 //! Needs the standard bundle (curl and python3 in the guest) and curl and python3 on the host.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -46,6 +53,10 @@ pub struct NetBenchArgs {
     /// Connections held open at once by the guest.
     #[arg(long, default_value_t = 1000)]
     concurrent: usize,
+    /// HTTPS requests timed per path (intercepted, passthrough) and way (kept alive, new
+    /// connection each).
+    #[arg(long, default_value_t = 200)]
+    https_requests: usize,
     /// Guest memory, MiB.
     #[arg(long, default_value_t = 1024)]
     memory: u32,
@@ -54,6 +65,8 @@ pub struct NetBenchArgs {
 }
 
 const NAME: &str = "bench.test";
+/// A name no secret is bound to: its TLS is end to end.
+const PASS_NAME: &str = "pass.test";
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Times `n` connect → byte → byte → close to (host, port); prints the median and p90 in ms.
@@ -97,6 +110,94 @@ for s in held:
 ok = sum(1 for s in held if s.recv(1) == b"y")
 print(ok, errors + len(held) - ok)
 "#;
+
+/// `n` HTTPS GETs to (host, port), trusting the session's bundle and `/tmp/bench-ca.pem`, on one
+/// kept-alive connection (`keep`) or a new one each (`new`), with `Authorization: Bearer
+/// $BENCH_TOKEN`; prints median and p90 in ms and requests per second.
+const HTTPS_PY: &str = r#"
+import http.client, os, ssl, sys, time
+host, port, n, way = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+ctx = ssl.create_default_context(cafile=os.environ.get('SSL_CERT_FILE'))
+ctx.load_verify_locations(sys.argv[5])
+# The host's anchor connects to 127.0.0.1, not to a name in the certificate.
+ctx.check_hostname = len(sys.argv) < 7
+headers = {'Authorization': 'Bearer ' + os.environ.get('BENCH_TOKEN', 'none')}
+times, conn = [], None
+start = time.perf_counter()
+for _ in range(n):
+    t = time.perf_counter()
+    if conn is None or way == 'new':
+        if conn is not None:
+            conn.close()
+        conn = http.client.HTTPSConnection(host, port, context=ctx, timeout=30)
+    conn.request('GET', '/', headers=headers)
+    r = conn.getresponse()
+    body = r.read()
+    assert r.status == 200 and body == b'ok', (r.status, body)
+    times.append(time.perf_counter() - t)
+total = time.perf_counter() - start
+times.sort()
+print('%.3f %.3f %.1f' % (times[len(times) // 2] * 1000, times[len(times) * 9 // 10] * 1000, n / total))
+"#;
+
+/// vmctl's HTTPS servers: one per name, certificates of a test CA made here (`ca_pem`); each
+/// answers every request on a connection with `ok`, and records whether the secret's value
+/// (and never its placeholder) arrived.
+struct HttpsServers {
+    ca_pem: String,
+    intercepted: u16,
+    passthrough: u16,
+    saw_value: Arc<AtomicUsize>,
+}
+
+const BENCH_SECRET: &str = "bench-secret-value";
+
+async fn https_servers() -> anyhow::Result<HttpsServers> {
+    let ca = umbra_runtime::egress::SessionCa::generate("bench public side")?;
+    let saw_value = Arc::new(AtomicUsize::new(0));
+    let mut ports = Vec::new();
+    for name in [NAME, PASS_NAME] {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        ports.push(listener.local_addr()?.port());
+        let acceptor = tokio_rustls::TlsAcceptor::from(ca.server_config(name)?);
+        let saw = saw_value.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, saw) = (acceptor.clone(), saw.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else { return };
+                    let mut r = BufReader::new(tls);
+                    loop {
+                        let mut head = String::new();
+                        loop {
+                            let mut line = String::new();
+                            match r.read_line(&mut line).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(_) if line == "\r\n" => break,
+                                Ok(_) => head.push_str(&line),
+                            }
+                        }
+                        if head.contains(BENCH_SECRET) {
+                            saw.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if r.get_mut().write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    }
+    Ok(HttpsServers { ca_pem: ca.pem().to_string(), intercepted: ports[0], passthrough: ports[1], saw_value })
+}
+
+fn three(out: &str) -> anyhow::Result<(f64, f64, f64)> {
+    let v: Vec<f64> = out.split_whitespace().map(str::parse).collect::<Result<_, _>>().context("parse")?;
+    match v[..] {
+        [a, b, c] => Ok((a, b, c)),
+        _ => bail!("expected three numbers, got {out:?}"),
+    }
+}
 
 /// vmctl's servers: HTTP (`GET /N` answers N bytes) and echo (each byte back; counts the
 /// connections open at once).
@@ -220,7 +321,12 @@ fn two(out: &str) -> anyhow::Result<(f64, f64)> {
 
 pub async fn net(args: NetBenchArgs) -> anyhow::Result<()> {
     let s = servers().await?;
+    let tls = https_servers().await?;
+    // The proxy trusts the test CA upstream (as a company's CA would be, `trust_ca`).
+    let ca_file = std::env::temp_dir().join(format!("umbra-bench-ca-{}.pem", std::process::id()));
+    std::fs::write(&ca_file, &tls.ca_pem)?;
     let config: DaemonConfig = serde_json::from_value(serde_json::json!({
+        "trust_ca": [ca_file],
         "memory_mib": args.memory,
         "idle_timeout_secs": 0,
         "disk_size_mib": 0,
@@ -236,16 +342,78 @@ pub async fn net(args: NetBenchArgs) -> anyhow::Result<()> {
     });
     let policy = NetworkPolicy {
         mode: NetworkMode::Allowlist,
-        allow_domains: vec![NAME.into()],
+        allow_domains: vec![NAME.into(), PASS_NAME.into()],
         allow_cidrs: vec!["127.0.0.1/32".into()],
-        resolve: [(NAME.to_string(), "127.0.0.1".parse()?)].into(),
+        resolve: [(NAME.to_string(), "127.0.0.1".parse()?), (PASS_NAME.to_string(), "127.0.0.1".parse()?)].into(),
         ..Default::default()
     };
     let settings = umbra_api::session::SettingsPatch { network: Some(policy), ..Default::default() };
-    let session = manager.start(StartParams { name: "bench-net".into(), settings, ..Default::default() }).await?;
-    let result = measure(&args, &s, &session).await;
+    let secret = umbra_api::secrets::SecretSpec {
+        name: "BENCH_TOKEN".into(),
+        value: Some(umbra_api::secrets::SecretValue::new(BENCH_SECRET)),
+        from_env: None,
+        hosts: vec![NAME.into()],
+        inject: vec![umbra_api::secrets::Inject::Header],
+    };
+    let start = StartParams { name: "bench-net".into(), settings, secrets: vec![secret], ..Default::default() };
+    let session = manager.start(start).await?;
+    let result = async {
+        measure(&args, &s, &session).await?;
+        measure_https(&args, &tls, &session).await
+    }
+    .await;
     let _ = manager.delete("bench-net").await;
+    let _ = std::fs::remove_file(&ca_file);
     result
+}
+
+async fn measure_https(args: &NetBenchArgs, tls: &HttpsServers, session: &Arc<Session>) -> anyhow::Result<()> {
+    let n = args.https_requests.to_string();
+    // The test CA, for the guest's end-to-end connections (the intercepted ones present the
+    // session CA's certificates, which the guest trusts already).
+    let ca_write = format!("cat > /tmp/bench-ca.pem <<'PEM'\n{}PEM\n", tls.ca_pem);
+    guest(session, &["sh", "-c", &ca_write], &[]).await?;
+    let host_ca = std::env::temp_dir().join(format!("umbra-bench-ca-host-{}.pem", std::process::id()));
+    std::fs::write(&host_ca, &tls.ca_pem)?;
+    let host_ca = host_ca.display().to_string();
+    println!("https      {} requests each; intercepted = {NAME} (a secret bound), passthrough = {PASS_NAME}", n);
+    for way in ["keep", "new"] {
+        let label = if way == "keep" { "kept-alive connection" } else { "new connection each" };
+        let (i50, i90, irps) = three(
+            &guest(
+                session,
+                &["python3", "-c", HTTPS_PY, NAME, &tls.intercepted.to_string(), &n, way, "/tmp/bench-ca.pem"],
+                &[],
+            )
+            .await?,
+        )?;
+        let (p50, p90, prps) = three(
+            &guest(
+                session,
+                &["python3", "-c", HTTPS_PY, PASS_NAME, &tls.passthrough.to_string(), &n, way, "/tmp/bench-ca.pem"],
+                &[],
+            )
+            .await?,
+        )?;
+        // The anchor: the same client on the host, straight to the server.
+        let port = tls.passthrough.to_string();
+        let (h50, h90, hrps) =
+            three(&host(&["python3", "-c", HTTPS_PY, "127.0.0.1", &port, &n, way, &host_ca, "no-name"]).await?)?;
+        println!("https      {label}");
+        println!("             host (anchor)      median {h50:>7.3} ms  p90 {h90:>7.3} ms  {hrps:>7.1} req/s");
+        println!("             guest passthrough  median {p50:>7.3} ms  p90 {p90:>7.3} ms  {prps:>7.1} req/s");
+        println!(
+            "             guest intercepted  median {i50:>7.3} ms  p90 {i90:>7.3} ms  {irps:>7.1} req/s   intercepted/passthrough latency {:.2}",
+            i50 / p50
+        );
+    }
+    let _ = std::fs::remove_file(&host_ca);
+    let saw = tls.saw_value.load(Ordering::Relaxed);
+    println!("https      the intercepted server got the secret's value in {saw} requests");
+    if saw < 2 * args.https_requests {
+        bail!("the secret reached the intercepted server in {saw} of {} requests", 2 * args.https_requests);
+    }
+    Ok(())
 }
 
 async fn measure(args: &NetBenchArgs, s: &Servers, session: &Arc<Session>) -> anyhow::Result<()> {

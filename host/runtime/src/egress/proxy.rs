@@ -364,6 +364,9 @@ async fn handle(
                 let target = SocketAddr::new(*addr, port);
                 match tokio::time::timeout(limits.connect_timeout, TcpStream::connect(target)).await {
                     Ok(Ok(s)) => {
+                        // What the guest sends is already in whole writes; a TLS handshake the
+                        // proxy makes itself must not wait out a delayed ACK.
+                        let _ = s.set_nodelay(true);
                         upstream = Some((s, target.to_string()));
                         break;
                     }

@@ -150,6 +150,7 @@ impl UpstreamProxy {
             let mut s = TcpStream::connect((self.host.as_str(), self.port))
                 .await
                 .map_err(|e| format!("cannot connect to the upstream proxy {proxy}: {e}"))?;
+            let _ = s.set_nodelay(true);
             let authority = match target.contains(':') {
                 true => format!("[{target}]:{port}"),
                 false => format!("{target}:{port}"),
