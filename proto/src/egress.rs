@@ -18,6 +18,11 @@ use serde::{Deserialize, Serialize};
 /// The host vsock port egress streams connect to (guest → host).
 pub const EGRESS_VSOCK_PORT: u32 = 1026;
 
+/// Since 1.6: the guest agent's socket for the session's SSH agent (the host sets
+/// `SSH_AUTH_SOCK` to it in sessions that hold keys); each connection becomes an
+/// [`EgressRequest::SshAgent`] stream.
+pub const SSH_AGENT_SOCKET: &str = "/run/umbra/ssh-agent.sock";
+
 /// Longest request or reply line, newline included.
 pub const MAX_EGRESS_LINE: usize = 1024;
 
@@ -33,6 +38,8 @@ pub enum EgressRequest {
     Connect { name: String, port: u16, via: EgressVia },
     /// May `name` be used? (A DNS query in the guest.)
     Resolve { name: String },
+    /// Since 1.6: the stream carries the SSH agent protocol to the session's agent on the host.
+    SshAgent,
 }
 
 /// How the connection reached the agent (for the host's events and decisions' records).

@@ -811,3 +811,109 @@ print(len(socks))
     eprintln!("flood: baseline {baseline} fds, peak {during}, after {now}; server held {held_peak} at the end");
     m.delete("flood").await.unwrap();
 }
+
+/// An sshd of the test's on 127.0.0.1:`port`, with host key `host_key` and `authorized` as the
+/// only authorized keys, serving git (as root). From the cache, where `scripts/install-deps`
+/// unpacks it (a system sshd is never installed).
+fn sshd(dir: &Path, host_key: &Path, authorized: &Path) -> (Server, u16) {
+    let root = umbra_tests::cache_dir().join("sshd");
+    let bin = root.join("usr/sbin/sshd");
+    assert!(bin.exists(), "no sshd at {} (run scripts/install-deps as root)", bin.display());
+    std::fs::create_dir_all("/run/sshd").unwrap();
+    let port = free_port();
+    let child = Command::new(&bin)
+        .current_dir(dir)
+        .env("LD_LIBRARY_PATH", root.join("usr/lib/x86_64-linux-gnu"))
+        .args(["-D", "-e", "-f", "/dev/null", "-p", &port.to_string(), "-h"])
+        .arg(host_key)
+        .args(["-o", "ListenAddress=127.0.0.1", "-o", "StrictModes=no", "-o", "UsePAM=no"])
+        .args(["-o", "PermitRootLogin=prohibit-password", "-o", "PasswordAuthentication=no", "-o", "PidFile=none"])
+        .arg("-o")
+        .arg(format!("AuthorizedKeysFile={}", authorized.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("sshd-{port}.log"))).unwrap())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    wait_listening(port);
+    (server, port)
+}
+
+/// Git over SSH with a key only the host holds (issue 30): the guest's SSH_AUTH_SOCK reaches the
+/// session's agent on the host, which signs the login to the host the key was given for —
+/// known by its host key from ~/.ssh/known_hosts — and refuses the same key to another server;
+/// the key never appears in the guest; each signature and refusal is an event.
+#[test]
+fn git_over_ssh_with_a_host_held_key_only_to_its_host() {
+    let dir = TempDir::new("egress-ssh");
+    let keygen = |name: &str, comment: &str| {
+        run_ok(
+            Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
+                .arg(dir.0.join(name)),
+        )
+    };
+    keygen("deploy", "deploy-key");
+    keygen("host-git", "host");
+    keygen("host-other", "host");
+    std::fs::copy(dir.0.join("deploy.pub"), dir.0.join("authorized_keys")).unwrap();
+    // A bare repository at srv/repo.git (git_server's HTTP server is not needed).
+    drop(git_server(&dir.0).0);
+    let repo = dir.0.join("srv/repo.git");
+    let (_git_sshd, git_port) = sshd(&dir.0, &dir.0.join("host-git"), &dir.0.join("authorized_keys"));
+    let (_other_sshd, other_port) = sshd(&dir.0, &dir.0.join("host-other"), &dir.0.join("authorized_keys"));
+    // vmctl's HOME: known_hosts names git.test's key (not other.test's).
+    let home = dir.0.join("home");
+    std::fs::create_dir_all(home.join(".ssh")).unwrap();
+    let host_pub = std::fs::read_to_string(dir.0.join("host-git.pub")).unwrap();
+    let mut f = host_pub.split_whitespace();
+    let (kind, data) = (f.next().unwrap(), f.next().unwrap());
+    std::fs::write(home.join(".ssh/known_hosts"), format!("[git.test]:{git_port} {kind} {data}\n")).unwrap();
+    let private = std::fs::read_to_string(dir.0.join("deploy")).unwrap();
+    let secret_line = private.lines().nth(1).unwrap().to_string();
+
+    let ssh = "ssh -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes";
+    let script = format!(
+        "set -u
+         echo \"sock=$SSH_AUTH_SOCK\"
+         ssh-add -l
+         GIT_SSH_COMMAND='{ssh}' git clone -q ssh://root@git.test:{git_port}{repo} /tmp/a && cat /tmp/a/README && echo ssh-git-ok
+         GIT_SSH_COMMAND='{ssh}' git clone -q ssh://root@other.test:{other_port}{repo} /tmp/b; echo other-exit=$?
+         grep -rl -- '{secret_line}' /etc /run /root /tmp 2>/dev/null; echo searched",
+        repo = repo.display()
+    );
+    let key = format!("deploy={}@git.test", dir.0.join("deploy").display());
+    let args = [
+        "--allow-domain",
+        "git.test",
+        "--allow-domain",
+        "other.test",
+        "--resolve",
+        "git.test:127.0.0.1",
+        "--resolve",
+        "other.test:127.0.0.1",
+        "--allow-cidr",
+        "127.0.0.1/32",
+        "--ssh-key",
+        &key,
+    ];
+    let home_env = home.display().to_string();
+    let out = vmctl_run_with("standard", &args, &script, &[], &[("HOME", home_env.as_str())]);
+    let run = parse(out);
+    let why = run.explain();
+    assert_eq!(run.code, Some(0), "{why}");
+    assert!(run.stdout.contains("sock=/run/umbra/ssh-agent.sock"), "{why}");
+    assert!(run.stdout.contains("deploy (ED25519)"), "the agent lists the key by name: {why}");
+    assert!(run.stdout.contains("cloned through the egress proxy") && run.stdout.contains("ssh-git-ok"), "{why}");
+    assert!(!run.stdout.contains("other-exit=0"), "the key logged in to another server: {why}");
+    assert!(run.stdout.contains("searched") && !run.stdout.contains("/tmp/") && !run.stdout.contains("/etc/"), "{why}");
+    let signed: Vec<_> = run.events.iter().filter(|e| e["event"] == "ssh_signed").collect();
+    assert!(!signed.is_empty() && signed.iter().all(|e| e["key"] == "deploy" && e["host"] == "git.test"), "{why}");
+    assert!(
+        run.events.iter().any(|e| e["event"] == "ssh_refused"
+            && e["key"] == "deploy"
+            && e["reason"].as_str().is_some_and(|r| r.contains("not one of git.test"))),
+        "{why}"
+    );
+}

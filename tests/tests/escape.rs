@@ -404,6 +404,7 @@ async fn run_suite(backend: BackendKind) {
             hosts: vec!["secret-host.test".into()],
             inject: vec![umbra_api::secrets::Inject::Header, umbra_api::secrets::Inject::Basic],
         }],
+        ..Default::default()
     };
     let s = m.start(params).await.unwrap_or_else(|e| panic!("{backend:?}: start: {e}"));
     // A VM failure (and restart) during a case is reported with its reason.
@@ -1267,7 +1268,7 @@ async fn a_folder_replaced_while_its_session_is_stopped_is_refused_at_resume() {
                 disk_size_mib: Some(DISK_MIB),
                 ..Default::default()
             },
-            secrets: Vec::new(),
+            ..Default::default()
         };
         let folder =
             |path: &Path, name: &str, mode| FolderSpec { path: path.to_path_buf(), name: Some(name.into()), mode };

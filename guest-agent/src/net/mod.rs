@@ -23,6 +23,7 @@ pub mod iface;
 pub mod netlink;
 pub mod nft;
 pub mod socks;
+pub mod ssh_agent;
 pub mod transparent;
 
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -208,6 +209,18 @@ pub async fn start(config: NetConfig) -> anyhow::Result<()> {
     }
     if let Some(l) = dns_tcp {
         tokio::spawn(dns::serve_tcp(TcpListener::from_std(l)?, egress.clone()));
+    }
+    // In a guest, the session's SSH agent (on the host) at a socket of ours.
+    if config.kernel {
+        match ssh_agent::listen() {
+            Ok(l) => {
+                tokio::spawn(ssh_agent::serve(l, egress.clone()));
+            }
+            Err(e) => {
+                tracing::error!("network egress: cannot listen on {} for the SSH agent: {e}", ssh_agent::SOCKET);
+                failures += 1;
+            }
+        }
     }
     let dns_up = dns_udp.is_some();
     if let Some(s) = dns_udp {

@@ -241,6 +241,17 @@ pub enum EventKind {
         name: String,
         host: String,
     },
+    /// The session's SSH agent signed a login with key `key` to `host`.
+    SshSigned {
+        key: String,
+        host: String,
+    },
+    /// The session's SSH agent refused to sign with key `key`, saying why (another server, no
+    /// session binding, a forwarded agent).
+    SshRefused {
+        key: String,
+        reason: String,
+    },
     /// The proxy terminated the guest's TLS to `host` (a host a secret is bound to) and made
     /// its own verified connection upstream; `error` when that failed (the guest got a 502).
     TlsIntercepted {
@@ -295,6 +306,8 @@ impl EventKind {
             EventKind::SecretUsed { .. } => "secret_used",
             EventKind::SecretWithheld { .. } => "secret_withheld",
             EventKind::TlsIntercepted { .. } => "tls_intercepted",
+            EventKind::SshSigned { .. } => "ssh_signed",
+            EventKind::SshRefused { .. } => "ssh_refused",
             EventKind::DownloadProgress(_) => "download_progress",
             EventKind::Error { .. } => "error",
         }

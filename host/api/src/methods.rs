@@ -135,6 +135,9 @@ pub struct StartParams {
     /// Credentials the guest sees only as placeholders (`docs/network.md`, "Secrets").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::secrets::SecretSpec>,
+    /// SSH keys the session's agent holds on the host, each for the servers it names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ssh_keys: Vec<crate::secrets::SshKeySpec>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -134,6 +134,66 @@ fn check_value(name: &str, v: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// An SSH key the session's agent holds on the host (the guest's `SSH_AUTH_SOCK` reaches it;
+/// the private key never enters the guest), usable only for logins to `hosts`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SshKeySpec {
+    /// What events and `ssh-add -l` call it (the key's comment in the agent).
+    pub name: String,
+    /// The private key, OpenSSH format, unencrypted. Exactly one of this and `from_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key: Option<SecretValue>,
+    /// A file of umbrad's user holding it (read at start and after umbrad restarts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_file: Option<std::path::PathBuf>,
+    /// The servers it may log in to, each known by its host keys (as `ssh-add -h` restricts a
+    /// key). At least one.
+    pub hosts: Vec<SshHostSpec>,
+}
+
+/// A server an SSH key may be used for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SshHostSpec {
+    /// Its name, for events and for finding its keys in `~/.ssh/known_hosts`.
+    pub name: String,
+    /// Its host keys, OpenSSH public-key lines (`ssh-ed25519 AAAA…`); when absent, the
+    /// unhashed lines of umbrad's user's `~/.ssh/known_hosts` that name it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_keys: Vec<String>,
+}
+
+impl SshKeySpec {
+    pub fn validate(&self) -> Result<(), String> {
+        let n = &self.name;
+        if n.is_empty() || n.len() > 64 || n.chars().any(|c| c.is_control()) {
+            return Err(format!("ssh key name {n:?}: 1 to 64 printable characters"));
+        }
+        match (&self.private_key, &self.from_file) {
+            (Some(_), Some(_)) => return Err(format!("ssh key {n}: give `private_key` or `from_file`, not both")),
+            (None, None) => return Err(format!("ssh key {n}: give its `private_key` or `from_file`")),
+            _ => {}
+        }
+        if self.hosts.is_empty() {
+            return Err(format!("ssh key {n}: name at least one host it may log in to"));
+        }
+        for h in &self.hosts {
+            if !umbra_policy::network::is_host_name(&h.name) && h.name.parse::<std::net::IpAddr>().is_err() {
+                return Err(format!("ssh key {n}: {:?} is not a host name", h.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An SSH key as `session.get` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SshKeyInfo {
+    pub name: String,
+    /// `SHA256:…`, as `ssh-add -l` shows it.
+    pub fingerprint: String,
+    pub hosts: Vec<String>,
+}
+
 /// A secret as `session.get` reports it: never its value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SecretInfo {

@@ -247,6 +247,9 @@ pub struct SessionInfo {
     /// Its secrets: names, placeholders and hosts, never a value.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::secrets::SecretInfo>,
+    /// Its SSH keys: names, fingerprints and hosts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ssh_keys: Vec<crate::secrets::SshKeyInfo>,
 }
 
 /// A session's snapshot: its VM paused into the session's storage (memory, devices, disk,

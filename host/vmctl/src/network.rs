@@ -42,6 +42,25 @@ pub struct NetworkArgs {
     /// (a name or *.domain; several with commas), and nowhere else.
     #[arg(long = "secret", value_name = "NAME@HOST=ENV_VAR", value_parser = parse_secret)]
     secrets: Vec<SecretArg>,
+    /// An SSH key the session's agent holds on the host (repeatable): the guest's
+    /// SSH_AUTH_SOCK reaches it, and it signs only logins to HOST (several with commas), known
+    /// by their keys in ~/.ssh/known_hosts. The private key file (unencrypted OpenSSH format)
+    /// never enters the guest.
+    #[arg(long = "ssh-key", value_name = "NAME=FILE@HOST", value_parser = parse_ssh_key)]
+    ssh_keys: Vec<umbra_api::secrets::SshKeySpec>,
+}
+
+fn parse_ssh_key(s: &str) -> Result<umbra_api::secrets::SshKeySpec, String> {
+    let bad = || format!("{s:?} is not NAME=FILE@HOST[,HOST...]");
+    let (key, hosts) = s.rsplit_once('@').ok_or_else(bad)?;
+    let (name, file) = key.split_once('=').ok_or_else(bad)?;
+    let file = std::path::absolute(file).map_err(|e| format!("{file}: {e}"))?;
+    let hosts = hosts
+        .split(',')
+        .map(|h| umbra_api::secrets::SshHostSpec { name: h.to_string(), host_keys: Vec::new() })
+        .collect();
+    let spec = umbra_api::secrets::SshKeySpec { name: name.into(), private_key: None, from_file: Some(file), hosts };
+    spec.validate().map(|()| spec)
 }
 
 #[derive(Debug, Clone)]
@@ -66,6 +85,10 @@ fn parse_resolve(s: &str) -> Result<(String, IpAddr), String> {
 }
 
 impl NetworkArgs {
+    pub fn ssh_keys(&self) -> Vec<umbra_api::secrets::SshKeySpec> {
+        self.ssh_keys.clone()
+    }
+
     /// The secrets, their values read from this process's environment now (they go to the
     /// session's host side, never to the guest).
     pub fn secrets(&self) -> Result<Vec<umbra_api::secrets::SecretSpec>, String> {

@@ -179,7 +179,13 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
         ..Default::default()
     };
     let secrets = args.network.secrets().map_err(anyhow::Error::msg)?;
-    let start = manager.start(StartParams { name: SESSION.into(), folders: args.mounts.clone(), settings, secrets });
+    let start = manager.start(StartParams {
+        name: SESSION.into(),
+        folders: args.mounts.clone(),
+        settings,
+        secrets,
+        ssh_keys: args.network.ssh_keys(),
+    });
     let session = tokio::select! {
         s = start => s.context("the sandbox did not start")?,
         _ = sigint.recv() => bail!("interrupted during boot"),

@@ -199,7 +199,13 @@ async fn start(args: StartArgs) -> Result<(), ApiError> {
         ..Default::default()
     };
     let secrets = args.network.secrets().map_err(ApiError::invalid_params)?;
-    let params = StartParams { name: args.name.clone(), folders: args.mounts, settings, secrets };
+    let params = StartParams {
+        name: args.name.clone(),
+        folders: args.mounts,
+        settings,
+        secrets,
+        ssh_keys: args.network.ssh_keys(),
+    };
     let start = client.call::<SessionStart>(params);
     tokio::pin!(start);
     let info = loop {

@@ -1053,6 +1053,8 @@ export type SessionEventKind =
   | PermissionRequestEvent
   | SecretUsedEvent
   | SecretWithheldEvent
+  | SshSignedEvent
+  | SshRefusedEvent
   | TlsInterceptedEvent
   | PermissionResolvedEvent
   | DownloadProgressEvent
@@ -1086,6 +1088,8 @@ export const SESSION_EVENT_KINDS = [
   "permission_request",
   "secret_used",
   "secret_withheld",
+  "ssh_signed",
+  "ssh_refused",
   "tls_intercepted",
   "permission_resolved",
   "download_progress",
@@ -1339,6 +1343,23 @@ export interface SecretWithheldEvent {
   host: string;
 }
 
+/** The session's SSH agent signed a login with key `key` to `host`. */
+export interface SshSignedEvent {
+  event: "ssh_signed";
+  key: string;
+  host: string;
+}
+
+/**
+ * The session's SSH agent refused to sign with key `key`, saying why (another server, no
+ * session binding, a forwarded agent).
+ */
+export interface SshRefusedEvent {
+  event: "ssh_refused";
+  key: string;
+  reason: string;
+}
+
 /**
  * The proxy terminated the guest's TLS to `host` (a host a secret is bound to) and made
  * its own verified connection upstream; `error` when that failed (the guest got a 502).
@@ -1391,6 +1412,8 @@ export interface SessionInfo {
   secrets?: SecretInfo[];
   /** The session's snapshot (`session.snapshot`, or the one it was forked from), if any. */
   snapshot?: SnapshotInfo | null;
+  /** Its SSH keys: names, fingerprints and hosts. */
+  ssh_keys?: SshKeyInfo[];
   /** The running VM, when there is one. */
   vm?: VmInfo | null;
 }
@@ -1681,6 +1704,43 @@ export interface Spawned {
   pid: number;
 }
 
+/** A server an SSH key may be used for. */
+export interface SshHostSpec {
+  /** Its name, for events and for finding its keys in `~/.ssh/known_hosts`. */
+  name: string;
+  /**
+   * Its host keys, OpenSSH public-key lines (`ssh-ed25519 AAAA…`); when absent, the
+   * unhashed lines of umbrad's user's `~/.ssh/known_hosts` that name it.
+   */
+  host_keys?: string[];
+}
+
+/** An SSH key as `session.get` reports it. */
+export interface SshKeyInfo {
+  name: string;
+  /** `SHA256:…`, as `ssh-add -l` shows it. */
+  fingerprint: string;
+  hosts: string[];
+}
+
+/**
+ * An SSH key the session's agent holds on the host (the guest's `SSH_AUTH_SOCK` reaches it;
+ * the private key never enters the guest), usable only for logins to `hosts`.
+ */
+export interface SshKeySpec {
+  /** What events and `ssh-add -l` call it (the key's comment in the agent). */
+  name: string;
+  /**
+   * The servers it may log in to, each known by its host keys (as `ssh-add -h` restricts a
+   * key). At least one.
+   */
+  hosts: SshHostSpec[];
+  /** A file of umbrad's user holding it (read at start and after umbrad restarts). */
+  from_file?: string | null;
+  /** The private key, OpenSSH format, unencrypted. Exactly one of this and `from_file`. */
+  private_key?: SecretValue | null;
+}
+
 /** Params of `session.start`. */
 export interface StartParams {
   /** The session's name: `[A-Za-z0-9._-]`, at most 64 bytes. */
@@ -1715,6 +1775,8 @@ export interface StartParams {
   policy?: SandboxPolicy | null;
   /** Credentials the guest sees only as placeholders (`docs/network.md`, "Secrets"). */
   secrets?: SecretSpec[];
+  /** SSH keys the session's agent holds on the host, each for the servers it names. */
+  ssh_keys?: SshKeySpec[];
 }
 
 /**

@@ -83,8 +83,14 @@ fn setup_via(names: &[&str], upstream: Result<Upstream, String>, upstream_proxy:
     secrets.set(&serde_json::from_value(spec).unwrap(), |_| None).unwrap();
     let placeholder = secrets.placeholders()[0].1.clone();
     let ca = Arc::new(SessionCa::generate("s").unwrap());
-    let broker =
-        Broker { secrets: Arc::new(RwLock::new(secrets)), ca: ca.clone(), upstream, upstream_proxy, ask: None };
+    let broker = Broker {
+        secrets: Arc::new(RwLock::new(secrets)),
+        ca: ca.clone(),
+        upstream,
+        upstream_proxy,
+        ask: None,
+        ssh_keys: Default::default(),
+    };
     let events = Arc::new(Mutex::new(Vec::new()));
     let sink = events.clone();
     let report: Report = Arc::new(move |e| sink.lock().unwrap().push(e));

@@ -37,6 +37,8 @@ pub struct Broker {
     pub upstream_proxy: Option<UpstreamProxy>,
     /// Whom to ask about a name outside the allowlist (network mode `ask`).
     pub ask: Option<Arc<super::ask::AskGate>>,
+    /// The keys the session's SSH agent holds.
+    pub ssh_keys: super::ssh_agent::SharedSshKeys,
 }
 
 /// How long each side has for its TLS handshake.

@@ -12,6 +12,7 @@ pub mod policy;
 pub mod proxy;
 mod report;
 pub mod secrets;
+pub mod ssh_agent;
 pub mod tls;
 pub mod upstream_proxy;
 
@@ -21,6 +22,7 @@ pub use policy::{HostAddresses, Policy};
 pub use proxy::{EgressLimits, EgressProxy, Resolver, SharedPolicy};
 pub use report::Report;
 pub use secrets::{SecretBinding, Secrets, SharedSecrets};
+pub use ssh_agent::{SharedSshKeys, SshKeyBinding, SshKeys};
 pub use tls::{SessionCa, TlsError, Upstream};
 pub use upstream_proxy::UpstreamProxy;
 

@@ -278,11 +278,25 @@ async fn handle(
             return;
         }
     };
+    // The session's SSH agent: not a connection out, so not the network policy's to decide.
+    if matches!(request, EgressRequest::SshAgent) {
+        let keys = broker.map(|b| b.ssh_keys.clone()).filter(|k| !k.read().unwrap().is_empty());
+        let Some(keys) = keys else {
+            let no = EgressReply::refused(R::Denied, "the session holds no SSH key");
+            let _ = reader.get_mut().write_all(&no.to_line()).await;
+            return;
+        };
+        if reader.get_mut().write_all(&EgressReply::ok().to_line()).await.is_ok() {
+            super::ssh_agent::serve(reader, keys, report.clone()).await;
+        }
+        return;
+    }
     // The policy as it is now: a change applies to the next connection.
     let policy = policy.read().unwrap().clone();
     let (name, port, via) = match &request {
         EgressRequest::Connect { name, port, via } => (normalise(name), *port, *via),
         EgressRequest::Resolve { name } => (normalise(name), 0, EgressVia::Dns),
+        EgressRequest::SshAgent => unreachable!("served above"),
     };
     let decision = |allowed: bool, reason: Option<String>, address: Option<String>| EventKind::Egress {
         name: name.clone(),

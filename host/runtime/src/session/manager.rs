@@ -73,7 +73,7 @@ impl SessionManager {
                 record.last_error = Some("its VM ended when the daemon that ran it stopped".into());
                 ctx.records.save(&record);
             }
-            sessions.insert(record.name.clone(), Session::new(ctx.clone(), record, None));
+            sessions.insert(record.name.clone(), Session::new(ctx.clone(), record, None, None));
         }
         super::pool::refill::start(&ctx);
         Self { ctx, sessions: Mutex::new(sessions) }
@@ -169,6 +169,15 @@ impl SessionManager {
         for spec in &params.secrets {
             secrets.set(spec, |k| std::env::var(k).ok()).map_err(SessionError::InvalidArgument)?;
         }
+        let mut ssh_keys = crate::egress::SshKeys::default();
+        if !params.ssh_keys.is_empty() {
+            // Host keys not given come from the user's known_hosts, as `ssh-add -h` finds them.
+            let known = std::env::var_os("HOME")
+                .and_then(|h| std::fs::read_to_string(std::path::Path::new(&h).join(".ssh/known_hosts")).ok());
+            for spec in &params.ssh_keys {
+                ssh_keys.add(spec, known.as_deref()).map_err(SessionError::InvalidArgument)?;
+            }
+        }
         let (session, created) = {
             let mut sessions = self.sessions.lock().unwrap();
             match sessions.get(&params.name) {
@@ -176,7 +185,8 @@ impl SessionManager {
                 None => {
                     let mut record = SessionRecord::new(&params.name, settings, folders);
                     record.secrets = secrets.bindings();
-                    let session = Session::new(self.ctx.clone(), record, Some(secrets));
+                    record.ssh_keys = ssh_keys.bindings();
+                    let session = Session::new(self.ctx.clone(), record, Some(secrets), Some(ssh_keys));
                     sessions.insert(params.name.clone(), session.clone());
                     (session, true)
                 }
@@ -260,7 +270,8 @@ impl SessionManager {
                 )),
                 _ => SessionError::io(format!("create {}", dest.display()))(e),
             })?;
-            let session = Session::new(self.ctx.clone(), src.fork_record(name), Some(src.secrets()));
+            let session =
+                Session::new(self.ctx.clone(), src.fork_record(name), Some(src.secrets()), Some(src.ssh_keys()));
             sessions.insert(name.into(), session.clone());
             session
         };

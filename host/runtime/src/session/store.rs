@@ -44,6 +44,9 @@ pub struct SessionRecord {
     /// Its secrets' names, placeholders and hosts: never a value.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::egress::SecretBinding>,
+    /// Its SSH keys' names, hosts and host keys: never a private key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ssh_keys: Vec<crate::egress::SshKeyBinding>,
 }
 
 impl SessionRecord {
@@ -59,6 +62,7 @@ impl SessionRecord {
             snapshot: None,
             pinned: Default::default(),
             secrets: Vec::new(),
+            ssh_keys: Vec::new(),
         }
     }
 }

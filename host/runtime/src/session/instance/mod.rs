@@ -59,6 +59,8 @@ pub struct Session {
     /// The CA the guest trusts for the hosts the proxy reads requests of: made once per
     /// session in this process (its key never leaves it).
     ca: std::sync::OnceLock<Arc<crate::egress::SessionCa>>,
+    /// The keys of its SSH agent (served on the host).
+    ssh_keys: crate::egress::SharedSshKeys,
     /// Names the user allowed for the session when asked (network mode `ask`).
     network_approved: Arc<Mutex<std::collections::HashSet<String>>>,
     /// Serialises start, stop, resume and restart.
@@ -87,7 +89,12 @@ struct State {
 impl Session {
     /// A session of `record`, with `secrets` (values included), or the secrets the record
     /// kept (their `from_env` values read again; a value given inline is gone).
-    pub(super) fn new(ctx: Arc<Context>, record: SessionRecord, secrets: Option<crate::egress::Secrets>) -> Arc<Self> {
+    pub(super) fn new(
+        ctx: Arc<Context>,
+        record: SessionRecord,
+        secrets: Option<crate::egress::Secrets>,
+        ssh_keys: Option<crate::egress::SshKeys>,
+    ) -> Arc<Self> {
         let (status, _) = watch::channel(record.status);
         let network = Arc::new(std::sync::RwLock::new(crate::egress::Policy::new(&record.settings.network)));
         let secrets =
@@ -96,6 +103,9 @@ impl Session {
             name: record.name.clone(),
             network,
             secrets: Arc::new(std::sync::RwLock::new(secrets)),
+            ssh_keys: Arc::new(std::sync::RwLock::new(
+                ssh_keys.unwrap_or_else(|| crate::egress::SshKeys::restore(&record.ssh_keys)),
+            )),
             ca: std::sync::OnceLock::new(),
             network_approved: Default::default(),
             ctx,
@@ -215,6 +225,7 @@ impl Session {
             last_error: state.record.last_error.clone(),
             snapshot: state.record.snapshot.clone(),
             secrets: self.secrets.read().unwrap().infos(),
+            ssh_keys: self.ssh_keys.read().unwrap().infos(),
         }
     }
 
@@ -243,7 +254,19 @@ impl Session {
             })
         });
         let ask = Some(Arc::new(crate::egress::AskGate::new(asker, self.network_approved.clone())));
-        Ok(crate::egress::Broker { secrets: self.secrets.clone(), ca, upstream, upstream_proxy, ask })
+        Ok(crate::egress::Broker {
+            secrets: self.secrets.clone(),
+            ca,
+            upstream,
+            upstream_proxy,
+            ask,
+            ssh_keys: self.ssh_keys.clone(),
+        })
+    }
+
+    /// A copy of the SSH keys (for a fork in this process).
+    pub(super) fn ssh_keys(&self) -> crate::egress::SshKeys {
+        self.ssh_keys.read().unwrap().clone()
     }
 
     /// A copy of the secrets, values included (for a fork in this process).

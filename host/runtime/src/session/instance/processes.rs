@@ -40,6 +40,10 @@ impl Session {
         let inc = self.running("run a process").await?;
         // Each secret as its placeholder; the request's own variables win.
         let mut env: std::collections::BTreeMap<String, String> = self.secrets.read().unwrap().env().collect();
+        if !self.ssh_keys.read().unwrap().is_empty() {
+            // The guest agent's socket, which carries each connection to the keys on the host.
+            env.insert("SSH_AUTH_SOCK".into(), umbra_proto::egress::SSH_AGENT_SOCKET.into());
+        }
         env.extend(req.env.clone());
         let spawn = umbra_proto::SpawnRequest {
             argv: req.argv.clone(),

@@ -207,6 +207,7 @@ impl Session {
         record.pinned = state.record.pinned.clone();
         // The same placeholders: the snapshot's processes hold them.
         record.secrets = state.record.secrets.clone();
+        record.ssh_keys = state.record.ssh_keys.clone();
         record
     }
 

@@ -29,5 +29,5 @@ pub fn stopped_session(
     ));
     let mut record = SessionRecord::new(name, settings, folders);
     record.status = SessionStatus::Stopped;
-    Session::new(ctx, record, None)
+    Session::new(ctx, record, None, None)
 }
