@@ -23,6 +23,18 @@ fn test_pki(host: &str) -> TestPki {
     TestPki { ca_pem: ca.pem().to_string(), server }
 }
 
+/// An HTTP request head, up to its blank line (what there is, if the peer stops first).
+async fn read_head<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R) -> String {
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).await.unwrap_or(0) == 0 || line == "\r\n" {
+            return head;
+        }
+        head.push_str(&line);
+    }
+}
+
 /// A TLS server on 127.0.0.1 that records each request head and answers `ok`.
 async fn recording_server(config: Arc<rustls::ServerConfig>) -> (u16, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -35,14 +47,7 @@ async fn recording_server(config: Arc<rustls::ServerConfig>) -> (u16, Arc<Mutex<
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else { return };
                 let mut r = BufReader::new(tls);
-                let mut head = String::new();
-                loop {
-                    let mut line = String::new();
-                    if r.read_line(&mut line).await.unwrap_or(0) == 0 || line == "\r\n" {
-                        break;
-                    }
-                    head.push_str(&line);
-                }
+                let head = read_head(&mut r).await;
                 seen.lock().unwrap().push(head);
                 let _ =
                     r.get_mut().write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok").await;
@@ -196,14 +201,7 @@ async fn tunneling_proxy() -> (u16, Arc<Mutex<Vec<String>>>) {
             let (seen, want) = (seen.clone(), want.clone());
             tokio::spawn(async move {
                 let mut r = BufReader::new(s);
-                let mut head = String::new();
-                loop {
-                    let mut line = String::new();
-                    if r.read_line(&mut line).await.unwrap_or(0) == 0 || line == "\r\n" {
-                        break;
-                    }
-                    head.push_str(&line);
-                }
+                let head = read_head(&mut r).await;
                 let first = head.lines().next().unwrap_or_default().to_string();
                 seen.lock().unwrap().push(first.clone());
                 let authorized = head.lines().any(|l| {

@@ -155,9 +155,8 @@ impl SshKeys {
             }
             None => None,
         };
-        let public = match (&key, &binding.from_file) {
-            (Some(k), _) => k.public_key().clone(),
-            (None, _) => return Err(format!("ssh key {name}: no private key")),
+        let Some(public) = key.as_ref().map(|k| k.public_key().clone()) else {
+            return Err(format!("ssh key {name}: no private key"));
         };
         let blob = wire(public.key_data()).map_err(|e| format!("ssh key {name}: {e}"))?;
         let host_keys = binding
