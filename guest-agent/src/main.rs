@@ -6,6 +6,7 @@
 
 mod fdio;
 mod files;
+mod forward;
 mod identity;
 mod net;
 mod pid1;
@@ -61,6 +62,10 @@ struct Args {
     /// a private namespace (`unshare -n`). /etc/resolv.conf is never written on the host.
     #[arg(long, requires = "egress")]
     net_kernel: bool,
+    /// Where to accept the host's connections to exposed ports (vsock:PORT or unix:PATH). A
+    /// guest always uses vsock:1027; a host-side agent serves them only when given.
+    #[arg(long, value_name = "ADDR")]
+    forward: Option<ListenAddr>,
 }
 
 fn main() {
@@ -123,6 +128,17 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
             if let Err(e) = net::start(config).await {
                 tracing::error!("network egress is unavailable: {e:#}");
             }
+        }
+        let forward = match (pid1, &args.forward) {
+            (true, _) => Some(ListenAddr::Vsock(umbra_proto::forward::FORWARD_VSOCK_PORT)),
+            (false, addr) => addr.clone(),
+        };
+        if let Some(addr) = forward {
+            tokio::spawn(async move {
+                if let Err(e) = forward::serve(addr).await {
+                    tracing::error!("exposed ports are unavailable: {e:#}");
+                }
+            });
         }
         let agent = Arc::new(Agent {
             reaper: reaper::Reaper::start()?,

@@ -35,7 +35,18 @@ pub const MAX_EGRESS_NAME: usize = 253;
 pub enum EgressRequest {
     /// Open a TCP connection to `name:port`. `name` is a host name or an IP address literal
     /// (a program that connected to an address rather than a name).
-    Connect { name: String, port: u16, via: EgressVia },
+    ///
+    /// Since 1.7, `who`: the agent can say which guest process opened the connection; the
+    /// host may then send an [`EgressQuery`] line before its reply (network mode `ask`, to
+    /// name the process in its question), which the agent answers with one [`EgressProcess`]
+    /// line. Without it the host never sends one.
+    Connect {
+        name: String,
+        port: u16,
+        via: EgressVia,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        who: bool,
+    },
     /// May `name` be used? (A DNS query in the guest.)
     Resolve { name: String },
     /// Since 1.6: the stream carries the SSH agent protocol to the session's agent on the host.
@@ -55,6 +66,67 @@ pub enum EgressVia {
     Socks,
     /// The agent's DNS server (`resolve` requests).
     Dns,
+}
+
+/// Since 1.7: a line the host sends before its reply to a `connect` that set `who`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "query", rename_all = "snake_case")]
+pub enum EgressQuery {
+    /// Which guest process holds the connection's guest end?
+    Process,
+}
+
+/// Longest [`EgressProcess::command`], in bytes.
+pub const MAX_PROCESS_COMMAND: usize = 256;
+
+/// The agent's answer to [`EgressQuery::Process`]: the process holding the guest end of the
+/// connection, as the guest reports it — something to show a person, never to decide on (a
+/// guest's root can make any process claim anything). Empty when it cannot be known (the
+/// socket is gone, or belongs to no process the agent can see).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct EgressProcess {
+    /// Its process id in the guest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Its command line, arguments joined by spaces: at most 256 bytes, every control
+    /// character shown as `?` (it is printed on people's terminals).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub command: String,
+}
+
+impl EgressProcess {
+    /// The same, made safe to show: the command cut to [`MAX_PROCESS_COMMAND`] bytes (on a
+    /// character boundary) with control characters (escape sequences, line breaks, bidi
+    /// overrides) replaced by `?`. Whoever receives one from a guest applies this.
+    pub fn tidy(self) -> Self {
+        let mut command = String::with_capacity(self.command.len().min(MAX_PROCESS_COMMAND));
+        for c in self.command.chars() {
+            let c = if c.is_control() || is_bidi_control(c) { '?' } else { c };
+            if command.len() + c.len_utf8() > MAX_PROCESS_COMMAND {
+                break;
+            }
+            command.push(c);
+        }
+        Self { pid: self.pid, command }
+    }
+
+    /// The answer as one line, newline included.
+    pub fn to_line(&self) -> Vec<u8> {
+        line(self)
+    }
+}
+
+/// Characters that reorder how a terminal shows the text around them.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{061c}')
+}
+
+impl EgressQuery {
+    /// The query as one line, newline included.
+    pub fn to_line(&self) -> Vec<u8> {
+        line(self)
+    }
 }
 
 /// The host's answer.
@@ -129,12 +201,13 @@ mod tests {
 
     #[test]
     fn lines_round_trip_and_are_bounded() {
-        let r = EgressRequest::Connect { name: "example.com".into(), port: 443, via: EgressVia::Transparent };
+        let r =
+            EgressRequest::Connect { name: "example.com".into(), port: 443, via: EgressVia::Transparent, who: true };
         let line = r.to_line();
         assert_eq!(line.last(), Some(&b'\n'));
         assert_eq!(
             String::from_utf8_lossy(&line),
-            "{\"op\":\"connect\",\"name\":\"example.com\",\"port\":443,\"via\":\"transparent\"}\n"
+            "{\"op\":\"connect\",\"name\":\"example.com\",\"port\":443,\"via\":\"transparent\",\"who\":true}\n"
         );
         assert_eq!(EgressRequest::parse(&line[..line.len() - 1]).unwrap(), r);
         assert!(EgressRequest::parse(&vec![b' '; MAX_EGRESS_LINE]).is_err());
@@ -144,5 +217,18 @@ mod tests {
             String::from_utf8_lossy(&no.to_line()),
             "{\"ok\":false,\"refusal\":\"denied\",\"reason\":\"not in the allowlist\"}\n"
         );
+    }
+
+    #[test]
+    fn a_process_is_tidied_before_anyone_shows_it() {
+        let p = EgressProcess { pid: Some(7), command: "curl \u{1b}[2Jhttps://x\nallow? \u{202e}txt.exe".into() };
+        assert_eq!(p.tidy().command, "curl ?[2Jhttps://x?allow? ?txt.exe");
+        let long = EgressProcess { pid: None, command: "é".repeat(200) }.tidy();
+        assert_eq!(long.command.len(), MAX_PROCESS_COMMAND);
+        assert_eq!(serde_json::to_string(&EgressQuery::Process).unwrap(), r#"{"query":"process"}"#);
+        // An old agent's request (no `who`) still parses; `who: false` is not sent.
+        let old = EgressRequest::parse(br#"{"op":"connect","name":"x","port":1,"via":"http"}"#).unwrap();
+        assert_eq!(old, EgressRequest::Connect { name: "x".into(), port: 1, via: EgressVia::Http, who: false });
+        assert!(!String::from_utf8(old.to_line()).unwrap().contains("who"));
     }
 }

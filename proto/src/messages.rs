@@ -130,6 +130,10 @@ pub enum Request {
     InstallCa {
         pem: String,
     },
+    /// Since 1.7. The TCP ports guest programs listen on where an exposed port reaches them
+    /// (a loopback or wildcard address), each with the process holding it where the agent can
+    /// tell; the agent's own listeners are left out.
+    Listening,
 }
 
 /// The longest CA certificate `InstallCa` takes.
@@ -167,6 +171,7 @@ impl Request {
             Request::Shutdown => "shutdown",
             Request::Reidentify(_) => "reidentify",
             Request::InstallCa { .. } => "install_ca",
+            Request::Listening => "listening",
         }
     }
 }
@@ -384,6 +389,18 @@ pub enum ResponseBody {
         changes: Vec<ShadowChange>,
         truncated: bool,
     },
+    Listening {
+        ports: Vec<ListeningPort>,
+    },
+}
+
+/// A TCP port a guest program listens on (`Request::Listening`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListeningPort {
+    pub port: u16,
+    /// The process holding it, as the guest reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<crate::egress::EgressProcess>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -49,7 +49,7 @@ fn real_host(path: &Path) -> (EgressProxy, Log) {
         if let EventKind::Egress { name, port, via, .. } = kind {
             seen.lock().unwrap().push(match via {
                 EgressVia::Dns => EgressRequest::Resolve { name },
-                via => EgressRequest::Connect { name, port, via },
+                via => EgressRequest::Connect { name, port, via, who: false },
             });
         }
     });
@@ -170,7 +170,7 @@ async fn http_connect_and_plain_http_reach_the_server_by_name() {
     assert_eq!(read_all(c).await, "echo:hello through CONNECT", "half-close travels both ways");
     assert_eq!(
         s.log.lock().unwrap()[0],
-        EgressRequest::Connect { name: "allowed.test".into(), port: echo, via: EgressVia::Http }
+        EgressRequest::Connect { name: "allowed.test".into(), port: echo, via: EgressVia::Http, who: false }
     );
 
     // A plain http:// request, rewritten to origin form.
@@ -190,7 +190,8 @@ async fn http_connect_and_plain_http_reach_the_server_by_name() {
     assert!(s.log.lock().unwrap().contains(&EgressRequest::Connect {
         name: "allowed.test".into(),
         port: web,
-        via: EgressVia::Http
+        via: EgressVia::Http,
+        who: false,
     }));
 }
 
@@ -248,7 +249,7 @@ async fn socks5_domain_connect_and_refusals() {
     assert_eq!(read_all(c).await, "echo:via socks");
     assert_eq!(
         s.log.lock().unwrap()[0],
-        EgressRequest::Connect { name: "allowed.test".into(), port: echo, via: EgressVia::Socks }
+        EgressRequest::Connect { name: "allowed.test".into(), port: echo, via: EgressVia::Socks, who: false }
     );
     assert_eq!(socks_connect(&s, &domain("denied.test"), 443).await.1, 2, "not allowed");
     assert_eq!(socks_connect(&s, &domain("closed.test"), free_port()).await.1, 4, "host unreachable");
@@ -331,7 +332,8 @@ async fn dns_answers_fake_addresses_that_lead_back_to_the_name() {
     assert!(s.log.lock().unwrap().contains(&EgressRequest::Connect {
         name: "allowed.test".into(),
         port: echo,
-        via: EgressVia::Http
+        via: EgressVia::Http,
+        who: false,
     }));
 }
 
@@ -438,11 +440,21 @@ for host in (ip, "203.0.113.9"):
     assert_eq!(lines[1], "203.0.113.9 closed", "the host refused the literal");
     let log = s.log.lock().unwrap().clone();
     assert!(
-        log.contains(&EgressRequest::Connect { name: "allowed.test".into(), port: echo, via: EgressVia::Transparent }),
+        log.contains(&EgressRequest::Connect {
+            name: "allowed.test".into(),
+            port: echo,
+            via: EgressVia::Transparent,
+            who: false
+        }),
         "{log:?}"
     );
     assert!(
-        log.contains(&EgressRequest::Connect { name: "203.0.113.9".into(), port: echo, via: EgressVia::Transparent }),
+        log.contains(&EgressRequest::Connect {
+            name: "203.0.113.9".into(),
+            port: echo,
+            via: EgressVia::Transparent,
+            who: false
+        }),
         "{log:?}"
     );
 }
@@ -450,4 +462,98 @@ for host in (ip, "203.0.113.9"):
 fn nix_is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+// --- Exposed ports: the other direction ---------------------------------------------------------
+// The host's listener (umbra-runtime's `Ports`) carries connections to the real agent's
+// forward listener (`--forward unix:PATH`, as a guest's vsock port 1027), which connects to
+// the port on its loopback — the host's own here, where the test's servers listen.
+
+/// The exposed port's host side, dialing the host-side agent's forward socket.
+fn expose_through(agent_socket: &Path, guest_port: u16) -> (umbra_runtime::session::ports::Ports, u16) {
+    use umbra_runtime::backend::Dialer;
+    let path = agent_socket.to_path_buf();
+    let dialer = Dialer::new(move |_| {
+        let path = path.clone();
+        Box::pin(async move { tokio::net::UnixStream::connect(&path).await.map_err(|e| e.to_string()) })
+    });
+    let ports = umbra_runtime::session::ports::Ports::default();
+    let spec = umbra_api::ports::PortSpec { guest_port, host_port: None, bind: None };
+    let info = ports.expose(&spec, Arc::new(move || Some(dialer.clone())), Arc::new(|| {})).unwrap();
+    assert_eq!(info.bind, std::net::IpAddr::V4(Ipv4Addr::LOCALHOST));
+    (ports, info.host_port)
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exposed_port_carries_200_connections_and_leaves_nothing_open() {
+    let dir = TempDir::new("ports");
+    let forward = dir.0.join("forward.sock");
+    let arg = format!("unix:{}", forward.display());
+    let agent = HostAgent::start_with(|cmd| {
+        cmd.args(["--forward", &arg]);
+    })
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&forward).is_err() {
+        assert!(std::time::Instant::now() < deadline, "the agent's forward socket");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A long-lived echo: every read written back at once, until the client closes.
+    let echo = serve(|mut s| async move {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    let (ports, host_port) = expose_through(&forward, echo);
+    let agent_fds = open_fds(agent.pid());
+
+    // Several round trips on one connection (as a WebSocket carries), then 200 at once.
+    let mut c = TcpStream::connect(("127.0.0.1", host_port)).await.unwrap();
+    for i in 0..5 {
+        let msg = format!("round {i}");
+        c.write_all(msg.as_bytes()).await.unwrap();
+        let mut got = vec![0u8; msg.len()];
+        c.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, msg.as_bytes());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(c);
+    let clients = (0..200).map(|i| async move {
+        let mut c = TcpStream::connect(("127.0.0.1", host_port)).await.unwrap();
+        let msg = format!("connection {i} ").repeat(500);
+        c.write_all(msg.as_bytes()).await.unwrap();
+        let mut got = vec![0u8; msg.len()];
+        c.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, msg.as_bytes(), "connection {i}");
+    });
+    tokio::time::timeout(Duration::from_secs(60), futures_util::future::join_all(clients)).await.unwrap();
+    // Closed clients: within the linger, nothing is left on either side.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let carried = ports.list()[0].connections;
+        let fds = open_fds(agent.pid());
+        if carried == 0 && fds <= agent_fds {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{carried} connections carried, agent fds {fds} > {agent_fds}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A port nothing listens on: the client's connection is closed, and the port stays usable.
+    let (_nothing, closed_port) = expose_through(&forward, free_port());
+    let mut c = TcpStream::connect(("127.0.0.1", closed_port)).await.unwrap();
+    let mut buf = [0u8; 1];
+    let r = tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf)).await.unwrap();
+    assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    // Unexposed: the host port is closed.
+    assert!(ports.unexpose(echo));
+    assert!(TcpStream::connect(("127.0.0.1", host_port)).await.is_err());
 }

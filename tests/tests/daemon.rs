@@ -461,3 +461,195 @@ async fn bundles_config_folders_files_and_shadows_through_the_daemon() {
     let logs = client.call::<SessionLogsMethod>(LogsParams { name: "f".into(), lines: None }).await.unwrap();
     assert!(logs.events.iter().any(|e| matches!(e.kind, EventKind::FolderUnmounted { .. })));
 }
+
+/// A WebSocket echo server in the guest's Python (the standard image has no websockets
+/// package): the RFC 6455 handshake, then each frame sent back unmasked; a close ends it.
+const WS_ECHO_PY: &str = r#"
+import base64, hashlib, socket, sys, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(64)
+def serve(c):
+    def recvn(n):
+        b = b""
+        while len(b) < n:
+            x = c.recv(n - len(b))
+            if not x: raise EOFError
+            b += x
+        return b
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += recvn(1)
+    key = [l.split(b":", 1)[1].strip() for l in head.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key")][0]
+    accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+    try:
+        while True:
+            h = recvn(2); op = h[0] & 15; n = h[1] & 127
+            if n == 126: n = int.from_bytes(recvn(2), "big")
+            mask = recvn(4) if h[1] & 128 else b"\0\0\0\0"
+            data = bytes(b ^ mask[i % 4] for i, b in enumerate(recvn(n)))
+            if op == 8:
+                c.sendall(b"\x88\x00"); break
+            c.sendall(bytes([0x80 | op, len(data)]) + data)
+    except EOFError:
+        pass
+    c.close()
+while True:
+    c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// HTTP/1.0 GET through an exposed port, retried while the guest's server is not up yet.
+async fn http_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let attempt = async {
+            let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+            c.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).await.ok()?;
+            let mut out = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut out)).await.ok()?.ok()?;
+            Some(String::from_utf8_lossy(&out).into_owned()).filter(|r| r.starts_with("HTTP/1.0 200"))
+        };
+        if let Some(response) = attempt.await {
+            return response;
+        }
+        assert!(std::time::Instant::now() < deadline, "no 200 for {path} through host port {port}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// A WebSocket client: the handshake, then `messages` echoed one by one.
+async fn websocket_echo(port: u16, messages: &[&str]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let request = "GET /echo HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                   Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+    c.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(c.read_u8().await.unwrap());
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    // RFC 6455's own example key and answer.
+    assert!(head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), "{head}");
+    for m in messages {
+        let mask = [7u8, 1, 9, 3];
+        let mut frame = vec![0x81, 0x80 | m.len() as u8];
+        frame.extend_from_slice(&mask);
+        frame.extend(m.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        c.write_all(&frame).await.unwrap();
+        let mut h = [0u8; 2];
+        c.read_exact(&mut h).await.unwrap();
+        assert_eq!(h, [0x81, m.len() as u8]);
+        let mut payload = vec![0u8; m.len()];
+        c.read_exact(&mut payload).await.unwrap();
+        assert_eq!(payload, m.as_bytes());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.write_all(&[0x88, 0x80, 0, 0, 0, 0]).await.unwrap();
+    let mut h = [0u8; 2];
+    c.read_exact(&mut h).await.unwrap();
+    assert_eq!(h, [0x88, 0]);
+}
+
+/// Exposed ports (issue 31): a guest's `python3 -m http.server` reached from the host through a
+/// port exposed at start, and a WebSocket echo server through the port `auto_expose` gave it
+/// when it started listening (announced, with its process, by `port_opened`; taken away with
+/// `port_closed` when it stops); the ports stay through a stop and resume (a new VM) on the
+/// recorded host port; an unexposed port is closed; a bind beyond loopback is refused without
+/// umbrad's setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_servers_are_reached_through_exposed_ports() {
+    let daemon = TestDaemon::start(
+        "daemon-ports",
+        serde_json::json!({"bundle": umbra_tests::test_bundle("standard"), "memory_mib": 512}),
+    );
+    let (client, mut inbox) = daemon.client().await;
+    client.call::<EventsSubscribe>(SubscribeParams { session: Some("web".into()) }).await.unwrap();
+    let start = StartParams {
+        name: "web".into(),
+        settings: SettingsPatch { auto_expose: Some(true), ..Default::default() },
+        ports: vec![umbra_api::ports::PortSpec { guest_port: 8000, host_port: None, bind: None }],
+        ..Default::default()
+    };
+    let info = client.call::<SessionStart>(start).await.unwrap();
+    assert_eq!(info.ports.len(), 1, "{:?}", info.ports);
+    let http = info.ports[0].host_port;
+    assert!(http != 0 && info.ports[0].bind.is_loopback(), "{:?}", info.ports);
+
+    let serve = |client: &umbra_api::client::Client| {
+        let client = client.clone();
+        async move {
+            let web = sh("web", "mkdir -p /tmp/site && echo hello-from-the-guest > /tmp/site/index.txt && cd /tmp/site && exec python3 -m http.server 8000 --bind 127.0.0.1");
+            client.call::<ProcessSpawn>(web).await.unwrap();
+            let ws = SpawnParams {
+                session: "web".into(),
+                argv: vec!["python3".into(), "-c".into(), WS_ECHO_PY.into(), "8765".into()],
+                ..Default::default()
+            };
+            client.call::<ProcessSpawn>(ws).await.unwrap().process
+        }
+    };
+    let ws_process = serve(&client).await;
+    let response = http_get(http, "/index.txt").await;
+    assert!(response.ends_with("hello-from-the-guest\n"), "{response}");
+    // Both servers announced; the WebSocket one exposed on a host port of its own.
+    let (mut web_seen, mut ws_port) = (false, None);
+    while !web_seen || ws_port.is_none() {
+        let ev = wait_event(&mut inbox, Duration::from_secs(30), "port_opened for 8000 and 8765", |e| {
+            matches!(e.kind, EventKind::PortOpened { port: 8000 | 8765, .. })
+        })
+        .await;
+        let EventKind::PortOpened { port, process, exposed } = ev.kind else { unreachable!() };
+        let process = process.unwrap_or_else(|| panic!("port {port}: no process named"));
+        assert!(process.command.starts_with("python3"), "{process:?}");
+        let exposed = exposed.unwrap_or_else(|| panic!("port {port} is not exposed"));
+        if port == 8000 {
+            assert_eq!(exposed.host_port, http, "the port exposed at start");
+            web_seen = true;
+        } else {
+            assert_ne!(exposed.host_port, http);
+            ws_port = Some(exposed.host_port);
+        }
+    }
+    let ws_port = ws_port.unwrap();
+    websocket_echo(ws_port, &["ping", "a longer message, sent after a pause"]).await;
+    // The server stops: announced, and its automatic exposure ends.
+    client.call::<ProcessKill>(KillParams { session: "web".into(), process: ws_process, signal: 9 }).await.unwrap();
+    wait_event(&mut inbox, Duration::from_secs(30), "port_closed for 8765", |e| {
+        matches!(e.kind, EventKind::PortClosed { port: 8765 })
+    })
+    .await;
+    assert!(tokio::net::TcpStream::connect(("127.0.0.1", ws_port)).await.is_err(), "no longer exposed");
+
+    // Beyond loopback needs umbrad's setting.
+    let wide = umbra_api::ports::ExposeParams {
+        session: "web".into(),
+        port: umbra_api::ports::PortSpec { guest_port: 9000, host_port: None, bind: Some("0.0.0.0".parse().unwrap()) },
+    };
+    let e = client.call::<SessionExpose>(wide).await.unwrap_err();
+    assert!(e.message.contains("ports_beyond_loopback"), "{}", e.message);
+
+    // A new VM (stop, resume): the same host port carries to the new guest's server.
+    client.call::<SessionStop>(SessionRef { name: "web".into() }).await.unwrap();
+    // No VM: a connection is reset at once (the reset may already meet the connect).
+    if let Ok(mut c) = tokio::net::TcpStream::connect(("127.0.0.1", http)).await {
+        let mut byte = [0u8; 1];
+        let closed =
+            tokio::time::timeout(Duration::from_secs(10), tokio::io::AsyncReadExt::read(&mut c, &mut byte)).await;
+        assert!(matches!(closed, Ok(Ok(0) | Err(_))), "no VM: the connection is closed at once ({closed:?})");
+    }
+    client.call::<SessionResume>(ResumeParams { name: "web".into(), discard_snapshot: false }).await.unwrap();
+    serve(&client).await;
+    assert!(http_get(http, "/index.txt").await.ends_with("hello-from-the-guest\n"));
+    let list = client.call::<SessionPorts>(SessionRef { name: "web".into() }).await.unwrap();
+    assert_eq!(list.ports.iter().find(|p| p.guest_port == 8000).map(|p| p.host_port), Some(http), "{list:?}");
+
+    client
+        .call::<SessionUnexpose>(umbra_api::ports::UnexposeParams { session: "web".into(), guest_port: 8000 })
+        .await
+        .unwrap();
+    assert!(tokio::net::TcpStream::connect(("127.0.0.1", http)).await.is_err(), "unexposed: nothing listens");
+    client.call::<SessionDelete>(SessionRef { name: "web".into() }).await.unwrap();
+}

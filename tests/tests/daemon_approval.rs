@@ -295,16 +295,21 @@ async fn network_ask_mode_holds_a_connection_until_the_user_answers() {
                 .unwrap();
         }
     };
-    async fn request(inbox: &mut Inbox, host: &str) -> String {
+    // Each question names the guest process that asked: `program` is the start of its command.
+    async fn request(inbox: &mut Inbox, host: &str, program: &str) -> String {
         let ev = wait_event(inbox, Duration::from_secs(60), "a network permission_request", |e| {
             matches!(&e.kind, EventKind::PermissionRequest { kind: umbra_api::event::PermissionKind::Network, .. })
         })
         .await;
-        let EventKind::PermissionRequest { request_id, host: Some(h), port: Some(_), timeout_secs, .. } = ev.kind
+        let EventKind::PermissionRequest { request_id, host: Some(h), port: Some(_), timeout_secs, process, .. } =
+            ev.kind
         else {
             panic!("{ev:?}")
         };
         assert_eq!((h.as_str(), timeout_secs), (host, 3));
+        let process = process.unwrap_or_else(|| panic!("{host}: no process named"));
+        assert!(process.pid.is_some_and(|p| p > 1) && process.command.starts_with(program), "{process:?}");
+        assert!(process.command.contains(host), "{process:?}");
         request_id
     }
     use umbra_api::event::PermissionScope::{Once, Session};
@@ -317,13 +322,13 @@ async fn network_ask_mode_holds_a_connection_until_the_user_answers() {
     // Allowed once, twice: asked each time.
     for _ in 0..2 {
         let p = client.call::<ProcessSpawn>(connect("asked.test")).await.unwrap();
-        answer(true, Once)(request(&mut inbox, "asked.test").await).await;
+        answer(true, Once)(request(&mut inbox, "asked.test", "nc -w 20").await).await;
         let (out, _, _) = process_output(&client, &mut inbox, "ask", p.process, run).await;
         assert_eq!(String::from_utf8_lossy(&out), "pong ping\nexit=0\n");
     }
     // Allowed for the session: then not asked again (a question would time out and fail it).
     let p = client.call::<ProcessSpawn>(connect("asked.test")).await.unwrap();
-    answer(true, Session)(request(&mut inbox, "asked.test").await).await;
+    answer(true, Session)(request(&mut inbox, "asked.test", "nc -w 20").await).await;
     let (out, _, _) = process_output(&client, &mut inbox, "ask", p.process, run).await;
     assert_eq!(String::from_utf8_lossy(&out), "pong ping\nexit=0\n");
     let p = client.call::<ProcessSpawn>(connect("asked.test")).await.unwrap();
@@ -334,7 +339,7 @@ async fn network_ask_mode_holds_a_connection_until_the_user_answers() {
     // connection just closes).
     let wget = argv("ask", &["sh", "-c", &format!("wget -q -O- http://other.test:{port}/ 2>&1; echo exit=$?")]);
     let p = client.call::<ProcessSpawn>(wget.clone()).await.unwrap();
-    answer(false, Once)(request(&mut inbox, "other.test").await).await;
+    answer(false, Once)(request(&mut inbox, "other.test", "wget -q").await).await;
     let (out, _, _) = process_output(&client, &mut inbox, "ask", p.process, run).await;
     let out = String::from_utf8_lossy(&out);
     assert!(out.contains("403") && out.contains("exit=1") && !out.contains("pong"), "{out}");
@@ -342,7 +347,7 @@ async fn network_ask_mode_holds_a_connection_until_the_user_answers() {
     // Silence: denied after the 3 s timeout, announced as such.
     let asked = std::time::Instant::now();
     let p = client.call::<ProcessSpawn>(wget).await.unwrap();
-    let id = request(&mut inbox, "other.test").await;
+    let id = request(&mut inbox, "other.test", "wget -q").await;
     let ev = wait_event(
         &mut inbox,
         Duration::from_secs(30),
@@ -390,6 +395,10 @@ sys.stdout.write(out.decode(errors='replace'))
         .unwrap();
     let typed = String::from_utf8_lossy(&out.stdout).replace('\r', "") + &String::from_utf8_lossy(&out.stderr);
     assert!(typed.contains("the guest wants to connect to typed.test:"), "{typed}");
+    assert!(
+        typed.contains(&format!("typed.test:{port} (process ")) && typed.contains(": nc -w 20 typed.test"),
+        "{typed}"
+    );
     assert!(typed.contains("pong ping\nexit=0"), "{typed}");
 
     client.call::<SessionDelete>(SessionRef { name: "ask".into() }).await.unwrap();

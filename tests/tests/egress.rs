@@ -455,8 +455,8 @@ fn https_git_and_guest_root_in_the_standard_image() {
 
 /// Secrets: curl, Python's requests, Node's fetch and git each authenticate to the bound host
 /// with a value they only saw as a placeholder; the same placeholder sent to another allowed
-/// host arrives unchanged; a client pinning the other host's key works (its TLS is end to end);
-/// the value shows in no event. Every connection leaves through an authenticating HTTP proxy
+/// host arrives unchanged; a client pinning the other host's key works (its TLS is end to end,
+/// `--tls-passthrough` inside a `*.test` binding); the value shows in no event. Every connection leaves through an authenticating HTTP proxy
 /// (`HTTPS_PROXY` in vmctl's environment), as behind a company's.
 #[test]
 fn secrets_reach_only_their_hosts_in_the_standard_image() {
@@ -505,6 +505,12 @@ fn secrets_reach_only_their_hosts_in_the_standard_image() {
         "127.0.0.1/32",
         "--secret",
         "TOKEN@allowed.test=UMBRA_TEST_TOKEN",
+        // A wildcard binding covers other.test too; passthrough keeps its TLS end to end, so
+        // everything below about other.test holds as if nothing were bound to it.
+        "--secret",
+        "WILD@*.test=UMBRA_TEST_TOKEN",
+        "--tls-passthrough",
+        "other.test",
     ];
     let trust = pki.0.join("ca.pem").display().to_string();
     let mut args: Vec<&str> = network.to_vec();

@@ -394,6 +394,8 @@ async fn run_suite(backend: BackendKind) {
             disk_size_mib: Some(DISK_MIB),
             network: Some(NetworkPolicy { mode: NetworkMode::Any, ..Default::default() }),
             policy: Some(SandboxPolicy { ignore: Some(vec!["*.key".into(), "vault/".into()]), ..Default::default() }),
+            // The case "listening ports" makes guest listeners the host exposes.
+            auto_expose: Some(true),
             ..Default::default()
         },
         // A secret the guest must never see the value of (the case "a secret's value …").
@@ -1032,6 +1034,109 @@ async fn run_suite(backend: BackendKind) {
                 return Err(format!("curl reached an unlisted name:\n{out}"));
             }
             Ok(format!("refused: {}", out.lines().next().unwrap_or_default()))
+        }),
+    ));
+    cases.push((
+        "a network question's process name puts no terminal control before the user",
+        Box::pin(async {
+            // Mode `ask`: the guest's agent names the process behind a connection, and the
+            // question (an event the app shows, a line vmctl prints) carries that name. A
+            // process named with escape sequences, line breaks and a bidi override.
+            g.s.set_network(NetworkPolicy { mode: NetworkMode::Ask, ask_timeout_secs: Some(2), ..Default::default() })
+                .map_err(|e| e.to_string())?;
+            let mut events = m.subscribe();
+            let code = "import os\n\
+                        name = 'curl\\x1b]0;owned\\x07\\x1b[2J\\r\\nallowed by the user \\u202etxt.exe'\n\
+                        os.execv('/usr/bin/curl', [name, '-sS', '-m', '20', '--noproxy', '*', 'http://asked.escape.test/'])";
+            let (_, out) = g.sh(&format!("{}\necho rc=$?", python(code))).await;
+            let restore = NetworkPolicy {
+                mode: NetworkMode::Allowlist,
+                allow_domains: vec!["allowed.test".into()],
+                ..Default::default()
+            };
+            g.s.set_network(restore).map_err(|e| e.to_string())?;
+            if out.contains("rc=0") {
+                return Err(format!("the unanswered connection went through:\n{out}"));
+            }
+            let mut asked = None;
+            while let Ok(e) = events.try_recv() {
+                if let umbra_api::event::EventKind::PermissionRequest { host: Some(h), process, .. } = e.kind {
+                    if h == "asked.escape.test" {
+                        asked = Some(process);
+                    }
+                }
+            }
+            let process = asked.ok_or_else(|| format!("no question about asked.escape.test:\n{out}"))?;
+            let process = process.ok_or("the question names no process (the agent should have found curl)")?;
+            let bad = |c: char| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c) || ('\u{2066}'..='\u{2069}').contains(&c);
+            if process.command.chars().any(bad) {
+                return Err(format!("a control character reached the question: {:?}", process.command));
+            }
+            if !process.command.starts_with("curl?]0;owned??[2J??allowed by the user ?txt.exe -sS") {
+                return Err(format!("not the process that asked: {:?}", process.command));
+            }
+            Ok(format!("named as {:?} (pid {:?})", process.command, process.pid))
+        }),
+    ));
+    cases.push((
+        "listening ports: what the guest opens the host exposes only on loopback, bounded",
+        Box::pin(async {
+            // 100 listeners on loopback and one on the wildcard, held by a process named with
+            // escape sequences; `auto_expose` is on for this session.
+            let mut events = m.subscribe();
+            let code = "import os, socket, time\n\
+                        ls = []\n\
+                        for p in range(20000, 20100):\n\
+                        \x20   s = socket.socket(); s.bind(('127.0.0.1', p)); s.listen(); ls.append(s)\n\
+                        w = socket.socket(); w.bind(('0.0.0.0', 20100)); w.listen(); ls.append(w)\n\
+                        print('listening', flush=True)\n\
+                        time.sleep(8)";
+            let script = format!(
+                "cat > /tmp/listen.py <<'PY'\n{code}\nPY\nexec bash -c 'exec -a \"$(printf \"srv\\033]0;owned\\007\")\" python3 /tmp/listen.py'"
+            );
+            let (rc, out) = g.sh(&script).await;
+            if rc != 0 || !out.contains("listening") {
+                return Err(format!("the listeners did not run (exit {rc}):\n{out}"));
+            }
+            let mut opened = 0;
+            let mut exposed = 0;
+            let mut closed = 0;
+            while let Ok(e) = events.try_recv() {
+                match e.kind {
+                    umbra_api::event::EventKind::PortOpened { port, process, exposed: ex } if (20000..=20100).contains(&port) => {
+                        opened += 1;
+                        if let Some(info) = ex {
+                            exposed += 1;
+                            if !info.bind.is_loopback() {
+                                return Err(format!("port {port} exposed on {}", info.bind));
+                            }
+                        }
+                        if let Some(p) = process {
+                            if p.command.chars().any(|c| c.is_control()) {
+                                return Err(format!("a control character in a process name: {:?}", p.command));
+                            }
+                        }
+                    }
+                    umbra_api::event::EventKind::PortClosed { port } if (20000..=20100).contains(&port) => closed += 1,
+                    _ => {}
+                }
+            }
+            // The program has ended: every automatic exposure with it (within a poll or two).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let left = loop {
+                let left: Vec<u16> = g.s.ports().iter().map(|p| p.guest_port).filter(|p| (20000..=20100).contains(p)).collect();
+                if left.is_empty() || std::time::Instant::now() > deadline {
+                    break left;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            };
+            if !left.is_empty() {
+                return Err(format!("still exposed after the program ended: {left:?}"));
+            }
+            if opened < 64 || exposed > umbra_runtime::session::ports::MAX_AUTO_EXPOSED {
+                return Err(format!("{opened} announced, {exposed} exposed (at most {})", umbra_runtime::session::ports::MAX_AUTO_EXPOSED));
+            }
+            Ok(format!("{opened} announced, {exposed} exposed on loopback (cap {}), {closed} closed so far, none left", umbra_runtime::session::ports::MAX_AUTO_EXPOSED))
         }),
     ));
     cases.push((

@@ -3,7 +3,8 @@
 //! Also the limits every listener shares, and the byte relay.
 
 use std::io;
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use umbra_proto::egress::{EgressRefusal, EgressReply, EgressRequest, MAX_EGRESS_LINE};
+use umbra_proto::egress::{EgressProcess, EgressQuery, EgressRefusal, EgressReply, EgressRequest, MAX_EGRESS_LINE};
 
 use super::fakeip::FakeIps;
 
@@ -223,16 +224,23 @@ impl Egress {
     pub async fn resolve(&self, name: &str) -> Result<(), Failure> {
         let _permit = self.lookups.try_acquire().map_err(|_| Failure::busy("pending DNS lookups"))?;
         let request = EgressRequest::Resolve { name: name.to_string() };
-        self.ask(&request, self.limits.host_timeout).await.map(drop)
+        self.ask(&request, self.limits.host_timeout, None).await.map(drop)
     }
 
-    /// Asks the host for a connection; on success the stream carries it.
-    pub async fn connect(&self, request: &EgressRequest) -> Result<Connected, Failure> {
-        self.ask(request, self.limits.connect_timeout).await
+    /// Asks the host for a connection; on success the stream carries it. `client` is the
+    /// guest program's address, when the connection has one: if the host asks which process
+    /// opened it (a `connect` with `who`), the agent looks it up.
+    pub async fn connect(&self, request: &EgressRequest, client: Option<SocketAddr>) -> Result<Connected, Failure> {
+        self.ask(request, self.limits.connect_timeout, client).await
     }
 
-    async fn ask(&self, request: &EgressRequest, timeout: Duration) -> Result<Connected, Failure> {
-        match tokio::time::timeout(timeout, self.ask_inner(request)).await {
+    async fn ask(
+        &self,
+        request: &EgressRequest,
+        timeout: Duration,
+        client: Option<SocketAddr>,
+    ) -> Result<Connected, Failure> {
+        match tokio::time::timeout(timeout, self.ask_inner(request, client)).await {
             Ok(r) => r,
             Err(_) => {
                 Err(Failure::new(EgressRefusal::Unreachable, format!("the host did not answer within {timeout:?}")))
@@ -240,7 +248,7 @@ impl Egress {
         }
     }
 
-    async fn ask_inner(&self, request: &EgressRequest) -> Result<Connected, Failure> {
+    async fn ask_inner(&self, request: &EgressRequest, client: Option<SocketAddr>) -> Result<Connected, Failure> {
         let line = request.to_line();
         if line.len() > MAX_EGRESS_LINE {
             return Err(Failure::new(EgressRefusal::BadRequest, "the request is too long"));
@@ -262,7 +270,24 @@ impl Egress {
             ),
         };
         stream.write_all(&line).await.map_err(|e| unreachable("sending the request", e))?;
-        let (reply, pending) = read_reply(&mut stream).await?;
+        let who = matches!(request, EgressRequest::Connect { who: true, .. });
+        let mut buf = Vec::new();
+        let mut line = read_line(&mut stream, &mut buf).await?;
+        // At most one question, and only when the request offered to answer it.
+        if let (true, Ok(EgressQuery::Process)) = (who, serde_json::from_slice::<EgressQuery>(&line)) {
+            let process = match client {
+                Some(peer) => tokio::task::spawn_blocking(move || super::who::process_of(Path::new("/proc"), peer))
+                    .await
+                    .unwrap_or_default(),
+                None => EgressProcess::default(),
+            };
+            stream.write_all(&process.to_line()).await.map_err(|e| unreachable("answering the host", e))?;
+            line = read_line(&mut stream, &mut buf).await?;
+        }
+        let reply: EgressReply = serde_json::from_slice(&line).map_err(|e| {
+            Failure::new(EgressRefusal::Unreachable, format!("the host's reply is not understood: {e}"))
+        })?;
+        let pending = buf;
         if reply.ok {
             return Ok(Connected { stream, pending });
         }
@@ -271,30 +296,31 @@ impl Egress {
     }
 }
 
-/// Reads the host's reply line (at most [`MAX_EGRESS_LINE`] bytes with its newline); returns
-/// it and whatever followed it in the same reads.
-async fn read_reply(stream: &mut HostStream) -> Result<(EgressReply, Vec<u8>), Failure> {
+/// Reads one line from the host (at most [`MAX_EGRESS_LINE`] bytes with its newline) and
+/// returns it without the newline; `buf` holds what followed it in the same reads.
+async fn read_line(stream: &mut HostStream, buf: &mut Vec<u8>) -> Result<Vec<u8>, Failure> {
     let bad = |why: String| Failure::new(EgressRefusal::Unreachable, why);
-    let mut buf = Vec::with_capacity(MAX_EGRESS_LINE);
     let mut chunk = [0u8; 4096];
+    let mut searched = 0;
     loop {
-        let n = stream.read(&mut chunk).await.map_err(|e| bad(format!("reading the host's reply: {e}")))?;
-        if n == 0 {
-            return Err(bad("the host closed the stream without a reply".into()));
-        }
-        let searched = buf.len();
-        buf.extend_from_slice(&chunk[..n]);
         if let Some(pos) = buf[searched..].iter().position(|&b| b == b'\n').map(|p| p + searched) {
             if pos + 1 > MAX_EGRESS_LINE {
                 return Err(bad(format!("the host's reply is longer than {MAX_EGRESS_LINE} bytes")));
             }
-            let reply: EgressReply = serde_json::from_slice(&buf[..pos])
-                .map_err(|e| bad(format!("the host's reply is not understood: {e}")))?;
-            return Ok((reply, buf.split_off(pos + 1)));
+            let rest = buf.split_off(pos + 1);
+            let mut line = std::mem::replace(buf, rest);
+            line.pop();
+            return Ok(line);
         }
         if buf.len() >= MAX_EGRESS_LINE {
             return Err(bad(format!("the host's reply is longer than {MAX_EGRESS_LINE} bytes")));
         }
+        searched = buf.len();
+        let n = stream.read(&mut chunk).await.map_err(|e| bad(format!("reading the host's reply: {e}")))?;
+        if n == 0 {
+            return Err(bad("the host closed the stream without a reply".into()));
+        }
+        buf.extend_from_slice(&chunk[..n]);
     }
 }
 
@@ -366,7 +392,11 @@ mod tests {
         let (a, mut b) = tokio::net::UnixStream::pair().unwrap();
         b.write_all(bytes).await.unwrap();
         drop(b);
-        read_reply(&mut HostStream::Unix(a)).await
+        let mut buf = Vec::new();
+        let line = read_line(&mut HostStream::Unix(a), &mut buf).await?;
+        let reply =
+            serde_json::from_slice(&line).map_err(|e| Failure::new(EgressRefusal::Unreachable, e.to_string()))?;
+        Ok((reply, buf))
     }
 
     #[tokio::test]

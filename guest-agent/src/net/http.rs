@@ -68,8 +68,9 @@ async fn handle(mut client: TcpStream, egress: &Egress, mut admission: Admission
         Ok(n) => n,
         Err(f) => return refuse(client, &f, &format!("{host}:{port}")).await,
     };
-    let request = EgressRequest::Connect { name: name.clone(), port, via: EgressVia::Http };
-    let mut connected = match egress.connect(&request).await {
+    let peer = client.peer_addr().ok();
+    let request = EgressRequest::Connect { name: name.clone(), port, via: EgressVia::Http, who: peer.is_some() };
+    let mut connected = match egress.connect(&request, peer).await {
         Ok(c) => c,
         Err(f) => return refuse(client, &f, &format!("{name}:{port}")).await,
     };

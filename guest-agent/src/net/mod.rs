@@ -25,6 +25,7 @@ pub mod nft;
 pub mod socks;
 pub mod ssh_agent;
 pub mod transparent;
+pub mod who;
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::{Arc, OnceLock};

@@ -77,8 +77,9 @@ async fn handle(mut client: TcpStream, egress: &Egress, mut admission: Admission
         Ok(n) => n,
         Err(f) => return reply_and_close(&mut client, code_for(&f)).await,
     };
-    let request = EgressRequest::Connect { name: name.clone(), port, via: EgressVia::Socks };
-    let mut connected = match egress.connect(&request).await {
+    let peer = client.peer_addr().ok();
+    let request = EgressRequest::Connect { name: name.clone(), port, via: EgressVia::Socks, who: peer.is_some() };
+    let mut connected = match egress.connect(&request, peer).await {
         Ok(c) => c,
         Err(f) => {
             tracing::debug!("socks: {name}:{port}: {f}");

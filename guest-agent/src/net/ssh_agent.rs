@@ -33,7 +33,7 @@ pub async fn serve(listener: UnixListener, egress: Arc<Egress>) {
         let Ok(mut admission) = egress.admit() else { continue };
         let egress = egress.clone();
         tokio::spawn(async move {
-            let mut connected = match egress.connect(&EgressRequest::SshAgent).await {
+            let mut connected = match egress.connect(&EgressRequest::SshAgent, None).await {
                 Ok(c) => c,
                 Err(f) => return tracing::debug!("ssh agent: {f}"),
             };

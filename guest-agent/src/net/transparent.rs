@@ -59,8 +59,9 @@ async fn handle(client: TcpStream, egress: &Egress, mut admission: Admission, ow
         }
     };
     let port = dest.port();
-    let request = EgressRequest::Connect { name: name.clone(), port, via: EgressVia::Transparent };
-    let mut connected = match egress.connect(&request).await {
+    let peer = client.peer_addr().ok();
+    let request = EgressRequest::Connect { name: name.clone(), port, via: EgressVia::Transparent, who: peer.is_some() };
+    let mut connected = match egress.connect(&request, peer).await {
         Ok(c) => c,
         Err(f) => {
             tracing::debug!("transparent: {name}:{port}: {f}");

@@ -205,6 +205,9 @@ impl Connection {
             let frame = tokio::task::spawn_blocking(move || {
                 let reply = match request {
                     Request::Stats => Ok(ResponseBody::Stats(system::stats(live, uptime_ms))),
+                    Request::Listening => Ok(ResponseBody::Listening {
+                        ports: crate::net::who::listening(std::path::Path::new("/proc"), std::process::id()),
+                    }),
                     Request::ReadFile { path, offset, len } => match files::read(&path, offset, len) {
                         Ok((data, eof)) => {
                             let body = ResponseBody::FileData { len: data.len() as u32, eof };

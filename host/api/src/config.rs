@@ -48,6 +48,11 @@ pub struct DaemonConfig {
     /// `upstream_proxy`; `*` for all. Unset: umbrad's `NO_PROXY`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_proxy: Option<Vec<String>>,
+    /// Whether `session.expose` may bind an address other than loopback (`0.0.0.0`, a LAN
+    /// address), making a guest's port reachable from other machines.
+    pub ports_beyond_loopback: bool,
+    /// Whether `session.expose` may listen on a host port below 1024.
+    pub ports_privileged: bool,
 }
 
 impl Default for DaemonConfig {
@@ -65,6 +70,8 @@ impl Default for DaemonConfig {
             trust_ca: Vec::new(),
             upstream_proxy: None,
             no_proxy: None,
+            ports_beyond_loopback: false,
+            ports_privileged: false,
         }
     }
 }
@@ -86,7 +93,9 @@ impl DaemonConfig {
             auto_download,
             pool_size,
             pool_memory_mib,
-            trust_ca
+            trust_ca,
+            ports_beyond_loopback,
+            ports_privileged
         );
         if let Some(url) = &patch.bundle_url {
             next.bundle_url = (!url.is_empty()).then(|| url.clone());
@@ -163,6 +172,12 @@ pub struct ConfigPatch {
     /// Replaces the list reached without the upstream proxy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_proxy: Option<Vec<String>>,
+    /// Whether exposed ports may bind beyond loopback (ports exposed already keep their bind).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports_beyond_loopback: Option<bool>,
+    /// Whether exposed ports may use host ports below 1024.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports_privileged: Option<bool>,
 }
 
 /// The most VMs a warm pool may keep.

@@ -226,8 +226,27 @@ pub enum EventKind {
         /// How the connection reached the agent (`http`, `socks`, `transparent`). Network only.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         via: Option<umbra_proto::egress::EgressVia>,
+        /// The guest process that opened the connection, where the guest's agent could tell
+        /// (`pid`, `command`): what the guest reports, so something to show, not to trust.
+        /// Network only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        process: Option<umbra_proto::egress::EgressProcess>,
         /// Seconds until silence counts as denied.
         timeout_secs: u64,
+    },
+    /// A guest program started listening on a TCP port an exposed port reaches (loopback or
+    /// wildcard). `exposed`: where the host listens for it, when it is exposed (at once, with
+    /// the session's `auto_expose`).
+    PortOpened {
+        port: u16,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        process: Option<umbra_proto::egress::EgressProcess>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exposed: Option<crate::ports::PortInfo>,
+    },
+    /// Nothing in the guest listens on `port` any more (an automatic exposure of it ends).
+    PortClosed {
+        port: u16,
     },
     /// The proxy put a secret's value in place of its placeholder, in a request to a host the
     /// secret is bound to. Never the value.
@@ -303,6 +322,8 @@ impl EventKind {
             EventKind::EgressClosed { .. } => "egress_closed",
             EventKind::PermissionRequest { .. } => "permission_request",
             EventKind::PermissionResolved { .. } => "permission_resolved",
+            EventKind::PortOpened { .. } => "port_opened",
+            EventKind::PortClosed { .. } => "port_closed",
             EventKind::SecretUsed { .. } => "secret_used",
             EventKind::SecretWithheld { .. } => "secret_withheld",
             EventKind::TlsIntercepted { .. } => "tls_intercepted",

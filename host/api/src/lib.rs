@@ -14,6 +14,7 @@ pub mod error;
 pub mod event;
 pub mod methods;
 pub mod paths;
+pub mod ports;
 pub mod reference;
 pub mod rpc;
 pub mod schema;

@@ -138,6 +138,9 @@ pub struct StartParams {
     /// SSH keys the session's agent holds on the host, each for the servers it names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ssh_keys: Vec<crate::secrets::SshKeySpec>,
+    /// Guest ports to reach from the host from the start (`session.expose`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<crate::ports::PortSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -552,6 +555,13 @@ methods! {
     /// Adds a secret to a session or gives one a new value (rotation), effective for the next
     /// request through the proxy; the value is never sent to the guest.
     SessionSetSecret = "session.set_secret" (SetSecretParams) -> SessionInfo;
+    /// Listens on a host port and carries each connection to a port of the session's guest,
+    /// while the session lives (kept across its restarts, resumes and umbrad's).
+    SessionExpose = "session.expose" (crate::ports::ExposeParams) -> crate::ports::PortInfo;
+    /// Stops listening for a guest port; connections already carried end.
+    SessionUnexpose = "session.unexpose" (crate::ports::UnexposeParams) -> Done;
+    /// A session's exposed ports.
+    SessionPorts = "session.ports" (SessionRef) -> crate::ports::PortList;
     /// Every session.
     SessionListMethod = "session.list" (NoParams) -> SessionList;
     /// One session.

@@ -131,6 +131,10 @@ pub struct SessionSettings {
     /// merges its settings with the daemon's (the stricter mode, both deny lists, both hooks).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approval: Option<umbra_policy::approval::ApprovalSettings>,
+    /// Expose every port a guest program starts listening on (loopback or wildcard) on a free
+    /// host port of 127.0.0.1, and take it away when the program stops listening.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub auto_expose: bool,
 }
 
 pub use umbra_policy::network::{is_host_name, NetworkMode, NetworkPolicy};
@@ -149,6 +153,7 @@ impl Default for SessionSettings {
             network: NetworkPolicy::default(),
             policy: umbra_policy::SandboxPolicy::default(),
             approval: None,
+            auto_expose: false,
         }
     }
 }
@@ -190,6 +195,9 @@ pub struct SettingsPatch {
     /// Command approval settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<umbra_policy::approval::ApprovalSettings>,
+    /// Whether ports guest programs listen on are exposed as they appear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_expose: Option<bool>,
 }
 
 impl SettingsPatch {
@@ -209,7 +217,8 @@ impl SettingsPatch {
             bundle,
             backend,
             network,
-            policy
+            policy,
+            auto_expose
         );
         if let Some(approval) = &self.approval {
             s.approval = Some(approval.clone());
@@ -250,6 +259,9 @@ pub struct SessionInfo {
     /// Its SSH keys: names, fingerprints and hosts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ssh_keys: Vec<crate::secrets::SshKeyInfo>,
+    /// Its exposed ports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<crate::ports::PortInfo>,
 }
 
 /// A session's snapshot: its VM paused into the session's storage (memory, devices, disk,

@@ -9,6 +9,7 @@ pub mod boot;
 pub mod bundle;
 pub mod fs;
 pub mod net;
+pub mod ports;
 pub mod session;
 #[cfg(target_os = "linux")]
 pub mod vmm;

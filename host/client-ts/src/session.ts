@@ -10,10 +10,12 @@ import type {
   MethodName,
   Methods,
   Exported,
+  ExposeParams,
   FileStat,
   FolderInfo,
   FolderSpec,
   NetworkPolicy,
+  PortInfo,
   SecretSpec,
   ResumeParams,
   SessionInfo,
@@ -393,6 +395,34 @@ export class Session {
   async setSecret(secret: SecretSpec): Promise<SessionInfo> {
     this.current = await this.client.call("session.set_secret", { name: this.name, secret });
     return this.current;
+  }
+
+  /**
+   * Reaches guest port `guestPort` from the host: umbrad listens on a host port (a free one
+   * on 127.0.0.1 unless `hostPort`/`bind` say otherwise; another address or a port below
+   * 1024 needs umbrad's `ports_beyond_loopback`/`ports_privileged`) and carries each
+   * connection to the port on the guest's loopback. Kept while the session lives.
+   *
+   * ```ts
+   * const { host_port } = await session.expose(8000);
+   * await fetch(`http://127.0.0.1:${host_port}/`);
+   * ```
+   */
+  async expose(guestPort: number, options: { hostPort?: number; bind?: string } = {}): Promise<PortInfo> {
+    const params: ExposeParams = { session: this.name, guest_port: guestPort };
+    if (options.hostPort !== undefined) params.host_port = options.hostPort;
+    if (options.bind !== undefined) params.bind = options.bind;
+    return await this.client.call("session.expose", params);
+  }
+
+  /** Stops listening for `guestPort`; connections it carries end. */
+  async unexpose(guestPort: number): Promise<void> {
+    await this.client.call("session.unexpose", { session: this.name, guest_port: guestPort });
+  }
+
+  /** Its exposed ports, with the connections each carries now. */
+  async ports(): Promise<PortInfo[]> {
+    return (await this.client.call("session.ports", { name: this.name })).ports;
   }
 
   /** Stops it and removes it with its outputs, uploads and disk. */

@@ -419,6 +419,9 @@ test("network ask mode: allow once, for the session, deny, and silence, each as 
       assert.equal(e.host, name);
       assert.equal(e.port, port);
       assert.equal(e.timeout_secs, 2);
+      // The guest process that asked, by its command line.
+      assert.ok(e.process?.pid > 1, JSON.stringify(e));
+      assert.ok(e.process.command.startsWith(`nc -w 20 ${name}`), JSON.stringify(e));
       if (answer) await client.respondPermission(e.request_id, ...answer);
       return (await run).stdout.toString();
     };
@@ -433,6 +436,31 @@ test("network ask mode: allow once, for the session, deny, and silence, each as 
   } finally {
     server.close();
   }
+});
+
+test("ports: a guest's web server through an exposed port, announced as it starts", async () => {
+  const opened = nextEvent(client, "port-opened", (e) => e.session === "main" && e.port === 8000);
+  const server = await session.spawn([
+    "sh",
+    "-c",
+    "mkdir -p /tmp/www && echo hi-from-the-guest > /tmp/www/index.html && exec httpd -f -p 127.0.0.1:8000 -h /tmp/www",
+  ]);
+  const e = await opened;
+  assert.ok(e.process?.command.startsWith("httpd -f -p 127.0.0.1:8000"), JSON.stringify(e));
+  const info = await session.expose(8000);
+  assert.equal(info.guest_port, 8000);
+  assert.equal(info.bind, "127.0.0.1");
+  const body = await (await fetch(`http://127.0.0.1:${info.host_port}/index.html`)).text();
+  assert.equal(body, "hi-from-the-guest\n");
+  assert.deepEqual(
+    (await session.ports()).map((p) => [p.guest_port, p.host_port]),
+    [[8000, info.host_port]],
+  );
+  await session.unexpose(8000);
+  await assert.rejects(fetch(`http://127.0.0.1:${info.host_port}/index.html`));
+  assert.deepEqual(await session.ports(), []);
+  await server.kill("SIGKILL");
+  await server.wait();
 });
 
 test("snapshot and fork on qemu: refused by name, and the session runs on", async () => {

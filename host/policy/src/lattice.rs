@@ -238,6 +238,9 @@ pub fn canonical_network(n: &NetworkPolicy) -> NetworkPolicy {
     if n.mode == NetworkMode::Ask {
         out.ask_timeout_secs = n.ask_timeout_secs;
     }
+    if n.mode != NetworkMode::None {
+        out.tls_passthrough = canonical_domains(&n.tls_passthrough);
+    }
     out
 }
 
@@ -269,6 +272,10 @@ pub fn network_meet(a: &NetworkPolicy, b: &NetworkPolicy) -> NetworkPolicy {
             (Some(x), Some(y)) => Some(x.min(y)),
             (x, y) => x.or(y),
         };
+    }
+    if mode != NetworkMode::None {
+        // Not a permission (which names' TLS stays closed): each side's are kept.
+        out.tls_passthrough = canonical_domains(&[a.tls_passthrough, b.tls_passthrough].concat());
     }
     out
 }

@@ -47,6 +47,11 @@ pub struct NetworkPolicy {
     /// most 3600); silence denies.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ask_timeout_secs: Option<u64>,
+    /// Names whose TLS the host never opens (`pinned.example.com`, `*.example.com`), even when
+    /// a secret is bound to them — say inside a `*.example.com` binding, for a client that
+    /// pins its server's certificate. A secret's placeholder then reaches such a host unchanged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tls_passthrough: Vec<String>,
 }
 
 impl NetworkMode {
@@ -77,6 +82,11 @@ impl NetworkPolicy {
         for c in &self.allow_cidrs {
             if !is_cidr(c) {
                 return Err(format!("allow_cidrs: {c:?} is not an address range such as 10.0.0.0/8 or ::1/128"));
+            }
+        }
+        for d in &self.tls_passthrough {
+            if !is_host_name(d.strip_prefix("*.").unwrap_or(d)) {
+                return Err(format!("tls_passthrough: {d:?} is not a host name or *.domain"));
             }
         }
         if self.ask_timeout_secs.is_some_and(|t| !(1..=3600).contains(&t)) {

@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Boot a sandbox, run one command in it, and exit with its status.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Sessions through umbrad: start, exec, ls, stop, resume, rm, logs.
     Session {
         #[command(subcommand)]
@@ -60,6 +60,9 @@ enum BenchCommand {
     /// Network egress: a download, connection set-up and 1,000 held connections from a guest,
     /// beside the same client on the host.
     Net(umbra_bench::net::NetBenchArgs),
+    /// A guest server through an exposed port beside the same server on the host: connection
+    /// set-up and throughput.
+    Ports(umbra_bench::ports::PortsBenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -106,10 +109,13 @@ fn main() {
         Command::Bench { command: BenchCommand::Net(args) } => {
             async_main(async move { exit_code(umbra_bench::net::net(args).await) })
         }
+        Command::Bench { command: BenchCommand::Ports(args) } => {
+            async_main(async move { exit_code(umbra_bench::ports::ports(args).await) })
+        }
         Command::Bench { command: BenchCommand::Boot(args) } => {
             async_main(async move { exit_code(umbra_bench::boot::boot(args).await) })
         }
-        Command::Run(args) => async_main(run::run(args)),
+        Command::Run(args) => async_main(run::run(*args)),
         Command::Session { command } => async_main(session::run(command)),
     };
     std::process::exit(code);

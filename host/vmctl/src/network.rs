@@ -37,6 +37,10 @@ pub struct NetworkArgs {
     /// [default: 60].
     #[arg(long = "ask-timeout", value_name = "SECS")]
     ask_timeout: Option<u64>,
+    /// A name whose TLS the host never opens, even where a --secret is bound (repeatable):
+    /// `pinned.example.com` inside `*.example.com`, for a client that pins its certificate.
+    #[arg(long = "tls-passthrough", value_name = "NAME")]
+    tls_passthrough: Vec<String>,
     /// A secret the guest sees only as a placeholder in $NAME (repeatable): the host's egress
     /// proxy puts the value of this vmctl's variable ENV_VAR in its place in requests to HOST
     /// (a name or *.domain; several with commas), and nowhere else.
@@ -75,6 +79,31 @@ fn parse_secret(s: &str) -> Result<SecretArg, String> {
     let (hosts, env_var) = rest.split_once('=').ok_or_else(|| format!("{s:?} is not NAME@HOST=ENV_VAR"))?;
     let hosts = hosts.split(',').map(str::to_string).collect();
     Ok(SecretArg { name: name.into(), hosts, env_var: env_var.into() })
+}
+
+/// `--publish [[BIND:]HOST:]GUEST`, as docker's `-p` (an IPv6 bind in brackets).
+pub(crate) fn parse_publish(s: &str) -> Result<umbra_api::ports::PortSpec, String> {
+    let bad = |why: &str| format!("--publish {s:?}: {why} (expected [[BIND:]HOST:]GUEST)");
+    let (rest, guest) = match s.rsplit_once(':') {
+        Some((rest, guest)) => (Some(rest), guest),
+        None => (None, s),
+    };
+    let guest_port = guest.parse().map_err(|_| bad("the guest port is not a port number"))?;
+    let (bind, host) = match rest {
+        None => (None, None),
+        Some(rest) => match rest.rsplit_once(':') {
+            Some((bind, host)) => {
+                let bind = bind.trim_start_matches('[').trim_end_matches(']');
+                (Some(bind.parse().map_err(|_| bad("the bind is not an address"))?), Some(host))
+            }
+            None => (None, Some(rest)),
+        },
+    };
+    let host_port = match host {
+        Some(h) => Some(h.parse().map_err(|_| bad("the host port is not a port number"))?),
+        None => None,
+    };
+    Ok(umbra_api::ports::PortSpec { guest_port, host_port, bind })
 }
 
 fn parse_resolve(s: &str) -> Result<(String, IpAddr), String> {
@@ -116,6 +145,7 @@ impl NetworkArgs {
             || !self.allow_cidrs.is_empty()
             || !self.resolve.is_empty()
             || self.ask_timeout.is_some()
+            || !self.tls_passthrough.is_empty()
     }
 
     /// The policy these flags describe; `None` when no flag was given (the default applies).
@@ -137,6 +167,7 @@ impl NetworkArgs {
             allow_cidrs: self.allow_cidrs.clone(),
             resolve: self.resolve.iter().cloned().collect::<BTreeMap<_, _>>(),
             ask_timeout_secs: self.ask_timeout,
+            tls_passthrough: self.tls_passthrough.clone(),
         })
     }
 }
@@ -144,6 +175,18 @@ impl NetworkArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn publish_reads_like_dockers_p() {
+        let p = |s| parse_publish(s).unwrap();
+        assert_eq!((p("8000").guest_port, p("8000").host_port, p("8000").bind), (8000, None, None));
+        assert_eq!(p("9000:8000").host_port, Some(9000));
+        let any = p("0.0.0.0:9000:8000");
+        assert_eq!((any.bind, any.host_port), (Some("0.0.0.0".parse().unwrap()), Some(9000)));
+        assert_eq!(p("[::1]:9000:8000").bind, Some("::1".parse().unwrap()));
+        assert!(parse_publish("x:8000").is_err());
+        assert!(parse_publish("70000").is_err());
+    }
 
     #[test]
     fn resolve_takes_v4_and_v6_and_domains_imply_allowlist() {

@@ -35,6 +35,10 @@ pub struct RunArgs {
     /// same default as sessions and the clients.
     #[arg(long, default_value = "current")]
     bundle: String,
+    /// Reach a guest port from the host while the command runs: [[BIND:]HOST:]GUEST
+    /// (repeatable; HOST omitted: a free port, printed on stderr).
+    #[arg(long = "publish", short = 'p', value_name = "[[BIND:]HOST:]GUEST", value_parser = crate::network::parse_publish)]
+    publish: Vec<umbra_api::ports::PortSpec>,
     #[arg(long, default_value_t = 1)]
     cpus: u32,
     #[arg(long, default_value_t = 512)]
@@ -185,6 +189,7 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
         settings,
         secrets,
         ssh_keys: args.network.ssh_keys(),
+        ports: args.publish.clone(),
     });
     let session = tokio::select! {
         s = start => s.context("the sandbox did not start")?,
@@ -194,7 +199,11 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
     while let Ok(ev) = bus.try_recv() {
         out.lifecycle(&ev);
     }
-    let folders = session.info().folders;
+    let info = session.info();
+    for p in &info.ports {
+        eprintln!("vmctl: guest port {} on {}", p.guest_port, std::net::SocketAddr::new(p.bind, p.host_port));
+    }
+    let folders = info.folders;
     let cwd = match (&args.workdir, folders.as_slice()) {
         (Some(w), _) => Some(w.clone()),
         (None, [only]) => Some(only.guest_path.clone()),

@@ -20,7 +20,7 @@ use crate::tty::RawTerminal;
 #[derive(Subcommand, Debug)]
 pub enum SessionCommand {
     /// Create and boot a session; returns once it is ready.
-    Start(StartArgs),
+    Start(Box<StartArgs>),
     /// Run a command in a session and exit with its status.
     Exec(ExecArgs),
     /// List sessions.
@@ -39,6 +39,39 @@ pub enum SessionCommand {
     Rm(NameArgs),
     /// A session's recent events and console lines.
     Logs(LogsArgs),
+    /// Reach a guest port from the host: listen on a host port (127.0.0.1, a free port unless
+    /// given) and carry each connection to the guest's port.
+    Expose(ExposeArgs),
+    /// Stop listening for a guest port.
+    Unexpose(UnexposeArgs),
+    /// A session's exposed ports.
+    Ports(PortsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ExposeArgs {
+    name: String,
+    /// The port a server listens on in the guest.
+    guest_port: u16,
+    /// The host port (default: a free one).
+    #[arg(long)]
+    host_port: Option<u16>,
+    /// The host address (default 127.0.0.1; another needs umbrad's ports_beyond_loopback).
+    #[arg(long)]
+    bind: Option<std::net::IpAddr>,
+}
+
+#[derive(Args, Debug)]
+pub struct UnexposeArgs {
+    name: String,
+    guest_port: u16,
+}
+
+#[derive(Args, Debug)]
+pub struct PortsArgs {
+    name: String,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -65,6 +98,10 @@ pub struct StartArgs {
     network: crate::network::NetworkArgs,
     #[command(flatten)]
     policy: crate::policy::PolicyArgs,
+    /// Reach a guest port from the host: [[BIND:]HOST:]GUEST (repeatable; HOST omitted or 0:
+    /// a free port; BIND 127.0.0.1 unless given).
+    #[arg(long = "publish", short = 'p', value_name = "[[BIND:]HOST:]GUEST", value_parser = crate::network::parse_publish)]
+    publish: Vec<umbra_api::ports::PortSpec>,
     #[arg(long)]
     json: bool,
 }
@@ -137,7 +174,7 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 pub async fn run(command: SessionCommand) -> i32 {
     let result = match command {
         SessionCommand::Exec(args) => return exec(args).await,
-        SessionCommand::Start(args) => start(args).await,
+        SessionCommand::Start(args) => start(*args).await,
         SessionCommand::Ls(args) => ls(args).await,
         SessionCommand::Stop(a) => simple::<SessionStop>(SessionRef { name: a.name }, "stopped").await,
         SessionCommand::Resume(a) => {
@@ -147,6 +184,9 @@ pub async fn run(command: SessionCommand) -> i32 {
         SessionCommand::Fork(a) => simple::<SessionFork>(ForkParams { source: a.source, name: a.name }, "ready").await,
         SessionCommand::Rm(a) => rm(a).await,
         SessionCommand::Logs(args) => logs(args).await,
+        SessionCommand::Expose(args) => expose(args).await,
+        SessionCommand::Unexpose(a) => unexpose(a).await,
+        SessionCommand::Ports(args) => ports(args).await,
     };
     match result {
         Ok(()) => 0,
@@ -205,6 +245,7 @@ async fn start(args: StartArgs) -> Result<(), ApiError> {
         settings,
         secrets,
         ssh_keys: args.network.ssh_keys(),
+        ports: args.publish,
     };
     let start = client.call::<SessionStart>(params);
     tokio::pin!(start);
@@ -234,6 +275,43 @@ async fn start(args: StartArgs) -> Result<(), ApiError> {
         for f in &info.folders {
             eprintln!("  {:<8} {} -> {}", f.mode, f.host_path.display(), f.guest_path);
         }
+        for p in &info.ports {
+            eprintln!("  port     {} -> guest port {}", host_address(p), p.guest_port);
+        }
+    }
+    Ok(())
+}
+
+fn host_address(p: &umbra_api::ports::PortInfo) -> std::net::SocketAddr {
+    std::net::SocketAddr::new(p.bind, p.host_port)
+}
+
+async fn expose(args: ExposeArgs) -> Result<(), ApiError> {
+    let client = connect().await?;
+    let port = umbra_api::ports::PortSpec { guest_port: args.guest_port, host_port: args.host_port, bind: args.bind };
+    let info = client.call::<SessionExpose>(umbra_api::ports::ExposeParams { session: args.name, port }).await?;
+    // The address alone on stdout, for scripts: `curl http://$(vmctl session expose dev 8000)/`.
+    println!("{}", host_address(&info));
+    Ok(())
+}
+
+async fn unexpose(args: UnexposeArgs) -> Result<(), ApiError> {
+    let client = connect().await?;
+    let params = umbra_api::ports::UnexposeParams { session: args.name, guest_port: args.guest_port };
+    client.call::<SessionUnexpose>(params).await?;
+    Ok(())
+}
+
+async fn ports(args: PortsArgs) -> Result<(), ApiError> {
+    let client = connect().await?;
+    let list = client.call::<SessionPorts>(SessionRef { name: args.name }).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&list).expect("ports serialize"));
+        return Ok(());
+    }
+    println!("{:<8} {:<24} CONNECTIONS", "GUEST", "HOST");
+    for p in &list.ports {
+        println!("{:<8} {:<24} {}", p.guest_port, host_address(p).to_string(), p.connections);
     }
     Ok(())
 }
@@ -463,11 +541,17 @@ async fn drive(
                             kind: umbra_api::event::PermissionKind::Network,
                             host: Some(host),
                             port: Some(port),
+                            process: asker,
                             timeout_secs,
                             ..
                         } = ev.kind
                         {
-                            prompts.ask(client, request_id, format!("{host}:{port}"), timeout_secs);
+                            // umbrad tidied what the guest claims; tidy it again before a terminal shows it.
+                            let by = asker.map(|p| p.tidy()).map_or_else(String::new, |p| match p.pid {
+                                Some(pid) => format!(" (process {pid}: {})", p.command),
+                                None => format!(" ({})", p.command),
+                            });
+                            prompts.ask(client, request_id, format!("{host}:{port}{by}"), timeout_secs);
                         }
                     }
                     continue;

@@ -107,6 +107,8 @@ export interface ConfigPatch {
   approval?: ApprovalSettings | null;
   /** Whether to download `bundle_url` into the warm slot in the background. */
   auto_download?: boolean | null;
+  /** Whether ports guest programs listen on are exposed as they appear. */
+  auto_expose?: boolean | null;
   /** The VM backend. */
   backend?: BackendChoice | null;
   /** Seconds a boot may take once admitted. */
@@ -141,6 +143,10 @@ export interface ConfigPatch {
   pool_memory_mib?: number | null;
   /** VMs kept booted ahead of session starts (0: none); takes effect at once. */
   pool_size?: number | null;
+  /** Whether exposed ports may bind beyond loopback (ports exposed already keep their bind). */
+  ports_beyond_loopback?: boolean | null;
+  /** Whether exposed ports may use host ports below 1024. */
+  ports_privileged?: boolean | null;
   /** The restart window, in seconds. */
   restart_window_secs?: number | null;
   /** Replaces the list of extra upstream CA files. */
@@ -167,6 +173,11 @@ export interface DaemonConfig {
    * @defaultValue `false`
    */
   auto_download?: boolean;
+  /**
+   * Expose every port a guest program starts listening on (loopback or wildcard) on a free
+   * host port of 127.0.0.1, and take it away when the program stops listening.
+   */
+  auto_expose?: boolean;
   /**
    * Which VM backend runs it.
    *
@@ -275,6 +286,19 @@ export interface DaemonConfig {
    */
   pool_size?: number;
   /**
+   * Whether `session.expose` may bind an address other than loopback (`0.0.0.0`, a LAN
+   * address), making a guest's port reachable from other machines.
+   *
+   * @defaultValue `false`
+   */
+  ports_beyond_loopback?: boolean;
+  /**
+   * Whether `session.expose` may listen on a host port below 1024.
+   *
+   * @defaultValue `false`
+   */
+  ports_privileged?: boolean;
+  /**
    * The window `max_restarts` counts failures in.
    *
    * @defaultValue `300`
@@ -352,6 +376,22 @@ export interface Downloaded {
 }
 
 /**
+ * The agent's answer to `EgressQuery.Process`: the process holding the guest end of the
+ * connection, as the guest reports it — something to show a person, never to decide on (a
+ * guest's root can make any process claim anything). Empty when it cannot be known (the
+ * socket is gone, or belongs to no process the agent can see).
+ */
+export interface EgressProcess {
+  /**
+   * Its command line, arguments joined by spaces: at most 256 bytes, every control
+   * character shown as `?` (it is printed on people's terminals).
+   */
+  command?: string;
+  /** Its process id in the guest. */
+  pid?: number | null;
+}
+
+/**
  * How the connection reached the agent (for the host's events and decisions' records).
  *
  * - `"transparent"`: A TCP connection redirected by the guest's netfilter rule.
@@ -410,6 +450,21 @@ export interface ExportParams {
 export interface Exported {
   path: string;
   bytes: number;
+}
+
+/** Params of `session.expose`. */
+export interface ExposeParams {
+  session: string;
+  /** The port a server listens on in the guest (on its loopback, or on every address). */
+  guest_port: number;
+  /**
+   * The host address to listen on: 127.0.0.1 unless given. Any other address (`0.0.0.0`,
+   * a LAN address) needs umbrad's `ports_beyond_loopback`; a host port below 1024, its
+   * `ports_privileged`.
+   */
+  bind?: string | null;
+  /** The host port to listen on; unset or 0: a free one, chosen by the host. */
+  host_port?: number | null;
 }
 
 /**
@@ -594,6 +649,12 @@ export interface NetworkPolicy {
    * `--resolve`): `{"allowed.test": "127.0.0.1"}`.
    */
   resolve?: Record<string, string>;
+  /**
+   * Names whose TLS the host never opens (`pinned.example.com`, `*.example.com`), even when
+   * a secret is bound to them — say inside a `*.example.com` binding, for a client that
+   * pins its server's certificate. A secret's placeholder then reaches such a host unchanged.
+   */
+  tls_passthrough?: string[];
 }
 
 /** Params of methods that take none (`{}` or absent). */
@@ -679,6 +740,39 @@ export interface PoolStatus {
    * its snapshot failed.
    */
   snapshot_error?: string | null;
+}
+
+/** An exposed port. */
+export interface PortInfo {
+  guest_port: number;
+  /** Where the host listens for it. */
+  host_port: number;
+  bind: string;
+  /**
+   * Connections carried now.
+   *
+   * @defaultValue `0`
+   */
+  connections?: number;
+}
+
+/** A session's exposed ports (`session.ports`). */
+export interface PortList {
+  ports: PortInfo[];
+}
+
+/** A port to expose, as `session.start {ports}` and `session.expose` take it. */
+export interface PortSpec {
+  /** The port a server listens on in the guest (on its loopback, or on every address). */
+  guest_port: number;
+  /**
+   * The host address to listen on: 127.0.0.1 unless given. Any other address (`0.0.0.0`,
+   * a LAN address) needs umbrad's `ports_beyond_loopback`; a host port below 1024, its
+   * `ports_privileged`.
+   */
+  bind?: string | null;
+  /** The host port to listen on; unset or 0: a free one, chosen by the host. */
+  host_port?: number | null;
 }
 
 /** How a process ended. */
@@ -1051,6 +1145,8 @@ export type SessionEventKind =
   | EgressEvent
   | EgressClosedEvent
   | PermissionRequestEvent
+  | PortOpenedEvent
+  | PortClosedEvent
   | SecretUsedEvent
   | SecretWithheldEvent
   | SshSignedEvent
@@ -1086,6 +1182,8 @@ export const SESSION_EVENT_KINDS = [
   "egress",
   "egress_closed",
   "permission_request",
+  "port_opened",
+  "port_closed",
   "secret_used",
   "secret_withheld",
   "ssh_signed",
@@ -1319,8 +1417,32 @@ export interface PermissionRequestEvent {
   kind?: PermissionKind;
   /** Its port. Network only. */
   port?: number | null;
+  /**
+   * The guest process that opened the connection, where the guest's agent could tell
+   * (`pid`, `command`): what the guest reports, so something to show, not to trust.
+   * Network only.
+   */
+  process?: EgressProcess | null;
   /** How the connection reached the agent (`http`, `socks`, `transparent`). Network only. */
   via?: EgressVia | null;
+}
+
+/**
+ * A guest program started listening on a TCP port an exposed port reaches (loopback or
+ * wildcard). `exposed`: where the host listens for it, when it is exposed (at once, with
+ * the session's `auto_expose`).
+ */
+export interface PortOpenedEvent {
+  event: "port_opened";
+  port: number;
+  exposed?: PortInfo | null;
+  process?: EgressProcess | null;
+}
+
+/** Nothing in the guest listens on `port` any more (an automatic exposure of it ends). */
+export interface PortClosedEvent {
+  event: "port_closed";
+  port: number;
 }
 
 /**
@@ -1408,6 +1530,8 @@ export interface SessionInfo {
   created_ms: number;
   /** Why the session last stopped or failed. */
   last_error?: string | null;
+  /** Its exposed ports. */
+  ports?: PortInfo[];
   /** Its secrets: names, placeholders and hosts, never a value. */
   secrets?: SecretInfo[];
   /** The session's snapshot (`session.snapshot`, or the one it was forked from), if any. */
@@ -1446,6 +1570,11 @@ export interface SessionSettings {
    * merges its settings with the daemon's (the stricter mode, both deny lists, both hooks).
    */
   approval?: ApprovalSettings | null;
+  /**
+   * Expose every port a guest program starts listening on (loopback or wildcard) on a free
+   * host port of 127.0.0.1, and take it away when the program stops listening.
+   */
+  auto_expose?: boolean;
   /**
    * Which VM backend runs it.
    *
@@ -1747,6 +1876,8 @@ export interface StartParams {
   name: string;
   /** Command approval settings. */
   approval?: ApprovalSettings | null;
+  /** Whether ports guest programs listen on are exposed as they appear. */
+  auto_expose?: boolean | null;
   /** The VM backend. */
   backend?: BackendChoice | null;
   /** The bundle to boot. */
@@ -1773,6 +1904,8 @@ export interface StartParams {
   network?: NetworkPolicy | null;
   /** The sandbox policy, as JSON: `{"type": "workspace_readonly", "ignore": [".env"]}`. */
   policy?: SandboxPolicy | null;
+  /** Guest ports to reach from the host from the start (`session.expose`). */
+  ports?: PortSpec[];
   /** Credentials the guest sees only as placeholders (`docs/network.md`, "Secrets"). */
   secrets?: SecretSpec[];
   /** SSH keys the session's agent holds on the host, each for the servers it names. */
@@ -1807,6 +1940,12 @@ export interface Subscribed {
 export interface TtySize {
   rows: number;
   cols: number;
+}
+
+/** Params of `session.unexpose`. */
+export interface UnexposeParams {
+  session: string;
+  guest_port: number;
 }
 
 export interface UnmountParams {
@@ -1923,6 +2062,14 @@ export interface Methods {
    * Adds a secret to a session or gives one a new value (rotation), effective for the next request through the proxy; the value is never sent to the guest.
    */
   "session.set_secret": { params: SetSecretParams; result: SessionInfo };
+  /**
+   * Listens on a host port and carries each connection to a port of the session's guest, while the session lives (kept across its restarts, resumes and umbrad's).
+   */
+  "session.expose": { params: ExposeParams; result: PortInfo };
+  /** Stops listening for a guest port; connections already carried end. */
+  "session.unexpose": { params: UnexposeParams; result: Done };
+  /** A session's exposed ports. */
+  "session.ports": { params: SessionRef; result: PortList };
   /** Every session. */
   "session.list": { params: NoParams; result: SessionList };
   /** One session. */
@@ -1993,6 +2140,9 @@ export const METHOD_NAMES = [
   "session.delete",
   "session.set_network",
   "session.set_secret",
+  "session.expose",
+  "session.unexpose",
+  "session.ports",
   "session.list",
   "session.get",
   "session.logs",

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use umbra_api::methods::{
-    Done, Method, PermissionRespond, SessionDelete, SessionFork, SessionGet, SessionList, SessionListMethod,
-    SessionLogs, SessionLogsMethod, SessionResume, SessionSetNetwork, SessionSetSecret, SessionSnapshot, SessionStart,
-    SessionStop,
+    Done, Method, PermissionRespond, SessionDelete, SessionExpose, SessionFork, SessionGet, SessionList,
+    SessionListMethod, SessionLogs, SessionLogsMethod, SessionPorts, SessionResume, SessionSetNetwork,
+    SessionSetSecret, SessionSnapshot, SessionStart, SessionStop, SessionUnexpose,
 };
 
 use super::common::{call, Outcome};
@@ -56,6 +56,22 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
                 let s = manager.get(&p.name)?;
                 s.set_secret(&p.secret)?;
                 Ok(s.info())
+            })
+            .await
+        }
+        SessionExpose::NAME => {
+            call::<SessionExpose, _, _>(params, |p| async move { Ok(manager.get(&p.session)?.expose(&p.port)?) }).await
+        }
+        SessionUnexpose::NAME => {
+            call::<SessionUnexpose, _, _>(params, |p| async move {
+                manager.get(&p.session)?.unexpose(p.guest_port)?;
+                Ok(Done {})
+            })
+            .await
+        }
+        SessionPorts::NAME => {
+            call::<SessionPorts, _, _>(params, |p| async move {
+                Ok(umbra_api::ports::PortList { ports: manager.get(&p.name)?.ports() })
             })
             .await
         }

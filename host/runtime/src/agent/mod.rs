@@ -9,6 +9,7 @@
 //! event that names the cause. Every request has a deadline ([`DEFAULT_CALL_TIMEOUT`]).
 
 mod connect;
+pub(crate) use connect::hybrid_vsock as dial_hybrid_vsock;
 mod error;
 mod events;
 mod process;
@@ -258,6 +259,14 @@ impl AgentClient {
         match self.call(&Request::Stats).await? {
             ResponseBody::Stats(s) => Ok(s),
             other => Err(unexpected("stats", &other)),
+        }
+    }
+
+    /// The guest ports programs listen on that an exposed port reaches (protocol 1.7).
+    pub async fn listening(&self) -> Result<Vec<umbra_proto::ListeningPort>, ClientError> {
+        match self.call(&Request::Listening).await? {
+            ResponseBody::Listening { ports } => Ok(ports),
+            other => Err(unexpected("listening", &other)),
         }
     }
 

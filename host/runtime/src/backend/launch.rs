@@ -85,7 +85,8 @@ impl Launch {
     ) -> Result<Vm, VmError> {
         let Launch { kind, capabilities, started, id, run, children, folders } = self;
         let GuestProcess { name, binary, mut cmd, log, log_label, jail, held, describe_exit } = guest;
-        let mut helpers = Helpers { children, folders, guest: name, describe_exit };
+        let vsock = rundir::vsock_socket(run.path());
+        let mut helpers = Helpers { children, folders, guest: name, describe_exit, vsock };
         let console_log = run.join("console.log");
         // Listen for the agent's readiness announcement before the guest can make it.
         let ready_path = rundir::vsock_port_socket(run.path(), umbra_proto::AGENT_READY_VSOCK_PORT);
@@ -135,6 +136,8 @@ pub(super) struct Helpers {
     /// The guest process's name, and what its exit codes mean.
     guest: &'static str,
     describe_exit: fn(i32) -> Option<&'static str>,
+    /// The hybrid vsock socket the guest's ports are reached through.
+    vsock: PathBuf,
 }
 
 impl Helpers {
@@ -187,6 +190,10 @@ impl Machine for Helpers {
 
     async fn snapshot(&mut self, _: File, _: File) -> Result<(u64, String), VmError> {
         Err(VmError::Snapshot(format!("{} cannot snapshot a VM", self.guest)))
+    }
+
+    fn dialer(&self) -> super::Dialer {
+        super::Dialer::hybrid(self.vsock.clone())
     }
 }
 

@@ -37,7 +37,8 @@ async fn boot(announce_after: Option<Duration>, timeout: Duration) -> (Instant, 
     let mut sleep = Command::new("sleep");
     sleep.arg("60");
     let children = vec![Supervised::spawn("stand-in VMM", sleep).unwrap()];
-    let mut helpers = Helpers { children, folders: None, guest: "stand-in VMM", describe_exit: |_| None };
+    let vsock = rundir::vsock_socket(run.path());
+    let mut helpers = Helpers { children, folders: None, guest: "stand-in VMM", describe_exit: |_| None, vsock };
     let copier = ConsoleCopier::start(std::io::empty(), run.join("console.log")).unwrap();
     let started = Instant::now();
     if let Some(after) = announce_after {

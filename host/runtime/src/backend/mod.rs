@@ -7,6 +7,7 @@
 mod children;
 pub mod confinement;
 pub mod console;
+mod dial;
 pub mod disk;
 mod error;
 pub mod fsd;
@@ -25,6 +26,7 @@ mod vm;
 pub mod vz;
 
 pub use children::Supervised;
+pub use dial::Dialer;
 pub(crate) use error::io;
 pub use error::VmError;
 pub use host::KvmKind;

@@ -47,6 +47,8 @@ pub trait Machine: Send + Sync {
     /// open for writing); returns the memory bytes written and where the pause went. Only a
     /// backend whose capabilities say `snapshot` is asked.
     async fn snapshot(&mut self, state: std::fs::File, memory: std::fs::File) -> Result<(u64, String), VmError>;
+    /// Opens streams to the guest's vsock ports (exposed ports).
+    fn dialer(&self) -> super::Dialer;
 }
 
 /// The set of host folders a running VM's guest can mount (under [`super::fsd::FS_TAG`]).
@@ -81,6 +83,11 @@ pub struct Vm {
 impl Vm {
     pub fn agent(&self) -> &AgentClient {
         &self.agent
+    }
+
+    /// Opens streams to the guest's vsock ports while the VM runs.
+    pub fn dialer(&self) -> super::Dialer {
+        self.machine.dialer()
     }
 
     /// Snapshots the VM into `dir`, a new directory (0700) that gets `state` and `memory`, and

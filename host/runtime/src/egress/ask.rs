@@ -11,13 +11,22 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use umbra_api::event::PermissionScope;
-use umbra_proto::egress::EgressVia;
+use umbra_proto::egress::{EgressProcess, EgressVia};
 
-/// Asks the user about `host:port`; resolves to the scope of an approval or why there is none.
+/// What a connection waiting in mode `ask` is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Question {
+    /// The name (normalised) or address.
+    pub host: String,
+    pub port: u16,
+    pub via: EgressVia,
+    /// The guest process that opened it, as the guest's agent reports it (tidied).
+    pub process: Option<EgressProcess>,
+}
+
+/// Asks the user a [`Question`]; resolves to the scope of an approval or why there is none.
 pub type Asker = Arc<
-    dyn Fn(String, u16, EgressVia, Duration) -> Pin<Box<dyn Future<Output = Result<PermissionScope, String>> + Send>>
-        + Send
-        + Sync,
+    dyn Fn(Question, Duration) -> Pin<Box<dyn Future<Output = Result<PermissionScope, String>> + Send>> + Send + Sync,
 >;
 
 type Answer = Option<Result<(), String>>;
@@ -41,9 +50,15 @@ impl AskGate {
         Self { asker, approved, asking: Mutex::new(HashMap::new()) }
     }
 
-    /// Returns once `host` (normalised) may be connected to, or why not.
-    pub async fn check(&self, host: &str, port: u16, via: EgressVia, timeout: Duration) -> Result<(), String> {
-        if self.approved.lock().unwrap().contains(host) {
+    /// Whether `host` (normalised) is allowed for the session already: nothing will be asked.
+    pub fn approved(&self, host: &str) -> bool {
+        self.approved.lock().unwrap().contains(host)
+    }
+
+    /// Returns once the question's host may be connected to, or why not.
+    pub async fn check(&self, question: Question, timeout: Duration) -> Result<(), String> {
+        let host = question.host.as_str();
+        if self.approved(host) {
             return Ok(());
         }
         let (mut waiting, asks) = {
@@ -60,7 +75,7 @@ impl AskGate {
         if let Some(tx) = asks {
             // This connection asks; if it goes away meanwhile, the others hear "dropped".
             let _done = Forget { gate: self, host };
-            let answer = (self.asker)(host.to_string(), port, via, timeout).await;
+            let answer = (self.asker)(question.clone(), timeout).await;
             if answer == Ok(PermissionScope::Session) {
                 self.approved.lock().unwrap().insert(host.to_string());
             }
@@ -99,7 +114,7 @@ mod tests {
     fn gate(answer: Result<PermissionScope, String>) -> (Arc<AskGate>, Arc<AtomicUsize>) {
         let asked = Arc::new(AtomicUsize::new(0));
         let count = asked.clone();
-        let asker: Asker = Arc::new(move |_, _, _, _| {
+        let asker: Asker = Arc::new(move |_, _| {
             count.fetch_add(1, Ordering::SeqCst);
             let answer = answer.clone();
             Box::pin(async move {
@@ -110,25 +125,29 @@ mod tests {
         (Arc::new(AskGate::new(asker, Default::default())), asked)
     }
 
+    fn q(host: &str, port: u16, via: EgressVia) -> Question {
+        Question { host: host.into(), port, via, process: None }
+    }
+
     #[tokio::test]
     async fn one_question_per_name_and_a_session_approval_is_kept() {
         let (g, asked) = gate(Ok(PermissionScope::Session));
         let (a, b) = tokio::join!(
-            g.check("x.test", 443, EgressVia::Http, Duration::from_secs(5)),
-            g.check("x.test", 443, EgressVia::Transparent, Duration::from_secs(5))
+            g.check(q("x.test", 443, EgressVia::Http), Duration::from_secs(5)),
+            g.check(q("x.test", 443, EgressVia::Transparent), Duration::from_secs(5))
         );
         assert_eq!((a, b), (Ok(()), Ok(())));
         assert_eq!(asked.load(Ordering::SeqCst), 1, "two connections, one question");
-        g.check("x.test", 80, EgressVia::Http, Duration::from_secs(5)).await.unwrap();
+        g.check(q("x.test", 80, EgressVia::Http), Duration::from_secs(5)).await.unwrap();
         assert_eq!(asked.load(Ordering::SeqCst), 1, "approved for the session: not asked again");
 
         let (g, asked) = gate(Ok(PermissionScope::Once));
-        g.check("y.test", 443, EgressVia::Http, Duration::from_secs(5)).await.unwrap();
-        g.check("y.test", 443, EgressVia::Http, Duration::from_secs(5)).await.unwrap();
+        g.check(q("y.test", 443, EgressVia::Http), Duration::from_secs(5)).await.unwrap();
+        g.check(q("y.test", 443, EgressVia::Http), Duration::from_secs(5)).await.unwrap();
         assert_eq!(asked.load(Ordering::SeqCst), 2, "once means once");
 
         let (g, _) = gate(Err("denied by the user".into()));
-        let e = g.check("z.test", 443, EgressVia::Http, Duration::from_secs(5)).await.unwrap_err();
+        let e = g.check(q("z.test", 443, EgressVia::Http), Duration::from_secs(5)).await.unwrap_err();
         assert_eq!(e, "denied by the user");
     }
 }

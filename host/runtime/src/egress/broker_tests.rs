@@ -108,7 +108,7 @@ fn setup_via(names: &[&str], upstream: Result<Upstream, String>, upstream_proxy:
 /// with `header`; returns the response.
 async fn guest_request(s: &Setup, name: &str, port: u16, header: &str) -> String {
     let mut stream = UnixStream::connect(&s.socket).await.unwrap();
-    let ask = EgressRequest::Connect { name: name.into(), port, via: EgressVia::Transparent };
+    let ask = EgressRequest::Connect { name: name.into(), port, via: EgressVia::Transparent, who: false };
     stream.write_all(&ask.to_line()).await.unwrap();
     let mut r = BufReader::new(stream);
     let mut line = String::new();
@@ -145,7 +145,8 @@ async fn a_bound_host_gets_the_value_and_another_the_placeholder() {
     // only because the test's client does) and gets the placeholder.
     let guest_to_other = format!("X-Token: {}", s.placeholder);
     let mut stream = UnixStream::connect(&s.socket).await.unwrap();
-    let ask = EgressRequest::Connect { name: "other.test".into(), port: other_port, via: EgressVia::Transparent };
+    let ask =
+        EgressRequest::Connect { name: "other.test".into(), port: other_port, via: EgressVia::Transparent, who: false };
     stream.write_all(&ask.to_line()).await.unwrap();
     let mut r = BufReader::new(stream);
     let mut line = String::new();
@@ -247,7 +248,8 @@ async fn connections_go_through_an_authenticating_upstream_proxy() {
     let wrong = UpstreamProxy::parse(&format!("http://user:nope@127.0.0.1:{proxy_port}"), "").unwrap();
     let s = setup_via(&["api.test"], Ok(upstream), Some(wrong));
     let mut stream = UnixStream::connect(&s.socket).await.unwrap();
-    let ask = EgressRequest::Connect { name: "api.test".into(), port: api_port, via: EgressVia::Transparent };
+    let ask =
+        EgressRequest::Connect { name: "api.test".into(), port: api_port, via: EgressVia::Transparent, who: false };
     stream.write_all(&ask.to_line()).await.unwrap();
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line).await.unwrap();
@@ -278,7 +280,7 @@ async fn a_server_that_speaks_first_and_clear_text_are_carried_unread() {
     let s = setup(&["api.test", "other.test"], Err("unused".into()));
     for name in ["api.test", "other.test"] {
         let mut stream = UnixStream::connect(&s.socket).await.unwrap();
-        let ask = EgressRequest::Connect { name: name.into(), port, via: EgressVia::Transparent };
+        let ask = EgressRequest::Connect { name: name.into(), port, via: EgressVia::Transparent, who: false };
         stream.write_all(&ask.to_line()).await.unwrap();
         let mut r = BufReader::new(stream);
         let mut line = String::new();
@@ -303,4 +305,70 @@ async fn a_server_that_speaks_first_and_clear_text_are_carried_unread() {
         let withheld = EventKind::SecretWithheld { name: "TOKEN".into(), host: host.into() };
         assert!(events.contains(&withheld), "{host}: {events:?}");
     }
+}
+
+/// Mode `ask`: a connection whose agent offered (`who`) is asked which process opened it
+/// before the question goes out, and the question carries the answer, tidied; an agent that
+/// answers out of kind is refused; one that did not offer is not asked.
+#[tokio::test]
+async fn a_question_names_the_guest_process_the_agent_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vsock.sock_1026");
+    let policy = NetworkPolicy {
+        mode: NetworkMode::Ask,
+        allow_cidrs: vec!["127.0.0.1/32".into()],
+        resolve: [("asked.test".to_string(), "127.0.0.1".parse().unwrap())].into(),
+        ask_timeout_secs: Some(5),
+        ..Default::default()
+    };
+    let questions = Arc::new(Mutex::new(Vec::new()));
+    let seen = questions.clone();
+    let asker: super::ask::Asker = Arc::new(move |q, _| {
+        seen.lock().unwrap().push(q);
+        Box::pin(async { Ok(umbra_api::event::PermissionScope::Once) })
+    });
+    let broker = Broker {
+        secrets: Default::default(),
+        ca: Arc::new(SessionCa::generate("s").unwrap()),
+        upstream: Err("none".into()),
+        upstream_proxy: None,
+        ask: Some(Arc::new(AskGate::new(asker, Default::default()))),
+        ssh_keys: Default::default(),
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { while listener.accept().await.is_ok() {} });
+    let report: Report = Arc::new(|_| {});
+    let policy = Arc::new(RwLock::new(Policy::new(&policy)));
+    let _proxy = EgressProxy::start(&socket, policy, Some(broker), report, EgressLimits::default()).unwrap();
+
+    // Sends the request; answers a process query with `answer`; returns the reply.
+    let connect = |who: bool, answer: &'static str| {
+        let socket = socket.clone();
+        async move {
+            let mut stream = UnixStream::connect(&socket).await.unwrap();
+            let request = EgressRequest::Connect { name: "asked.test".into(), port, via: EgressVia::Http, who };
+            stream.write_all(&request.to_line()).await.unwrap();
+            let mut r = BufReader::new(stream);
+            let mut line = String::new();
+            r.read_line(&mut line).await.unwrap();
+            if who {
+                assert_eq!(line, "{\"query\":\"process\"}\n");
+                r.get_mut().write_all(answer.as_bytes()).await.unwrap();
+                line.clear();
+                r.read_line(&mut line).await.unwrap();
+            }
+            serde_json::from_str::<EgressReply>(&line).unwrap()
+        }
+    };
+    let reply = connect(true, "{\"pid\":42,\"command\":\"curl \\u001b]0;allowed\\u0007 https://asked.test\"}\n").await;
+    assert!(reply.ok, "{reply:?}");
+    let reply = connect(true, "not an answer\n").await;
+    assert_eq!(reply.refusal, Some(umbra_proto::egress::EgressRefusal::BadRequest), "{reply:?}");
+    assert!(reply.reason.unwrap().contains("naming the process is not understood"));
+    assert!(connect(false, "").await.ok);
+    let asked: Vec<_> = questions.lock().unwrap().iter().map(|q| q.process.clone()).collect();
+    let claimed =
+        umbra_proto::egress::EgressProcess { pid: Some(42), command: "curl ?]0;allowed? https://asked.test".into() };
+    assert_eq!(asked, vec![Some(claimed), None], "the refused one was never asked about");
 }

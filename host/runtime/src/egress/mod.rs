@@ -16,7 +16,7 @@ pub mod ssh_agent;
 pub mod tls;
 pub mod upstream_proxy;
 
-pub use ask::{AskGate, Asker};
+pub use ask::{AskGate, Asker, Question};
 pub use intercept::Broker;
 pub use policy::{HostAddresses, Policy};
 pub use proxy::{EgressLimits, EgressProxy, Resolver, SharedPolicy};

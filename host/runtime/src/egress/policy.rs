@@ -27,6 +27,8 @@ pub struct Policy {
     cidrs: Vec<IpNet>,
     resolve: std::collections::BTreeMap<String, IpAddr>,
     ask_timeout: std::time::Duration,
+    /// `tls_passthrough` patterns, normalised.
+    passthrough: Vec<String>,
 }
 
 /// Why a name or address is refused.
@@ -42,6 +44,16 @@ impl std::fmt::Display for Refusal {
 /// A requested name, normalised: lowercase, without a trailing dot.
 pub fn normalise(name: &str) -> String {
     name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase()
+}
+
+/// `pattern` (`api.example.com`, or `*.example.com` for any name below it) against `host`,
+/// both compared as [`normalise`] makes them.
+pub fn host_matches(pattern: &str, host: &str) -> bool {
+    let (pattern, host) = (normalise(pattern), normalise(host));
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => host.len() > suffix.len() + 1 && host.ends_with(&format!(".{suffix}")),
+        None => pattern == host,
+    }
 }
 
 impl Policy {
@@ -63,6 +75,7 @@ impl Policy {
             cidrs: p.allow_cidrs.iter().filter_map(|c| c.parse().ok()).collect(),
             resolve: p.resolve.iter().map(|(k, v)| (normalise(k), *v)).collect(),
             ask_timeout: std::time::Duration::from_secs(p.ask_timeout_secs.unwrap_or(60)),
+            passthrough: p.tls_passthrough.iter().map(|d| normalise(d)).collect(),
         }
     }
 
@@ -70,6 +83,11 @@ impl Policy {
     /// user: `None` in the other modes (such a name is refused).
     pub fn ask_timeout(&self) -> Option<std::time::Duration> {
         (self.mode == NetworkMode::Ask).then_some(self.ask_timeout)
+    }
+
+    /// Whether the host must never open `name`'s TLS (`tls_passthrough`).
+    pub fn tls_passthrough(&self, name: &str) -> bool {
+        self.passthrough.iter().any(|p| host_matches(p, name))
     }
 
     pub fn mode(&self) -> NetworkMode {

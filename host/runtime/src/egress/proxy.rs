@@ -24,7 +24,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWrite
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use umbra_api::EventKind;
-use umbra_proto::egress::{EgressReply, EgressRequest, EgressVia, MAX_EGRESS_LINE};
+use umbra_proto::egress::{EgressProcess, EgressQuery, EgressReply, EgressRequest, EgressVia, MAX_EGRESS_LINE};
 
 use super::intercept::Broker;
 use super::policy::{normalise, HostAddresses, Policy, Refusal};
@@ -178,18 +178,42 @@ async fn serve(
 
 /// Reads the request line: at most [`MAX_EGRESS_LINE`] bytes, before the deadline.
 async fn read_request(reader: &mut BufReader<UnixStream>, timeout: Duration) -> Result<EgressRequest, String> {
+    EgressRequest::parse(&read_line(reader, timeout, "request").await?)
+}
+
+/// Reads one line from the guest (at most [`MAX_EGRESS_LINE`] bytes) before the deadline, and
+/// returns it without its newline.
+async fn read_line(reader: &mut BufReader<UnixStream>, timeout: Duration, what: &str) -> Result<Vec<u8>, String> {
     let mut line = Vec::new();
     let mut limited = (&mut *reader).take(MAX_EGRESS_LINE as u64);
     match tokio::time::timeout(timeout, limited.read_until(b'\n', &mut line)).await {
-        Err(_) => return Err(format!("no request within {timeout:?}")),
-        Ok(Err(e)) => return Err(format!("cannot read the request: {e}")),
+        Err(_) => return Err(format!("no {what} within {timeout:?}")),
+        Ok(Err(e)) => return Err(format!("cannot read the {what}: {e}")),
         Ok(Ok(_)) => {}
     }
     if line.last() != Some(&b'\n') {
-        return Err(format!("the request line is unterminated or longer than {MAX_EGRESS_LINE} bytes"));
+        return Err(format!("the {what} line is unterminated or longer than {MAX_EGRESS_LINE} bytes"));
     }
     line.pop();
-    EgressRequest::parse(&line)
+    Ok(line)
+}
+
+/// How long the agent has to say which process opened a connection (a scan of its `/proc`).
+const WHO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks the agent which guest process opened the connection (it offered to say: `who`), and
+/// returns its answer made safe to show. A stream that does not answer in kind is refused:
+/// whatever it sends later would otherwise be taken for the connection's bytes.
+async fn which_process(reader: &mut BufReader<UnixStream>) -> Result<EgressProcess, String> {
+    reader
+        .get_mut()
+        .write_all(&EgressQuery::Process.to_line())
+        .await
+        .map_err(|e| format!("asking which process: {e}"))?;
+    let line = read_line(reader, WHO_TIMEOUT, "answer naming the process").await?;
+    let process: EgressProcess =
+        serde_json::from_slice(&line).map_err(|e| format!("the answer naming the process is not understood: {e}"))?;
+    Ok(process.tidy())
 }
 
 /// The addresses the host will consider for `name`: the policy's override, the literal itself,
@@ -294,7 +318,7 @@ async fn handle(
     // The policy as it is now: a change applies to the next connection.
     let policy = policy.read().unwrap().clone();
     let (name, port, via) = match &request {
-        EgressRequest::Connect { name, port, via } => (normalise(name), *port, *via),
+        EgressRequest::Connect { name, port, via, .. } => (normalise(name), *port, *via),
         EgressRequest::Resolve { name } => (normalise(name), 0, EgressVia::Dns),
         EgressRequest::SshAgent => unreachable!("served above"),
     };
@@ -327,7 +351,16 @@ async fn handle(
                 return;
             }
             (Some(gate), Some(timeout)) => {
-                if let Err(why) = gate.check(&name, port, via, timeout).await {
+                // Whom the question is about, when the agent can say (and it will be asked).
+                let mut process = None;
+                if matches!(request, EgressRequest::Connect { who: true, .. }) && !gate.approved(&name) {
+                    match which_process(&mut reader).await {
+                        Ok(p) => process = Some(p).filter(|p| p.pid.is_some() || !p.command.is_empty()),
+                        Err(why) => refuse!(R::BadRequest, format!("{name}: {why}")),
+                    }
+                }
+                let question = super::ask::Question { host: name.clone(), port, via, process };
+                if let Err(why) = gate.check(question, timeout).await {
                     refuse!(R::Denied, format!("{name}: {why}"));
                 }
             }
@@ -406,7 +439,8 @@ async fn handle(
     let (secrets_bound, placeholders) = match broker {
         Some(b) => {
             let secrets = b.secrets.read().unwrap();
-            (secrets.bound_to(&name), secrets.placeholders())
+            // A passthrough name keeps its TLS end to end, a secret bound to it or not.
+            (secrets.bound_to(&name) && !policy.tls_passthrough(&name), secrets.placeholders())
         }
         None => (false, Vec::new()),
     };
@@ -525,7 +559,7 @@ mod tests {
     }
 
     fn connect(name: &str, port: u16) -> EgressRequest {
-        EgressRequest::Connect { name: name.into(), port, via: EgressVia::Transparent }
+        EgressRequest::Connect { name: name.into(), port, via: EgressVia::Transparent, who: false }
     }
 
     fn local_policy(mode: NetworkMode, domains: &[&str]) -> NetworkPolicy {

@@ -11,6 +11,7 @@ use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, PROXY_AUTHORIZATION};
 use hyper::Uri;
 use umbra_api::secrets::{Inject, SecretInfo, SecretSpec, SecretValue, MAX_SECRETS};
 
+pub use super::policy::host_matches;
 use super::policy::normalise;
 
 /// The secrets a session's proxy and its spawns share; `session.set_secret` changes them live.
@@ -36,16 +37,6 @@ struct Entry {
 impl Entry {
     fn bound_to(&self, host: &str) -> bool {
         self.binding.hosts.iter().any(|p| host_matches(p, host))
-    }
-}
-
-/// `pattern` (`api.example.com`, or `*.example.com` for any name below it) against `host`,
-/// both compared as [`normalise`] makes them.
-pub fn host_matches(pattern: &str, host: &str) -> bool {
-    let (pattern, host) = (normalise(pattern), normalise(host));
-    match pattern.strip_prefix("*.") {
-        Some(suffix) => host.len() > suffix.len() + 1 && host.ends_with(&format!(".{suffix}")),
-        None => pattern == host,
     }
 }
 

@@ -87,9 +87,7 @@ impl Approvals {
     /// `permission_request` of kind `network`, answered within `timeout` or denied.
     pub async fn ask_network(
         &self,
-        host: &str,
-        port: u16,
-        via: umbra_proto::egress::EgressVia,
+        question: crate::egress::Question,
         timeout: Duration,
         emit: impl Fn(EventKind),
     ) -> Result<PermissionScope, String> {
@@ -102,9 +100,10 @@ impl Approvals {
             env: Default::default(),
             env_changes_what_runs: Vec::new(),
             decision: None,
-            host: Some(host.to_string()),
-            port: Some(port),
-            via: Some(via),
+            host: Some(question.host),
+            port: Some(question.port),
+            via: Some(question.via),
+            process: question.process,
             timeout_secs: timeout.as_secs(),
         });
         self.wait(request_id, rx, timeout, emit).await
@@ -139,6 +138,7 @@ impl Approvals {
             host: None,
             port: None,
             via: None,
+            process: None,
             timeout_secs: settings.timeout_secs,
         });
         match self.wait(request_id, rx, timeout, &emit).await {

@@ -63,6 +63,8 @@ pub(super) struct Incarnation {
     _outputs: Option<OutputsWatcher>,
     /// Carries the guest's connections (dropped, and every connection with it, at the end).
     _egress: crate::egress::EgressProxy,
+    /// Opens streams to the guest's ports (exposed ports' connections).
+    pub dialer: crate::backend::Dialer,
 }
 
 /// Why a VM failed, as the supervisor saw it.
@@ -305,8 +307,10 @@ impl Incarnation {
             }
         }
         let agent = machine.vm.agent().clone();
+        let dialer = machine.vm.dialer();
         let (ended, _) = watch::channel(None);
         Ok(Incarnation {
+            dialer,
             machine: tokio::sync::Mutex::new(machine),
             agent,
             info,

@@ -178,6 +178,10 @@ impl SessionManager {
                 ssh_keys.add(spec, known.as_deref()).map_err(SessionError::InvalidArgument)?;
             }
         }
+        let config = self.config();
+        for p in &params.ports {
+            p.check(config.ports_beyond_loopback, config.ports_privileged).map_err(SessionError::InvalidArgument)?;
+        }
         let (session, created) = {
             let mut sessions = self.sessions.lock().unwrap();
             match sessions.get(&params.name) {
@@ -186,7 +190,11 @@ impl SessionManager {
                     let mut record = SessionRecord::new(&params.name, settings, folders);
                     record.secrets = secrets.bindings();
                     record.ssh_keys = ssh_keys.bindings();
+                    record.ports = params.ports.clone();
                     let session = Session::new(self.ctx.clone(), record, Some(secrets), Some(ssh_keys));
+                    // Its ports listen from the start (a connection before the VM runs is
+                    // closed); one that cannot be had fails the start, before any boot.
+                    session.open_recorded_ports()?;
                     sessions.insert(params.name.clone(), session.clone());
                     (session, true)
                 }
@@ -298,6 +306,7 @@ impl SessionManager {
     pub async fn delete(&self, name: &str) -> Result<(), SessionError> {
         let session = self.get(name)?;
         session.stop(StopReason::Requested).await?;
+        session.close_ports();
         self.sessions.lock().unwrap().remove(name);
         self.ctx.records.remove(name);
         self.ctx.bus.forget(name);

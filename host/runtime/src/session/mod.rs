@@ -19,6 +19,7 @@
 //! - [`pool`]: VMs booted ahead of the starts that take them.
 //! - [`snapshot`]: a session paused into its storage, resumed or forked from there.
 //! - [`approval`]: the gate a spawn passes when the session has approval settings.
+//! - [`ports`]: host listeners whose connections reach a port of the session's guest.
 //! - [`events`], [`store`], [`outputs`]: the bus and event logs, the session records, the
 //!   outputs-folder watcher.
 
@@ -34,6 +35,7 @@ mod launch;
 pub mod manager;
 pub mod outputs;
 mod pool;
+pub mod ports;
 mod snapshot;
 pub mod store;
 

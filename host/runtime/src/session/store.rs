@@ -47,6 +47,9 @@ pub struct SessionRecord {
     /// Its SSH keys' names, hosts and host keys: never a private key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ssh_keys: Vec<crate::egress::SshKeyBinding>,
+    /// Its exposed ports, each with the host port it got (kept again after a restart).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<umbra_api::ports::PortSpec>,
 }
 
 impl SessionRecord {
@@ -63,6 +66,7 @@ impl SessionRecord {
             pinned: Default::default(),
             secrets: Vec::new(),
             ssh_keys: Vec::new(),
+            ports: Vec::new(),
         }
     }
 }

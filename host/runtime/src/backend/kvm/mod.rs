@@ -132,6 +132,10 @@ impl Machine for KvmMachine {
         self.helpers.shares_folders()
     }
 
+    fn dialer(&self) -> crate::backend::Dialer {
+        self.helpers.dialer()
+    }
+
     async fn snapshot(&mut self, state: std::fs::File, memory: std::fs::File) -> Result<(u64, String), VmError> {
         let control = self.control.clone();
         let taken = tokio::task::spawn_blocking(move || request_snapshot(&control, &state, &memory))

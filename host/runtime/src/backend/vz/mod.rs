@@ -156,6 +156,22 @@ mod launch {
         async fn snapshot(&mut self, _: std::fs::File, _: std::fs::File) -> Result<(u64, String), VmError> {
             Err(VmError::BackendUnavailable("the vz backend cannot snapshot a VM".into()))
         }
+
+        fn dialer(&self) -> crate::backend::Dialer {
+            // The framework's socket device: a connect gives a descriptor, made async here.
+            let machine = self.machine.clone();
+            crate::backend::Dialer::new(move |port| {
+                let m = machine.clone();
+                Box::pin(async move {
+                    let fd = tokio::task::spawn_blocking(move || m.connect(port, Duration::from_secs(10)))
+                        .await
+                        .map_err(|e| e.to_string())??;
+                    let stream = std::os::unix::net::UnixStream::from(fd);
+                    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+                    tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())
+                })
+            })
+        }
     }
 
     /// The framework's share set: replaced whole on every change.

@@ -14,6 +14,9 @@ use crate::session::snapshot::SessionSnapshot;
 
 /// How often the supervisor checks that the VM's processes are alive.
 const ALIVE_EVERY: Duration = Duration::from_millis(500);
+/// How often the guest is asked which ports its programs listen on (`port_opened` events,
+/// `auto_expose`).
+const PORTS_EVERY: Duration = Duration::from_secs(1);
 /// Back-off before restart attempt n is `RESTART_BASE * 2^(n-1)`, at most `RESTART_MAX`.
 const RESTART_BASE: Duration = Duration::from_secs(1);
 const RESTART_MAX: Duration = Duration::from_secs(30);
@@ -149,6 +152,10 @@ impl Session {
             bundle: inc.info.bundle_version.clone(),
         });
         self.set_status(SessionStatus::Ready, None);
+        // Ports recorded before umbrad restarted listen again (a failure is logged); those the
+        // last VM's programs had exposed automatically go.
+        self.drop_auto_exposed();
+        let _ = self.open_recorded_ports();
         tokio::spawn(self.clone().supervise(inc, cancel));
     }
 
@@ -160,9 +167,25 @@ impl Session {
         let mut alive = tokio::time::interval(ALIVE_EVERY);
         let mut heartbeat = tokio::time::interval(Duration::from_secs(settings.heartbeat_interval_secs));
         heartbeat.tick().await; // the first tick is immediate; the boot just proved the agent
+                                // What the guest listens on, polled (an agent before protocol 1.7 cannot tell: `None`).
+        let mut listening = Some(std::collections::BTreeMap::new());
+        let mut ports_poll = tokio::time::interval(PORTS_EVERY);
+        ports_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let failure = loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
+                _ = ports_poll.tick(), if listening.is_some() => {
+                    match tokio::time::timeout(heartbeat_timeout, inc.agent.listening()).await {
+                        Ok(Ok(now)) => self.ports_changed(listening.as_mut().expect("polled only when Some"), now),
+                        Ok(Err(crate::agent::ClientError::Agent(e)))
+                            if matches!(e.code, umbra_proto::ErrorCode::BadRequest | umbra_proto::ErrorCode::Unsupported) =>
+                        {
+                            listening = None;
+                        }
+                        // The heartbeat judges whether the VM is alive.
+                        _ => {}
+                    }
+                }
                 _ = alive.tick() => {
                     if let Err(f) = inc.check_alive() {
                         break f;

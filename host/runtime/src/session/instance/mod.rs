@@ -31,6 +31,7 @@ use crate::share::paths::validate_session_name;
 
 mod files;
 mod lifecycle;
+mod ports;
 mod processes;
 mod snapshots;
 #[cfg(test)]
@@ -63,6 +64,10 @@ pub struct Session {
     ssh_keys: crate::egress::SharedSshKeys,
     /// Names the user allowed for the session when asked (network mode `ask`).
     network_approved: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// Its exposed ports' host listeners.
+    ports: super::ports::Ports,
+    /// The guest ports `auto_expose` exposed (not recorded; they end with their listener).
+    auto_exposed: Mutex<std::collections::BTreeSet<u16>>,
     /// Serialises start, stop, resume and restart.
     lifecycle: tokio::sync::Mutex<()>,
     last_activity: Mutex<Instant>,
@@ -119,6 +124,8 @@ impl Session {
                 last_console: String::new(),
             }),
             status,
+            ports: Default::default(),
+            auto_exposed: Default::default(),
             lifecycle: tokio::sync::Mutex::new(()),
             last_activity: Mutex::new(Instant::now()),
         })
@@ -226,6 +233,7 @@ impl Session {
             snapshot: state.record.snapshot.clone(),
             secrets: self.secrets.read().unwrap().infos(),
             ssh_keys: self.ssh_keys.read().unwrap().infos(),
+            ports: self.ports_info(&state.record.ports),
         }
     }
 
@@ -246,11 +254,11 @@ impl Session {
         let upstream_proxy = self.ctx.upstream_proxy().map_err(SessionError::InvalidArgument)?;
         // Mode `ask` asks through the session's approvals, on its event stream.
         let me = Arc::downgrade(self);
-        let asker: crate::egress::Asker = Arc::new(move |host, port, via, timeout| {
+        let asker: crate::egress::Asker = Arc::new(move |question, timeout| {
             let me = me.clone();
             Box::pin(async move {
                 let me = me.upgrade().ok_or("the session is gone")?;
-                me.ctx.approvals.ask_network(&host, port, via, timeout, |kind| me.emit(kind)).await
+                me.ctx.approvals.ask_network(question, timeout, |kind| me.emit(kind)).await
             })
         });
         let ask = Some(Arc::new(crate::egress::AskGate::new(asker, self.network_approved.clone())));

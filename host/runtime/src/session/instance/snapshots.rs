@@ -208,6 +208,9 @@ impl Session {
         // The same placeholders: the snapshot's processes hold them.
         record.secrets = state.record.secrets.clone();
         record.ssh_keys = state.record.ssh_keys.clone();
+        // The same guest ports, each on a free host port of its own (the source keeps its).
+        record.ports =
+            state.record.ports.iter().map(|p| umbra_api::ports::PortSpec { host_port: None, ..*p }).collect();
         record
     }
 

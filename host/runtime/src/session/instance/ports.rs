@@ -1,0 +1,177 @@
+//! A session's exposed ports: the listeners ([`crate::session::ports`]) and their record.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use umbra_api::ports::{PortInfo, PortSpec};
+use umbra_api::EventKind;
+use umbra_proto::ListeningPort;
+
+use super::Session;
+use crate::session::error::SessionError;
+use crate::session::ports::{Target, Touch, MAX_AUTO_EXPOSED};
+
+/// The most listening ports one poll takes from the guest.
+const MAX_LISTENING_SEEN: usize = 256;
+
+impl Session {
+    /// Listens for `spec` on the host (see `session.expose`): checked against umbrad's
+    /// settings, recorded with the host port it got, kept until unexposed or the session is
+    /// deleted. A guest port exposed already is moved to the new host port.
+    pub fn expose(self: &Arc<Self>, spec: &PortSpec) -> Result<PortInfo, SessionError> {
+        let config = self.ctx.config();
+        spec.check(config.ports_beyond_loopback, config.ports_privileged).map_err(SessionError::InvalidArgument)?;
+        let info = self.ports.expose(spec, self.port_target(), self.port_touch()).map_err(|e| {
+            if e.ends_with("is in use") {
+                SessionError::Busy(e)
+            } else {
+                SessionError::InvalidArgument(e)
+            }
+        })?;
+        // Exposed by a client now: no longer taken away when its program stops listening.
+        self.auto_exposed.lock().unwrap().remove(&spec.guest_port);
+        self.record_port(&info);
+        Ok(info)
+    }
+
+    /// Stops listening for `guest_port`; connections it carries end.
+    pub fn unexpose(&self, guest_port: u16) -> Result<(), SessionError> {
+        let recorded = {
+            let mut state = self.state.lock().unwrap();
+            let before = state.record.ports.len();
+            state.record.ports.retain(|p| p.guest_port != guest_port);
+            before != state.record.ports.len()
+        };
+        if !self.ports.unexpose(guest_port) && !recorded {
+            return Err(SessionError::NotFound(format!(
+                "session {}: guest port {guest_port} is not exposed",
+                self.name
+            )));
+        }
+        self.persist();
+        Ok(())
+    }
+
+    /// Closes every listener (the session is being deleted); the record is left alone.
+    pub(crate) fn close_ports(&self) {
+        self.ports.close_all();
+    }
+
+    /// The exposed ports: listening ones with their connections, recorded ones not listening
+    /// in this umbrad yet (until the session runs) with none.
+    pub fn ports(&self) -> Vec<PortInfo> {
+        let recorded = self.state.lock().unwrap().record.ports.clone();
+        self.ports_info(&recorded)
+    }
+
+    pub(super) fn ports_info(&self, recorded: &[PortSpec]) -> Vec<PortInfo> {
+        let mut ports = self.ports.list();
+        for p in recorded.iter().filter(|p| !self.ports.is_open(p.guest_port)) {
+            ports.push(PortInfo {
+                guest_port: p.guest_port,
+                host_port: p.host_port.unwrap_or(0),
+                bind: p.bind(),
+                connections: 0,
+            });
+        }
+        ports.sort_by_key(|p| p.guest_port);
+        ports
+    }
+
+    /// Listens for every recorded port not listening yet (after umbrad restarted, or at the
+    /// session's start). Returns the first failure; the others are still opened.
+    pub(crate) fn open_recorded_ports(self: &Arc<Self>) -> Result<(), SessionError> {
+        let recorded = self.state.lock().unwrap().record.ports.clone();
+        let mut first = Ok(());
+        for spec in recorded.iter().filter(|p| !self.ports.is_open(p.guest_port)) {
+            match self.ports.expose(spec, self.port_target(), self.port_touch()) {
+                Ok(info) => self.record_port(&info),
+                Err(e) => {
+                    let e = format!("session {}: guest port {}: {e}", self.name, spec.guest_port);
+                    tracing::warn!("{e}");
+                    if first.is_ok() {
+                        first = Err(SessionError::Busy(e));
+                    }
+                }
+            }
+        }
+        first
+    }
+
+    /// What the guest listens on now (`listening`, from the supervisor's poll), against what
+    /// it listened on at the last poll (`seen`, port → whether this exposed it): announces
+    /// each change, and with `auto_expose` exposes a new port on a free host port (not
+    /// recorded: it lasts while the port is listened on) and takes it away again after.
+    pub(super) fn ports_changed(self: &Arc<Self>, seen: &mut BTreeMap<u16, bool>, mut listening: Vec<ListeningPort>) {
+        // What the guest says is bounded here, whatever its agent claims to have bounded.
+        listening.truncate(MAX_LISTENING_SEEN);
+        let auto = self.settings().auto_expose;
+        let now: BTreeSet<u16> = listening.iter().map(|p| p.port).collect();
+        let new: Vec<ListeningPort> = listening.into_iter().filter(|p| !seen.contains_key(&p.port)).collect();
+        for p in new {
+            let mut exposed = self.ports.list().into_iter().find(|i| i.guest_port == p.port);
+            let mut mine = false;
+            if auto && exposed.is_none() && self.auto_exposed.lock().unwrap().len() < MAX_AUTO_EXPOSED {
+                let spec = PortSpec { guest_port: p.port, host_port: None, bind: None };
+                match self.ports.expose(&spec, self.port_target(), self.port_touch()) {
+                    Ok(info) => {
+                        exposed = Some(info);
+                        mine = true;
+                        self.auto_exposed.lock().unwrap().insert(p.port);
+                    }
+                    Err(e) => tracing::warn!("session {}: cannot expose guest port {}: {e}", self.name, p.port),
+                }
+            }
+            seen.insert(p.port, mine);
+            self.emit(EventKind::PortOpened { port: p.port, process: p.process.map(|p| p.tidy()), exposed });
+        }
+        let gone: Vec<(u16, bool)> = seen.iter().filter(|(p, _)| !now.contains(p)).map(|(p, m)| (*p, *m)).collect();
+        for (port, mine) in gone {
+            seen.remove(&port);
+            if mine && self.auto_exposed.lock().unwrap().remove(&port) {
+                self.ports.unexpose(port);
+            }
+            self.emit(EventKind::PortClosed { port });
+        }
+    }
+
+    /// Takes away the ports the last VM's programs had exposed automatically (a new VM starts
+    /// with nothing listening).
+    pub(super) fn drop_auto_exposed(&self) {
+        let ports = std::mem::take(&mut *self.auto_exposed.lock().unwrap());
+        for port in ports {
+            self.ports.unexpose(port);
+        }
+    }
+
+    fn record_port(&self, info: &PortInfo) {
+        {
+            let mut state = self.state.lock().unwrap();
+            let spec = PortSpec { guest_port: info.guest_port, host_port: Some(info.host_port), bind: Some(info.bind) };
+            state.record.ports.retain(|p| p.guest_port != info.guest_port);
+            state.record.ports.push(spec);
+            state.record.ports.sort_by_key(|p| p.guest_port);
+        }
+        self.persist();
+    }
+
+    /// The running VM's dialer, looked up for each connection (a restart or resume brings a
+    /// new VM; the session may be gone).
+    fn port_target(self: &Arc<Self>) -> Target {
+        let me = Arc::downgrade(self);
+        Arc::new(move || {
+            let me = me.upgrade()?;
+            let state = me.state.lock().unwrap();
+            state.current.as_ref().map(|inc| inc.dialer.clone())
+        })
+    }
+
+    fn port_touch(self: &Arc<Self>) -> Touch {
+        let me = Arc::downgrade(self);
+        Arc::new(move || {
+            if let Some(me) = me.upgrade() {
+                me.touch();
+            }
+        })
+    }
+}
