@@ -89,8 +89,8 @@ pub struct EgressProcess {
     /// Its process id in the guest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
-    /// Its command line, arguments joined by spaces: at most 256 bytes, every control
-    /// character shown as `?` (it is printed on people's terminals).
+    /// Its command line, arguments joined by spaces: at most 256 bytes, every control and
+    /// invisible format character shown as `?` (it is printed on people's terminals).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub command: String,
 }
@@ -117,9 +117,20 @@ impl EgressProcess {
     }
 }
 
-/// Characters that reorder how a terminal shows the text around them.
+/// Characters that reorder or hide text on a terminal: bidirectional controls, zero-width and
+/// other invisible format characters, line and paragraph separators.
 fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{061c}')
+    matches!(
+        c,
+        '\u{00ad}'
+            | '\u{061c}'
+            | '\u{180e}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{feff}'
+            | '\u{fff9}'..='\u{fffb}'
+    )
 }
 
 impl EgressQuery {
@@ -221,8 +232,11 @@ mod tests {
 
     #[test]
     fn a_process_is_tidied_before_anyone_shows_it() {
-        let p = EgressProcess { pid: Some(7), command: "curl \u{1b}[2Jhttps://x\nallow? \u{202e}txt.exe".into() };
-        assert_eq!(p.tidy().command, "curl ?[2Jhttps://x?allow? ?txt.exe");
+        let p = EgressProcess {
+            pid: Some(7),
+            command: "curl \u{1b}[2Jhttps://x\nallow? \u{202e}txt.exe\u{200b}\u{2028}".into(),
+        };
+        assert_eq!(p.tidy().command, "curl ?[2Jhttps://x?allow? ?txt.exe??");
         let long = EgressProcess { pid: None, command: "é".repeat(200) }.tidy();
         assert_eq!(long.command.len(), MAX_PROCESS_COMMAND);
         assert_eq!(serde_json::to_string(&EgressQuery::Process).unwrap(), r#"{"query":"process"}"#);

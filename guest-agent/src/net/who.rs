@@ -29,7 +29,7 @@ pub const MAX_LISTENING: usize = 256;
 /// with the process holding each; sockets held by `own` (the agent's pid) are left out. One
 /// entry per port, lowest first.
 pub fn listening(proc: &Path, own: u32) -> Vec<ListeningPort> {
-    let mut sockets: BTreeMap<u16, u64> = BTreeMap::new();
+    let mut sockets: Vec<(u16, u64)> = Vec::new();
     for table in ["tcp", "tcp6"] {
         let Ok(text) = std::fs::read_to_string(proc.join("net").join(table)) else { continue };
         for line in text.lines().skip(1) {
@@ -39,17 +39,22 @@ pub fn listening(proc: &Path, own: u32) -> Vec<ListeningPort> {
             let Some((addr, port)) = local.split_once(':') else { continue };
             let (Ok(port), Ok(inode)) = (u16::from_str_radix(port, 16), inode.parse::<u64>()) else { continue };
             if reachable_by_loopback(addr) {
-                sockets.entry(port).or_insert(inode);
+                sockets.push((port, inode));
             }
         }
     }
     if sockets.is_empty() {
         return Vec::new();
     }
-    let holders = holders(proc, sockets.values().copied().collect());
-    sockets
+    let holders = holders(proc, sockets.iter().map(|&(_, inode)| inode).collect());
+    // The agent's own sockets out first: a program's listener sharing a port with one of them
+    // (on another address) is still listed.
+    let mut ports: BTreeMap<u16, u64> = BTreeMap::new();
+    for (port, inode) in sockets.into_iter().filter(|(_, inode)| holders.get(inode) != Some(&own)) {
+        ports.entry(port).or_insert(inode);
+    }
+    ports
         .into_iter()
-        .filter(|(_, inode)| holders.get(inode) != Some(&own))
         .take(MAX_LISTENING)
         .map(|(port, inode)| ListeningPort { port, process: holders.get(&inode).map(|&pid| describe(proc, pid)) })
         .collect()
@@ -61,11 +66,14 @@ fn reachable_by_loopback(hex: &str) -> bool {
     let words: Vec<u32> =
         (0..hex.len() / 8).filter_map(|i| u32::from_str_radix(&hex[i * 8..i * 8 + 8], 16).ok()).collect();
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    // The forward listener connects to 127.0.0.1, then ::1 (`crate::forward`): other loopback
+    // addresses (127.0.0.2) are not reached.
+    let v4_reached = |b: &[u8]| b == [127, 0, 0, 1] || b == [0, 0, 0, 0];
     match bytes.len() {
-        4 => bytes[0] == 127 || bytes == [0, 0, 0, 0],
+        4 => v4_reached(&bytes),
         16 => {
             let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes.as_slice()).unwrap_or_default());
-            v6.is_loopback() || v6.is_unspecified() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+            v6.is_loopback() || v6.is_unspecified() || v6.to_ipv4_mapped().is_some_and(|v4| v4_reached(&v4.octets()))
         }
         _ => false,
     }
@@ -114,27 +122,33 @@ fn describe(proc: &Path, pid: u32) -> EgressProcess {
 
 /// The inode of the TCP socket whose local address is `addr`.
 fn socket_inode(proc: &Path, addr: SocketAddr) -> Option<u64> {
-    // A v4 client of a dual-stack listener shows as ::ffff:a.b.c.d; its socket is in `tcp`.
-    let ip = match addr.ip() {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
+    let v6_text = |v6: std::net::Ipv6Addr| -> String {
+        v6.octets().chunks(4).map(|w| format!("{:08X}", u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))).collect()
     };
-    let (table, want) = match ip {
-        IpAddr::V4(v4) => ("tcp", format!("{:08X}:{:04X}", u32::from_ne_bytes(v4.octets()), addr.port())),
+    let port = addr.port();
+    // A v4 peer of a dual-stack listener shows as ::ffff:a.b.c.d: its own socket is in `tcp`
+    // (an IPv4 socket) or in `tcp6` under the mapped address (an IPv6 socket that connected
+    // to one); both are tried.
+    let candidates: Vec<(&str, String)> = match addr.ip() {
+        IpAddr::V4(v4) => vec![
+            ("tcp", format!("{:08X}:{port:04X}", u32::from_ne_bytes(v4.octets()))),
+            ("tcp6", format!("{}:{port:04X}", v6_text(v4.to_ipv6_mapped()))),
+        ],
         IpAddr::V6(v6) => {
-            let words: String = v6
-                .octets()
-                .chunks(4)
-                .map(|w| format!("{:08X}", u32::from_ne_bytes([w[0], w[1], w[2], w[3]])))
-                .collect();
-            ("tcp6", format!("{words}:{:04X}", addr.port()))
+            let mut c = vec![("tcp6", format!("{}:{port:04X}", v6_text(v6)))];
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                c.push(("tcp", format!("{:08X}:{port:04X}", u32::from_ne_bytes(v4.octets()))));
+            }
+            c
         }
     };
-    let text = std::fs::read_to_string(proc.join("net").join(table)).ok()?;
-    text.lines().skip(1).find_map(|line| {
-        // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        (fields.get(1) == Some(&want.as_str())).then(|| fields.get(9)?.parse().ok()).flatten().filter(|&i| i != 0)
+    candidates.into_iter().find_map(|(table, want)| {
+        let text = std::fs::read_to_string(proc.join("net").join(table)).ok()?;
+        text.lines().skip(1).find_map(|line| {
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields.get(1) == Some(&want.as_str())).then(|| fields.get(9)?.parse().ok()).flatten().filter(|&i| i != 0)
+        })
     })
 }
 

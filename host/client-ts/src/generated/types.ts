@@ -383,8 +383,8 @@ export interface Downloaded {
  */
 export interface EgressProcess {
   /**
-   * Its command line, arguments joined by spaces: at most 256 bytes, every control
-   * character shown as `?` (it is printed on people's terminals).
+   * Its command line, arguments joined by spaces: at most 256 bytes, every control and
+   * invisible format character shown as `?` (it is printed on people's terminals).
    */
   command?: string;
   /** Its process id in the guest. */

@@ -60,11 +60,12 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
             .await
         }
         SessionExpose::NAME => {
-            call::<SessionExpose, _, _>(params, |p| async move { Ok(manager.get(&p.session)?.expose(&p.port)?) }).await
+            call::<SessionExpose, _, _>(params, |p| async move { Ok(manager.get(&p.session)?.expose(&p.port).await?) })
+                .await
         }
         SessionUnexpose::NAME => {
             call::<SessionUnexpose, _, _>(params, |p| async move {
-                manager.get(&p.session)?.unexpose(p.guest_port)?;
+                manager.get(&p.session)?.unexpose(p.guest_port).await?;
                 Ok(Done {})
             })
             .await

@@ -192,9 +192,6 @@ impl SessionManager {
                     record.ssh_keys = ssh_keys.bindings();
                     record.ports = params.ports.clone();
                     let session = Session::new(self.ctx.clone(), record, Some(secrets), Some(ssh_keys));
-                    // Its ports listen from the start (a connection before the VM runs is
-                    // closed); one that cannot be had fails the start, before any boot.
-                    session.open_recorded_ports()?;
                     sessions.insert(params.name.clone(), session.clone());
                     (session, true)
                 }
@@ -207,6 +204,15 @@ impl SessionManager {
             }
             session.wait_ready().await?;
             return Ok(session);
+        }
+        // Its ports listen from the start (a connection before the VM runs is closed); one that
+        // cannot be had fails the start before any boot, and nothing of the session is kept.
+        if let Err(e) = session.open_recorded_ports().await {
+            session.close_ports().await;
+            session.abandon(&e.to_string());
+            self.sessions.lock().unwrap().remove(&params.name);
+            self.ctx.records.remove(&params.name);
+            return Err(e);
         }
         session.boot().await?;
         Ok(session)
@@ -306,7 +312,7 @@ impl SessionManager {
     pub async fn delete(&self, name: &str) -> Result<(), SessionError> {
         let session = self.get(name)?;
         session.stop(StopReason::Requested).await?;
-        session.close_ports();
+        session.close_ports().await;
         self.sessions.lock().unwrap().remove(name);
         self.ctx.records.remove(name);
         self.ctx.bus.forget(name);

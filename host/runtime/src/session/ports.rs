@@ -37,6 +37,23 @@ pub type Target = Arc<dyn Fn() -> Option<Dialer> + Send + Sync>;
 /// Told of each connection accepted (the session counts it as activity).
 pub type Touch = Arc<dyn Fn() + Send + Sync>;
 
+/// Why a port could not be exposed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExposeError {
+    /// The host address and port are taken (by another program, or another session).
+    InUse(String),
+    /// Anything else about the address (not one of this host's, not permitted).
+    Address(String),
+}
+
+impl std::fmt::Display for ExposeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExposeError::InUse(s) | ExposeError::Address(s) => f.write_str(s),
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Ports {
     open: Mutex<BTreeMap<u16, Forward>>,
@@ -45,52 +62,89 @@ pub struct Ports {
 struct Forward {
     info: PortInfo,
     connections: Arc<AtomicU32>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Forward {
+    /// Ends the listener and its connections, and returns once its socket is closed (so the
+    /// host port can be listened on again at once).
+    async fn stop(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
 }
 
 impl Drop for Forward {
     // The listener's task owns its connections' tasks: aborting it ends them all.
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
 impl Ports {
-    /// Listens for `spec` (a guest port already exposed is replaced). Fails with the reason
-    /// when the host address or port cannot be bound.
-    pub fn expose(&self, spec: &PortSpec, target: Target, touch: Touch) -> Result<PortInfo, String> {
+    /// Listens for `spec`. The same guest port exposed already on the address asked for (or
+    /// on any, when `spec` names no host port) stays as it is; on another address, the new
+    /// listener is made first and the old one closed after, so a failure changes nothing.
+    pub async fn expose(&self, spec: &PortSpec, target: Target, touch: Touch) -> Result<PortInfo, ExposeError> {
         let bind = spec.bind();
+        if let Some(f) = self.open.lock().unwrap().get(&spec.guest_port) {
+            let same_port = spec.host_port.is_none_or(|p| p == 0 || p == f.info.host_port);
+            if f.info.bind == bind && same_port {
+                return Ok(PortInfo { connections: f.connections.load(Ordering::Relaxed), ..f.info.clone() });
+            }
+        }
         let addr = SocketAddr::new(bind, spec.host_port.unwrap_or(0));
-        // An exposed port replaced by one at the same host port: free it first.
-        let old = self.open.lock().unwrap().remove(&spec.guest_port);
-        drop(old);
         let listener = std::net::TcpListener::bind(addr).map_err(|e| match e.kind() {
-            std::io::ErrorKind::AddrInUse => format!("host port {addr} is in use"),
-            _ => format!("cannot listen on {addr}: {e}"),
+            std::io::ErrorKind::AddrInUse => ExposeError::InUse(format!("host port {addr} is in use")),
+            _ => ExposeError::Address(format!("cannot listen on {addr}: {e}")),
         })?;
-        listener.set_nonblocking(true).map_err(|e| format!("{addr}: {e}"))?;
-        let listener = TcpListener::from_std(listener).map_err(|e| format!("{addr}: {e}"))?;
-        let host_port = listener.local_addr().map_err(|e| format!("{addr}: {e}"))?.port();
+        let fail = |e: std::io::Error| ExposeError::Address(format!("{addr}: {e}"));
+        listener.set_nonblocking(true).map_err(fail)?;
+        let listener = TcpListener::from_std(listener).map_err(fail)?;
+        let host_port = listener.local_addr().map_err(fail)?.port();
         let info = PortInfo { guest_port: spec.guest_port, host_port, bind, connections: 0 };
         let connections = Arc::new(AtomicU32::new(0));
         let task = tokio::spawn(serve(listener, spec.guest_port, target, touch, connections.clone()));
-        self.open.lock().unwrap().insert(spec.guest_port, Forward { info: info.clone(), connections, task });
+        let forward = Forward { info: info.clone(), connections, task: Some(task) };
+        let old = self.open.lock().unwrap().insert(spec.guest_port, forward);
+        if let Some(old) = old {
+            old.stop().await;
+        }
         Ok(info)
     }
 
-    /// Stops listening for `guest_port`; its connections end. Whether it was exposed.
-    pub fn unexpose(&self, guest_port: u16) -> bool {
-        self.open.lock().unwrap().remove(&guest_port).is_some()
+    /// Stops listening for `guest_port` (its connections end) and returns once the host port
+    /// is free. Whether it was exposed.
+    pub async fn unexpose(&self, guest_port: u16) -> bool {
+        let old = self.open.lock().unwrap().remove(&guest_port);
+        match old {
+            Some(f) => {
+                f.stop().await;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Stops every listener.
-    pub fn close_all(&self) {
+    pub async fn close_all(&self) {
         let all = std::mem::take(&mut *self.open.lock().unwrap());
-        drop(all);
+        for f in all.into_values() {
+            f.stop().await;
+        }
     }
 
     pub fn is_open(&self, guest_port: u16) -> bool {
         self.open.lock().unwrap().contains_key(&guest_port)
+    }
+
+    /// Connections carried now, over every port (a session with one open is not idle).
+    pub fn connections(&self) -> u32 {
+        self.open.lock().unwrap().values().map(|f| f.connections.load(Ordering::Relaxed)).sum()
     }
 
     /// The exposed ports, with the connections each carries now.

@@ -17,6 +17,8 @@ const ALIVE_EVERY: Duration = Duration::from_millis(500);
 /// How often the guest is asked which ports its programs listen on (`port_opened` events,
 /// `auto_expose`).
 const PORTS_EVERY: Duration = Duration::from_secs(1);
+/// How long one such poll may take.
+const PORTS_POLL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Back-off before restart attempt n is `RESTART_BASE * 2^(n-1)`, at most `RESTART_MAX`.
 const RESTART_BASE: Duration = Duration::from_secs(1);
 const RESTART_MAX: Duration = Duration::from_secs(30);
@@ -152,10 +154,6 @@ impl Session {
             bundle: inc.info.bundle_version.clone(),
         });
         self.set_status(SessionStatus::Ready, None);
-        // Ports recorded before umbrad restarted listen again (a failure is logged); those the
-        // last VM's programs had exposed automatically go.
-        self.drop_auto_exposed();
-        let _ = self.open_recorded_ports();
         tokio::spawn(self.clone().supervise(inc, cancel));
     }
 
@@ -166,8 +164,13 @@ impl Session {
         let idle_timeout = Duration::from_secs(settings.idle_timeout_secs);
         let mut alive = tokio::time::interval(ALIVE_EVERY);
         let mut heartbeat = tokio::time::interval(Duration::from_secs(settings.heartbeat_interval_secs));
-        heartbeat.tick().await; // the first tick is immediate; the boot just proved the agent
-                                // What the guest listens on, polled (an agent before protocol 1.7 cannot tell: `None`).
+        // The first tick is immediate; the boot just proved the agent.
+        heartbeat.tick().await;
+        // Ports exposed by the last VM's programs go; those recorded before umbrad restarted
+        // listen again (a failure is logged).
+        self.drop_auto_exposed().await;
+        let _ = self.open_recorded_ports().await;
+        // What the guest listens on, polled (an agent before protocol 1.7 cannot tell: `None`).
         let mut listening = Some(std::collections::BTreeMap::new());
         let mut ports_poll = tokio::time::interval(PORTS_EVERY);
         ports_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -175,8 +178,17 @@ impl Session {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = ports_poll.tick(), if listening.is_some() => {
-                    match tokio::time::timeout(heartbeat_timeout, inc.agent.listening()).await {
-                        Ok(Ok(now)) => self.ports_changed(listening.as_mut().expect("polled only when Some"), now),
+                    // Briefly: the alive and idle checks wait meanwhile (a silent agent is the
+                    // heartbeat's to judge), and a stop ends the wait.
+                    let polled = tokio::select! {
+                        r = tokio::time::timeout(PORTS_POLL_TIMEOUT, inc.agent.listening()) => r,
+                        _ = cancel.cancelled() => return,
+                    };
+                    match polled {
+                        Ok(Ok(now)) => {
+                            let seen = listening.as_mut().expect("polled only when Some");
+                            self.ports_changed(seen, now).await;
+                        }
                         Ok(Err(crate::agent::ClientError::Agent(e)))
                             if matches!(e.code, umbra_proto::ErrorCode::BadRequest | umbra_proto::ErrorCode::Unsupported) =>
                         {
@@ -215,7 +227,8 @@ impl Session {
 
     /// How long the session has been idle: zero while a process runs.
     pub(super) fn idle_for(&self) -> Duration {
-        if !self.state.lock().unwrap().processes.is_empty() {
+        // A connection through an exposed port (a dev server in use) is activity too.
+        if !self.state.lock().unwrap().processes.is_empty() || self.ports.connections() > 0 {
             return Duration::ZERO;
         }
         self.last_activity.lock().unwrap().elapsed()
@@ -339,6 +352,8 @@ impl Session {
             let console = inc.end(&text, true).await;
             self.state.lock().unwrap().last_console = console;
         }
+        // What the guest's programs listened on went with the VM.
+        self.drop_auto_exposed().await;
         self.set_status(SessionStatus::Stopped, Some(text));
         Ok(())
     }

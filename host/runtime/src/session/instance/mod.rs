@@ -68,6 +68,8 @@ pub struct Session {
     ports: super::ports::Ports,
     /// The guest ports `auto_expose` exposed (not recorded; they end with their listener).
     auto_exposed: Mutex<std::collections::BTreeSet<u16>>,
+    /// Held by every change to the ports, their record and `auto_exposed` (`ports.rs`).
+    port_changes: tokio::sync::Mutex<()>,
     /// Serialises start, stop, resume and restart.
     lifecycle: tokio::sync::Mutex<()>,
     last_activity: Mutex<Instant>,
@@ -126,6 +128,7 @@ impl Session {
             status,
             ports: Default::default(),
             auto_exposed: Default::default(),
+            port_changes: tokio::sync::Mutex::new(()),
             lifecycle: tokio::sync::Mutex::new(()),
             last_activity: Mutex::new(Instant::now()),
         })
@@ -163,6 +166,11 @@ impl Session {
                 me.emit(kind);
             }
         })
+    }
+
+    /// A start given up before its boot: `failed` with `why`, for whoever waits on it.
+    pub(crate) fn abandon(&self, why: &str) {
+        self.set_status(SessionStatus::Failed, Some(why.to_string()));
     }
 
     fn set_status(&self, status: SessionStatus, reason: Option<String>) {
