@@ -259,8 +259,8 @@ pub async fn process_output(
         }
         let ev: SessionEvent = serde_json::from_value(n.params.clone()).expect("events parse");
         let (stream, data) = match ev.kind {
-            EventKind::Stdout { process: p, data } if p == process => (Stream::Stdout, data),
-            EventKind::Stderr { process: p, data } if p == process => (Stream::Stderr, data),
+            EventKind::Stdout { process: p, data, .. } if p == process => (Stream::Stdout, data),
+            EventKind::Stderr { process: p, data, .. } if p == process => (Stream::Stderr, data),
             EventKind::Exit(e) if e.process == process => break (stdout, stderr, e),
             _ => {
                 kept.push(n);

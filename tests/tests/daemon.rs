@@ -653,3 +653,200 @@ async fn guest_servers_are_reached_through_exposed_ports() {
     assert!(tokio::net::TcpStream::connect(("127.0.0.1", http)).await.is_err(), "unexposed: nothing listens");
     client.call::<SessionDelete>(SessionRef { name: "web".into() }).await.unwrap();
 }
+
+/// Output of kept process `process` from its `process.event`s (acknowledged as consumed), until
+/// `done` says the bytes so far are enough or the process exits: (stdout, stderr, exit). Each
+/// chunk must start where the previous one of its stream ended (after the first).
+async fn kept_output(
+    client: &umbra_api::client::Client,
+    inbox: &mut umbra_tests::daemon::Inbox,
+    session: &str,
+    process: u64,
+    done: impl Fn(&[u8]) -> bool,
+) -> (Vec<u8>, Vec<u8>, Option<umbra_api::ProcessExit>, [Option<u64>; 2]) {
+    let (mut out, mut err, mut first, mut next) = (Vec::new(), Vec::new(), [None; 2], [None::<u64>; 2]);
+    loop {
+        let ev = wait_event(inbox, RUN, "output of the kept process", |e| match &e.kind {
+            EventKind::Stdout { process: p, .. } | EventKind::Stderr { process: p, .. } => *p == process,
+            EventKind::Exit(x) => x.process == process,
+            _ => false,
+        })
+        .await;
+        let (stream, data, offset) = match ev.kind {
+            EventKind::Stdout { data, offset, .. } => (Stream::Stdout, data, offset),
+            EventKind::Stderr { data, offset, .. } => (Stream::Stderr, data, offset),
+            EventKind::Exit(x) => return (out, err, Some(x), first),
+            _ => unreachable!(),
+        };
+        let bytes = data.to_bytes().unwrap();
+        let i = stream as usize;
+        let offset = offset.expect("a kept process's output says where it starts");
+        first[i].get_or_insert(offset);
+        if let Some(n) = next[i] {
+            assert_eq!(offset, n, "{stream:?} continues where it left off");
+        }
+        next[i] = Some(offset + bytes.len() as u64);
+        let ack = AckParams { session: session.into(), process, stream, bytes: bytes.len() as u64 };
+        client.notify::<ProcessAck>(ack).await.unwrap();
+        match stream {
+            Stream::Stdout => out.extend(bytes),
+            Stream::Stderr => err.extend(bytes),
+        }
+        if done(&out) {
+            return (out, err, None, first);
+        }
+    }
+}
+
+/// A detached process survives its client: another lists it, attaches, and receives all of its
+/// output byte for byte, then its exit (and again from an offset). A terminal keeps its shell's
+/// variables, working directory and scrollback across clients; `terminal.run` reports the exit
+/// status and the working directory through the shell's marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detached_processes_and_terminals_outlive_their_client() {
+    use umbra_api::kept::*;
+    let daemon = TestDaemon::start("daemon-kept", serde_json::json!({}));
+    let (client, mut inbox) = daemon.client().await;
+    client.call::<SessionStart>(StartParams { name: "k".into(), ..Default::default() }).await.unwrap();
+    let counter = "i=0; while [ $i -lt 300 ]; do echo line-$i; i=$((i+1)); sleep 0.01; done; echo done >&2; exit 3";
+    let expected: Vec<u8> = (0..300).flat_map(|i| format!("line-{i}\n").into_bytes()).collect();
+    let spawned = client.call::<ProcessSpawn>(SpawnParams { detach: true, ..sh("k", counter) }).await.unwrap();
+    let (some, _, exit, _) = kept_output(&client, &mut inbox, "k", spawned.process, |o| o.len() >= 7).await;
+    assert!(exit.is_none() && expected.starts_with(&some), "{:?}", String::from_utf8_lossy(&some));
+    // The client is killed mid-command.
+    drop((client, inbox));
+
+    let (client, mut inbox) = daemon.client().await;
+    let list = client.call::<ProcessListMethod>(InSession { session: "k".into() }).await.unwrap();
+    let info = list.processes.iter().find(|p| p.process == spawned.process).expect("listed");
+    assert!(info.detached && !info.terminal && info.argv[0] == "sh", "{info:?}");
+    let attach = AttachParams { session: "k".into(), process: spawned.process, from: Default::default() };
+    let attached = client.call::<ProcessAttach>(attach.clone()).await.unwrap();
+    assert_eq!(attached.pid, spawned.pid);
+    let (out, err, exit, first) = kept_output(&client, &mut inbox, "k", spawned.process, |_| false).await;
+    assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&expected), "every byte, in order");
+    assert_eq!((err.as_slice(), exit.unwrap().code, first[0]), (&b"done\n"[..], Some(3), Some(0)));
+    // Finished, it stays: attached again from an offset, the rest of it and the exit.
+    let from = OutputOffsets { stdout: 1000, stderr: 5 };
+    client.call::<ProcessAttach>(AttachParams { from, ..attach.clone() }).await.unwrap();
+    let (rest, err, exit, first) = kept_output(&client, &mut inbox, "k", spawned.process, |_| false).await;
+    assert_eq!((rest.as_slice(), err.len(), first[0]), (&expected[1000..], 0, Some(1000)));
+    assert_eq!(exit.unwrap().code, Some(3));
+    let e = client.call::<ProcessAttach>(AttachParams { process: 999_999, ..attach }).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound, "{}", e.message);
+
+    // A terminal: state set by terminal.run and by typing stays across clients.
+    let open = TerminalOpenParams {
+        session: "k".into(),
+        shell: Vec::new(),
+        cwd: None,
+        env: Default::default(),
+        size: TtySize { rows: 24, cols: 80 },
+    };
+    let term = client.call::<TerminalOpen>(open).await.unwrap().terminal;
+    let run = |command: &str| TerminalRunParams {
+        session: "k".into(),
+        terminal: term,
+        command: command.into(),
+        timeout_secs: Some(60),
+    };
+    let r = client.call::<TerminalRun>(run("cd /tmp && mkdir -p 'a dir' && cd 'a dir' && FOO=bar-baz")).await.unwrap();
+    assert_eq!((r.exit_code, r.cwd.as_str()), (0, "/tmp/a dir"));
+    let r = client.call::<TerminalRun>(run("false")).await.unwrap();
+    assert_eq!((r.exit_code, r.cwd.as_str()), (1, "/tmp/a dir"));
+    let r = client.call::<TerminalRun>(run("echo 'it''s'\necho two lines; (exit 42)")).await.unwrap();
+    assert_eq!(r.exit_code, 42, "a command of several lines, quotes included");
+    let typed = StdinParams { session: "k".into(), process: term, data: Data::from_bytes(b"echo typed-$FOO\n") };
+    client.call::<ProcessStdin>(typed).await.unwrap();
+    kept_output(&client, &mut inbox, "k", term, |o| o.windows(13).any(|w| w == b"typed-bar-baz")).await;
+    drop((client, inbox));
+
+    let (client, mut inbox) = daemon.client().await;
+    let terms = client.call::<TerminalListMethod>(InSession { session: "k".into() }).await.unwrap().terminals;
+    assert_eq!(terms.iter().map(|t| t.terminal).collect::<Vec<_>>(), vec![term]);
+    assert!(terms[0].exit.is_none() && terms[0].output.end > 0, "{:?}", terms[0]);
+    client.call::<TerminalAttach>(TerminalAttachParams { session: "k".into(), terminal: term, from: 0 }).await.unwrap();
+    // The scrollback comes back first: what was typed and printed before.
+    let (scrollback, _, _, first) =
+        kept_output(&client, &mut inbox, "k", term, |o| o.windows(13).any(|w| w == b"typed-bar-baz")).await;
+    assert_eq!(first[0], Some(0));
+    assert!(String::from_utf8_lossy(&scrollback).contains("two lines"), "{}", String::from_utf8_lossy(&scrollback));
+    let r = client.call::<TerminalRun>(run("[ \"$FOO\" = bar-baz ]")).await.unwrap();
+    assert_eq!((r.exit_code, r.cwd.as_str()), (0, "/tmp/a dir"), "the shell kept its variables and directory");
+    let resize = TerminalResizeParams { session: "k".into(), terminal: term, rows: 40, cols: 100 };
+    client.call::<TerminalResize>(resize).await.unwrap();
+    assert_eq!(client.call::<TerminalRun>(run("[ \"$(stty size)\" = '40 100' ]")).await.unwrap().exit_code, 0);
+    client.call::<TerminalClose>(TerminalRef { session: "k".into(), terminal: term }).await.unwrap();
+    let (_, _, exit, _) = kept_output(&client, &mut inbox, "k", term, |_| false).await;
+    assert!(exit.is_some(), "the attached client hears the shell end");
+    let e = client.call::<TerminalRun>(run("true")).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidParams, "{}", e.message);
+
+    // vmctl on a terminal: a new terminal, Ctrl-] detaches, `ps` lists it, attaching again
+    // shows it, and the shell's exit is vmctl's status.
+    let (out, status) = on_a_terminal(
+        &daemon,
+        &["session", "attach", "k"],
+        &[("Ctrl-] detaches", "echo hi-$((6*7))\n"), ("hi-42", "\x1d")],
+    )
+    .await;
+    assert!(status == 0 && out.contains("detached; terminal "), "{status}: {out}");
+    let id: u64 = out
+        .split("vmctl session attach k ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    let ps = std::process::Command::new(umbra_tests::workspace_bin("vmctl"))
+        .args(["session", "ps", "k"])
+        .env("UMBRA_SOCKET", &daemon.socket)
+        .output()
+        .unwrap();
+    let ps = String::from_utf8_lossy(&ps.stdout).into_owned();
+    assert!(
+        ps.lines().any(|l| l.starts_with(&id.to_string()) && l.contains("terminal") && l.contains("running")),
+        "{ps}"
+    );
+    let id = id.to_string();
+    let (out, status) = on_a_terminal(&daemon, &["session", "attach", "k", &id], &[("hi-42", "exit 3\n")]).await;
+    assert_eq!(status, 3, "{out}");
+}
+
+/// Runs vmctl with `args` on a pseudo-terminal; each time its output shows the next `(text,
+/// keys)`'s text, types the keys. Its output and exit status.
+async fn on_a_terminal(daemon: &TestDaemon, args: &[&str], script: &[(&str, &str)]) -> (String, i32) {
+    const DRIVER: &str = r#"
+import json, os, pty, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+steps = json.loads(os.environ["STEPS"])
+out, start = b'', time.time()
+while time.time() - start < 60:
+    if steps and steps[0][0].encode() in out:
+        os.write(fd, steps.pop(0)[1].encode())
+    if fd in select.select([fd], [], [], 1)[0]:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+_, status = os.waitpid(pid, 0)
+sys.stdout.write(out.decode(errors='replace'))
+sys.exit(os.waitstatus_to_exitcode(status))
+"#;
+    let steps: Vec<(&str, &str)> = script.to_vec();
+    let out = tokio::process::Command::new("python3")
+        .args(["-c", DRIVER])
+        .arg(umbra_tests::workspace_bin("vmctl"))
+        .args(args)
+        .env("UMBRA_SOCKET", &daemon.socket)
+        .env("STEPS", serde_json::to_string(&steps).unwrap())
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "") + &String::from_utf8_lossy(&out.stderr);
+    (text, out.status.code().unwrap_or(-1))
+}

@@ -1079,6 +1079,55 @@ async fn run_suite(backend: BackendKind) {
         }),
     ));
     cases.push((
+        "kept processes and terminals: guest output costs the host its bound; forged markers answer no run",
+        Box::pin(async {
+            use umbra_api::kept::KEPT_OUTPUT_BYTES;
+            // 64 MiB from a detached process nobody reads: the host keeps its last 1 MiB.
+            let flood = ExecRequest {
+                argv: vec!["sh".into(), "-c".into(), "head -c 67108864 /dev/zero | tr '\\0' x".into()],
+                ..Default::default()
+            };
+            let kept = g.s.spawn_kept(flood).await.map_err(|e| e.to_string())?;
+            let mut reader = kept.reader(Default::default());
+            while let Some(ev) = tokio::time::timeout(Duration::from_secs(120), reader.next())
+                .await
+                .map_err(|_| "the flood did not end within 120 s".to_string())?
+            {
+                if matches!(ev, umbra_runtime::session::KeptEvent::Exit(_)) {
+                    break;
+                }
+            }
+            let (out, _) = kept.ranges();
+            if out.end != 64 << 20 || out.end - out.start > KEPT_OUTPUT_BYTES {
+                return Err(format!("the host kept {out:?} of 64 MiB (bound {KEPT_OUTPUT_BYTES})"));
+            }
+            // A terminal whose guest prints forged markers (another nonce, and one that never
+            // ends) before the host's run: the run still gets its own answer, bounded in time.
+            let request = umbra_runtime::session::TerminalRequest {
+                shell: vec!["/bin/sh".into()],
+                cwd: None,
+                env: Default::default(),
+                size: umbra_proto::TtySize { rows: 24, cols: 80 },
+            };
+            let term = g.s.open_terminal(request).await.map_err(|e| e.to_string())?;
+            // The command itself prints them, so they arrive while the run waits.
+            let forge = "printf '\\033]6973;0000000000000000;0;/forged\\007\\033]6973;'; head -c 200000 /dev/zero | tr '\\0' a; cd /tmp";
+            let ran = tokio::time::timeout(Duration::from_secs(60), term.run(forge, Some(Duration::from_secs(50))))
+                .await
+                .map_err(|_| "terminal.run did not answer within 60 s".to_string())?
+                .map_err(|e| e.to_string())?;
+            if ran != (0, "/tmp".to_string()) {
+                return Err(format!("terminal.run answered {ran:?}, not the shell's own (0, /tmp)"));
+            }
+            let (shown, _) = term.ranges();
+            if shown.end - shown.start > KEPT_OUTPUT_BYTES {
+                return Err(format!("the terminal's scrollback holds {shown:?}"));
+            }
+            g.s.close_terminal(term.id()).map_err(|e| e.to_string())?;
+            Ok(format!("64 MiB flood kept as {out:?}; run answered {ran:?} after forged markers"))
+        }),
+    ));
+    cases.push((
         "listening ports: what the guest opens the host exposes only on loopback, bounded",
         Box::pin(async {
             // 100 listeners on loopback and one on the wildcard, held by a process named with

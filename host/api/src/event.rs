@@ -156,12 +156,18 @@ pub enum EventKind {
         process: u64,
         #[serde(flatten)]
         data: Data,
+        /// Where in the stream `data` starts, for a kept process (`process.attach`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        offset: Option<u64>,
     },
     /// Error output of a process (to its owner only).
     Stderr {
         process: u64,
         #[serde(flatten)]
         data: Data,
+        /// Where in the stream `data` starts, for a kept process (`process.attach`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        offset: Option<u64>,
     },
     /// A process ended. Its output all came before this; nothing about it follows.
     Exit(ProcessExit),
@@ -590,7 +596,10 @@ mod tests {
 
     #[test]
     fn events_have_their_name_as_tag_and_round_trip() {
-        let ev = SessionEvent::new(Some("s1"), EventKind::Stdout { process: 3, data: Data::from_bytes(b"hi\n") });
+        let ev = SessionEvent::new(
+            Some("s1"),
+            EventKind::Stdout { process: 3, data: Data::from_bytes(b"hi\n"), offset: None },
+        );
         let json = serde_json::to_string(&ev).unwrap();
         assert!(json.contains("\"event\":\"stdout\""), "{json}");
         assert!(json.contains("\"data\":\"hi\\n\""), "{json}");

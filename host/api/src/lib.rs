@@ -12,6 +12,7 @@
 pub mod config;
 pub mod error;
 pub mod event;
+pub mod kept;
 pub mod methods;
 pub mod paths;
 pub mod ports;
@@ -50,4 +51,4 @@ pub use event::{Data, Encoding, EventKind, ProcessExit, SessionEvent};
 pub use session::{BackendChoice, FolderInfo, FolderSpec, SessionInfo, SessionSettings, SessionStatus, VmInfo};
 
 /// The IPC contract's version: a new minor adds methods, fields or events; a new major breaks.
-pub const API_VERSION: &str = "1.6";
+pub const API_VERSION: &str = "1.7";

@@ -225,6 +225,10 @@ pub struct SpawnParams {
     /// SIGTERM after this many seconds, SIGKILL 3 s later; the exit says `timed_out`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
+    /// Keep the process when this client goes: the session holds its output (bounded) and its
+    /// exit, and any client can `process.attach` to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub detach: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -585,6 +589,24 @@ methods! {
     PermissionRespond = "permission.respond" (RespondPermissionParams) -> Done;
     /// Grants more output credit (see `OUTPUT_WINDOW`); usually a notification.
     ProcessAck = "process.ack" (AckParams) -> Done;
+    /// The session's processes: running ones, and kept ones for a while after they ended.
+    ProcessListMethod = "process.list" (crate::kept::InSession) -> crate::kept::ProcessList;
+    /// Attaches to a kept process: its output from an offset, then as it comes, then its exit.
+    ProcessAttach = "process.attach" (crate::kept::AttachParams) -> crate::kept::Attached;
+    /// Opens a terminal: a login shell on a pseudo-terminal that keeps running when the client
+    /// goes. Its output follows as `process.event`s to this client.
+    TerminalOpen = "terminal.open" (crate::kept::TerminalOpenParams) -> crate::kept::TerminalInfo;
+    /// Attaches to a terminal: its scrollback, then its output as it comes.
+    TerminalAttach = "terminal.attach" (crate::kept::TerminalAttachParams) -> crate::kept::Attached;
+    /// The session's terminals.
+    TerminalListMethod = "terminal.list" (crate::kept::InSession) -> crate::kept::TerminalList;
+    /// Changes a terminal's size.
+    TerminalResize = "terminal.resize" (crate::kept::TerminalResizeParams) -> Done;
+    /// Closes a terminal: its shell gets SIGHUP (SIGKILL if it has not ended 3 s later).
+    TerminalClose = "terminal.close" (crate::kept::TerminalRef) -> Done;
+    /// Runs a command in a terminal's shell; answers with its exit status and the shell's
+    /// working directory after it.
+    TerminalRun = "terminal.run" (crate::kept::TerminalRunParams) -> crate::kept::TerminalRunResult;
     /// Shares a host folder with a running session.
     FolderMount = "folder.mount" (MountParams) -> FolderInfo;
     /// Stops sharing a folder.

@@ -588,8 +588,8 @@ async fn daemon_spawn(client: &Client, notes: &mut Notifications) -> anyhow::Res
                 }
                 return Ok(took);
             }
-            EventKind::Stdout { process, data } if process == spawned.process => (Stream::Stdout, data),
-            EventKind::Stderr { process, data } if process == spawned.process => (Stream::Stderr, data),
+            EventKind::Stdout { process, data, .. } if process == spawned.process => (Stream::Stdout, data),
+            EventKind::Stderr { process, data, .. } if process == spawned.process => (Stream::Stderr, data),
             _ => continue,
         };
         let ack =

@@ -25,7 +25,7 @@ import {
   type StartParams,
 } from "./generated/types";
 import { type CallOptions, type CamelCased, toWire } from "./options";
-import { UmbraProcess } from "./process";
+import { type ProcessOrigin, UmbraProcess } from "./process";
 import { type FolderOptions, type ResumeOptions, Session, type SpawnOptions, folderSpec, resumeParams } from "./session";
 import { defaultSocketPath } from "./paths";
 
@@ -403,17 +403,68 @@ export class Umbra extends EventEmitter<UmbraEvents> {
       ...(options.env === undefined ? {} : { env: options.env }),
       ...(tty === undefined ? {} : { tty: { cols: tty.cols, rows: tty.rows } }),
       ...(options.timeoutSecs === undefined ? {} : { timeout_secs: options.timeoutSecs }),
+      ...(options.detach ? { detach: true } : {}),
     };
     let proc: UmbraProcess | undefined;
     const onResult = (result: unknown) => {
       // Registered before the next line is read: the process's events follow its response.
       const r = result as Methods["process.spawn"]["result"];
-      proc = new UmbraProcess({ connection, session, id: r.process, pid: r.pid, argv: params.argv });
-      this.processes.set(r.process, proc);
-      void proc.exited.then(() => this.processes.delete(r.process));
+      proc = this.track({ connection, session, id: r.process, pid: r.pid, argv: params.argv, detached: options.detach === true });
     };
     await connection.request("process.spawn", params, { onResult } satisfies RequestOptions);
     return proc!;
+  }
+
+  /**
+   * @internal Attaches to a kept process (`process.attach`, or `terminal.open`/`terminal.attach`
+   * by `method`): its output from the start of what the session keeps, then as it comes.
+   */
+  async _attach(
+    session: string,
+    method: "process.attach" | "terminal.attach" | "terminal.open",
+    params: Record<string, unknown>,
+    argv: readonly string[] = [],
+  ): Promise<{ proc: UmbraProcess; result: unknown }> {
+    const connection = this.live();
+    const target = params.process ?? params.terminal;
+    const existing = typeof target === "number" ? this.processes.get(target) : undefined;
+    let proc: UmbraProcess | undefined;
+    const onResult = (result: unknown) => {
+      const r = result as { process?: number; terminal?: number; pid: number; shell?: string[] };
+      const id = (r.process ?? r.terminal)!;
+      existing?._onConnectionLost("attached again: this client's earlier view of it ends");
+      proc = this.track({ connection, session, id, pid: r.pid, argv: [...(r.shell ?? argv)], detached: true });
+    };
+    const result = await connection.request(method, params, { onResult } satisfies RequestOptions);
+    return { proc: proc!, result };
+  }
+
+  private track(origin: ProcessOrigin): UmbraProcess {
+    const proc = new UmbraProcess(origin);
+    this.processes.set(origin.id, proc);
+    void proc.exited.then(() => {
+      if (this.processes.get(origin.id) === proc) {
+        this.processes.delete(origin.id);
+      }
+    });
+    return proc;
+  }
+
+  /** After a reconnect: attaches again to each detached process, from what it received. */
+  private async reattach(connection: Connection): Promise<void> {
+    const detached = [...this.processes.values()].filter((p) => p.detached && p.running);
+    await Promise.all(
+      detached.map(async (p) => {
+        const params = { session: p.session, process: p.id, from: p.offsets };
+        const onResult = () => p._rebind(connection);
+        try {
+          await connection.request("process.attach", params, { onResult } satisfies RequestOptions);
+        } catch (e) {
+          this.processes.delete(p.id);
+          p._onConnectionLost(`it could not be attached again after a reconnect: ${(e as Error).message}`);
+        }
+      }),
+    );
   }
 
   /** @internal Subscribes (if not yet) and keeps the subscription until released. */
@@ -537,11 +588,14 @@ export class Umbra extends EventEmitter<UmbraEvents> {
     }
   }
 
-  private loseProcesses(why: string): void {
-    const lost = [...this.processes.values()];
-    this.processes.clear();
+  /** The connection is gone: processes end as lost; detached ones wait for a reconnect. */
+  private loseProcesses(why: string, keepDetached = false): void {
+    const lost = [...this.processes.values()].filter((p) => !(keepDetached && p.detached));
     for (const p of lost) {
-      p._onConnectionLost(why);
+      this.processes.delete(p.id);
+      p._onConnectionLost(
+        p.detached ? `${why}; the detached process runs on in its session: attach to it again` : why,
+      );
     }
   }
 
@@ -551,11 +605,11 @@ export class Umbra extends EventEmitter<UmbraEvents> {
     }
     this.connection = null;
     this.subscription = null;
-    this.loseProcesses(error.message);
+    const willReconnect = this.reconnect !== null && this.state !== "closed";
+    this.loseProcesses(error.message, willReconnect);
     if (this.state === "closed") {
       return;
     }
-    const willReconnect = this.reconnect !== null;
     this.state = willReconnect ? "reconnecting" : "closed";
     this.safeEmit("disconnected", { error, willReconnect });
     if (willReconnect) {
@@ -578,6 +632,10 @@ export class Umbra extends EventEmitter<UmbraEvents> {
             return;
           }
           this.state = "connected";
+          const connection = this.connection;
+          if (connection !== null) {
+            void this.reattach(connection);
+          }
           this.safeEmit("reconnected", { daemon: this.info!, attempts: attempt, downtimeMs: Date.now() - since });
         },
         (error: unknown) => {
@@ -587,6 +645,7 @@ export class Umbra extends EventEmitter<UmbraEvents> {
           if (error instanceof UnsupportedError) {
             // Another major version: retrying will not help.
             this.state = "closed";
+            this.loseProcesses(error.message);
             this.safeEmit("disconnected", { error, willReconnect: false });
             return;
           }

@@ -31,6 +31,8 @@ export {
   SessionFiles,
   SessionFolders,
   SessionShadow,
+  Terminal,
+  type TerminalOptions,
   type SpawnOptions,
   type ResumeOptions,
   type ExecOptions,

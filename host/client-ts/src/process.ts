@@ -191,12 +191,16 @@ export interface ProcessOrigin {
   id: number;
   pid: number;
   argv: string[];
+  /** Kept by its session when this client goes: re-attached after a reconnect. */
+  detached?: boolean;
 }
 
 /**
- * A process spawned by {@link Session.spawn}. It belongs to this client's connection: if the
- * connection is lost (umbrad restarts, say), umbrad kills it and `exited` resolves with
- * `lost: true` and a reason saying so.
+ * A process spawned by {@link Session.spawn} (or attached with {@link Session.attach}). Unless
+ * spawned with `detach`, it belongs to this client's connection: if the connection is lost
+ * (umbrad restarts, say), umbrad kills it and `exited` resolves with `lost: true` and a reason
+ * saying so. A detached process is kept by its session: after a reconnect, the client attaches
+ * to it again from the last byte it received, and its streams go on where they were.
  */
 export class UmbraProcess {
   /** umbrad's id for it (unique while this umbrad runs). */
@@ -207,6 +211,8 @@ export class UmbraProcess {
   readonly session: string;
   /** The command. */
   readonly argv: readonly string[];
+  /** Kept by its session when this client goes (`detach`, a terminal). */
+  readonly detached: boolean;
   /** Its standard output (with `tty`, everything the terminal shows). Consume it, or `resume()` it: a full stream pauses the process. */
   readonly stdout: Readable;
   /** Its standard error (empty with `tty`). */
@@ -216,7 +222,9 @@ export class UmbraProcess {
   /** Resolves once it ended, with how; never rejects. Its output may still be buffered in `stdout`/`stderr`. */
   readonly exited: Promise<ExitInfo>;
 
-  private readonly connection: Connection;
+  private connection: Connection;
+  /** Where each stream's next byte is, for a detached process (to attach again from there). */
+  private readonly received = { stdout: 0, stderr: 0 };
   private readonly out: OutputStream;
   private readonly err: OutputStream;
   private readonly started = Date.now();
@@ -230,6 +238,7 @@ export class UmbraProcess {
     this.pid = origin.pid;
     this.session = origin.session;
     this.argv = Object.freeze([...origin.argv]);
+    this.detached = origin.detached ?? false;
     const ack = (stream: "stdout" | "stderr") => (bytes: number) => {
       if (this.exit === null && bytes > 0) {
         this.connection.notify("process.ack", { session: this.session, process: this.id, stream, bytes });
@@ -300,21 +309,46 @@ export class UmbraProcess {
     });
   }
 
+  /** Bytes of each stream received so far (for a detached process: offsets since it started). */
+  get offsets(): { stdout: number; stderr: number } {
+    return { ...this.received };
+  }
+
   /** @internal A `process.event` of this process. */
   _onEvent(event: SessionEvent): void {
     switch (event.event) {
       case "stdout":
-        this.out.deliver(decodeData(event));
+      case "stderr": {
+        let bytes = decodeData(event);
+        const stream = event.event;
+        const offset = (event as { offset?: number | null }).offset;
+        if (typeof offset === "number") {
+          // A re-attach may replay what this client already has: only the rest is new.
+          const skip = Math.max(0, this.received[stream] - offset);
+          if (skip > 0) {
+            this.connection.notify("process.ack", { session: this.session, process: this.id, stream, bytes: skip });
+            bytes = bytes.subarray(Math.min(skip, bytes.length));
+          }
+          this.received[stream] = Math.max(this.received[stream], offset + skip + bytes.length);
+        } else {
+          this.received[stream] += bytes.length;
+        }
+        if (bytes.length > 0) {
+          (stream === "stdout" ? this.out : this.err).deliver(bytes);
+        }
         break;
-      case "stderr":
-        this.err.deliver(decodeData(event));
-        break;
+      }
       case "exit":
         this.finish(exitInfo(event));
         break;
       default:
         break;
     }
+  }
+
+  /** @internal A detached process, attached again on a new connection. */
+  _rebind(connection: Connection): void {
+    this.connection = connection;
   }
 
   /** @internal The connection this process belonged to was lost. */

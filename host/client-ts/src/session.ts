@@ -16,7 +16,10 @@ import type {
   FolderSpec,
   NetworkPolicy,
   PortInfo,
+  ProcessInfo,
   SecretSpec,
+  TerminalInfo,
+  TerminalRunResult,
   ResumeParams,
   SessionInfo,
   SessionLogs,
@@ -59,6 +62,71 @@ export interface SpawnOptions {
   tty?: boolean | { cols: number; rows: number };
   /** SIGTERM after this many seconds, SIGKILL 3 s later; the exit then says `timed_out`. */
   timeoutSecs?: number;
+  /**
+   * Keep the process when this client goes: its session holds its output (bounded) and exit,
+   * this client attaches to it again after a reconnect, and any client can
+   * {@link Session.attach} to it.
+   */
+  detach?: boolean;
+}
+
+/** Options of {@link Session.openTerminal}. */
+export interface TerminalOptions {
+  /** Its size (default 80×24). */
+  size?: { cols: number; rows: number };
+  /** The shell's argv (default a login shell: bash where the image has it, else sh). */
+  shell?: string[];
+  /** Its working directory in the guest. */
+  cwd?: string;
+  env?: Record<string, string>;
+}
+
+/**
+ * A terminal: a shell on a pseudo-terminal that its session keeps when this client goes.
+ * `process.stdout` is what it shows; `write()` types into it.
+ */
+export class Terminal {
+  /** @internal Use {@link Session.openTerminal} or {@link Session.attachTerminal}. */
+  constructor(
+    private readonly s: Session,
+    /** The shell's process: its `stdout` is the terminal's output, its `exited` the shell's end. */
+    readonly process: UmbraProcess,
+  ) {}
+
+  /** The terminal's id (a process id). */
+  get id(): number {
+    return this.process.id;
+  }
+
+  /** Types `data` into the terminal. */
+  write(data: string | Uint8Array): Promise<void> {
+    return new Promise((resolve, reject) =>
+      this.process.stdin.write(typeof data === "string" ? Buffer.from(data) : data, (e) => (e ? reject(e) : resolve())),
+    );
+  }
+
+  /**
+   * Runs a command line in the terminal's shell, as if typed (so `cd` and variables stay);
+   * resolves with its exit code and the shell's working directory after it. Its output goes to
+   * the terminal like any other.
+   */
+  async run(command: string, options: { timeoutSecs?: number } = {}): Promise<TerminalRunResult> {
+    return this.s.client.call("terminal.run", {
+      session: this.s.name,
+      terminal: this.id,
+      command,
+      ...(options.timeoutSecs === undefined ? {} : { timeout_secs: options.timeoutSecs }),
+    });
+  }
+
+  async resize(cols: number, rows: number): Promise<void> {
+    await this.s.client.call("terminal.resize", { session: this.s.name, terminal: this.id, cols, rows });
+  }
+
+  /** Closes it: the shell gets SIGHUP (SIGKILL 3 s later). */
+  async close(): Promise<void> {
+    await this.s.client.call("terminal.close", { session: this.s.name, terminal: this.id });
+  }
 }
 
 /** Options of {@link Session.exec}. */
@@ -289,6 +357,12 @@ export class SessionShadow {
 export interface SessionClient {
   call<M extends MethodName>(method: M, params: Methods[M]["params"], options?: CallOptions): Promise<Methods[M]["result"]>;
   _spawn(session: string, argv: readonly string[], options: SpawnOptions): Promise<UmbraProcess>;
+  _attach(
+    session: string,
+    method: "process.attach" | "terminal.attach" | "terminal.open",
+    params: Record<string, unknown>,
+    argv?: readonly string[],
+  ): Promise<{ proc: UmbraProcess; result: unknown }>;
   readonly sessions: {
     fork(source: string, name: string): Promise<Session>;
     _boot<M extends "session.start" | "session.resume">(
@@ -481,6 +555,46 @@ export class Session {
     } finally {
       signal?.removeEventListener("abort", onAbort);
     }
+  }
+
+  /** The session's processes: running ones, and detached ones for a while after they ended. */
+  async processes(): Promise<ProcessInfo[]> {
+    return (await this.client.call("process.list", { session: this.name })).processes;
+  }
+
+  /**
+   * Attaches to a detached process (another client's, or one this client lost): its output
+   * from `from` (default: all the session keeps), then as it comes, then its exit.
+   */
+  async attach(process: number, options: { from?: { stdout?: number; stderr?: number } } = {}): Promise<UmbraProcess> {
+    const from = { stdout: options.from?.stdout ?? 0, stderr: options.from?.stderr ?? 0 };
+    const info = (await this.processes()).find((p) => p.process === process);
+    const params = { session: this.name, process, from };
+    return (await this.client._attach(this.name, "process.attach", params, info?.argv ?? [])).proc;
+  }
+
+  /** Opens a terminal that keeps running when this client goes. */
+  async openTerminal(options: TerminalOptions = {}): Promise<Terminal> {
+    const size = options.size ?? { cols: 80, rows: 24 };
+    const params = {
+      session: this.name,
+      size: { cols: size.cols, rows: size.rows },
+      ...(options.shell === undefined ? {} : { shell: options.shell }),
+      ...(options.cwd === undefined ? {} : { cwd: options.cwd }),
+      ...(options.env === undefined ? {} : { env: options.env }),
+    };
+    return new Terminal(this, (await this.client._attach(this.name, "terminal.open", params)).proc);
+  }
+
+  /** The session's terminals. */
+  async terminals(): Promise<TerminalInfo[]> {
+    return (await this.client.call("terminal.list", { session: this.name })).terminals;
+  }
+
+  /** Attaches to a terminal: its scrollback (from `from`, default all of it), then its output. */
+  async attachTerminal(terminal: number, options: { from?: number } = {}): Promise<Terminal> {
+    const params = { session: this.name, terminal, from: options.from ?? 0 };
+    return new Terminal(this, (await this.client._attach(this.name, "terminal.attach", params)).proc);
   }
 
   /** Signals every process of the session, other clients' included (default SIGKILL). */

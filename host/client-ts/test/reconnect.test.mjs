@@ -84,3 +84,63 @@ test("with reconnect off, the client stays disconnected and says so", async () =
     await d2.stop();
   }
 });
+
+test("a detached process and a terminal outlive a lost connection: the client attaches again by itself", async () => {
+  const net = await import("node:net");
+  const path = await import("node:path");
+  const d3 = await TestDaemon.start("kept");
+  // The client reaches umbrad through a relay that can cut its connection while umbrad runs on.
+  const relaySocket = path.join(d3.dir, "relay.sock");
+  const live = new Set();
+  const relay = net.createServer((c) => {
+    const u = net.connect(d3.socket);
+    live.add(c);
+    c.on("close", () => live.delete(c));
+    c.pipe(u).pipe(c);
+    c.on("error", () => u.destroy());
+    u.on("error", () => c.destroy());
+    u.on("close", () => c.destroy());
+    c.on("close", () => u.destroy());
+  });
+  await new Promise((r) => relay.listen(relaySocket, r));
+  const c = await Umbra.connect({ socketPath: relaySocket, reconnect: { initialDelayMs: 50, maxDelayMs: 200 } });
+  try {
+    const session = await c.sessions.start({ name: "k" });
+    const script = "i=0; while [ $i -lt 200 ]; do echo n-$i; i=$((i+1)); sleep 0.02; done; exit 5";
+    const expected = Array.from({ length: 200 }, (_, i) => `n-${i}\n`).join("");
+    const p = await session.spawn(["sh", "-c", script], { detach: true });
+    assert.equal(p.detached, true);
+    const chunks = [];
+    p.stdout.on("data", (b) => chunks.push(b));
+    const term = await session.openTerminal({ size: { cols: 100, rows: 30 } });
+    term.process.stdout.resume();
+    const r = await term.run("cd /tmp && WHO=kept");
+    assert.deepEqual(r, { exit_code: 0, cwd: "/tmp" });
+    while (Buffer.concat(chunks).length < 20) {
+      await new Promise((res) => setTimeout(res, 20));
+    }
+    // The connection drops; umbrad and the session stay.
+    const reconnected = nextEvent(c, "reconnected");
+    for (const s of live) s.destroy();
+    await reconnected;
+    const exit = await p.exited;
+    assert.equal(exit.code, 5, JSON.stringify(exit));
+    assert.equal(Buffer.concat(chunks).toString(), expected, "every byte once, across the reconnect");
+    const listed = await session.processes();
+    assert.ok(listed.some((x) => x.process === p.id && x.detached && x.exit?.code === 5), JSON.stringify(listed));
+    // The terminal too: attached again, its shell kept its variable and directory.
+    assert.equal(term.process.running, true);
+    assert.deepEqual(await term.run('[ "$WHO" = kept ]'), { exit_code: 0, cwd: "/tmp" });
+    assert.deepEqual((await session.terminals()).map((t) => t.terminal), [term.id]);
+    const again = await session.attachTerminal(term.id);
+    const scrollback = [];
+    again.process.stdout.on("data", (b) => scrollback.push(b));
+    await term.close();
+    await again.process.exited;
+    assert.match(Buffer.concat(scrollback).toString(), /WHO=kept/, "the scrollback came back");
+  } finally {
+    await c.close();
+    relay.close();
+    await d3.stop();
+  }
+});

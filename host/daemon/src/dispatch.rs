@@ -22,7 +22,7 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
         "daemon" | "config" | "pool" => daemon::handle(conn, method, params).await,
         "bundle" => bundle::handle(conn, method, params).await,
         "session" | "permission" => session::handle(conn, method, params).await,
-        "process" => process::handle(conn, method, params).await,
+        "process" | "terminal" => process::handle(conn, method, params).await,
         "folder" | "file" => files::handle(conn, method, params).await,
         "shadow" => shadow::handle(conn, method, params).await,
         "events" => events::handle(conn, method, params).await,

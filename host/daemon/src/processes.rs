@@ -1,18 +1,20 @@
-//! A process a client spawned: its output forwarded under the client's flow control, its stdin
-//! applied in order.
+//! A process a client spawned or attached to: its output forwarded under the client's flow
+//! control, its stdin applied in order.
 //!
 //! Each output stream has a window of [`OUTPUT_WINDOW`] bytes; the client widens it with
 //! `process.ack` as it consumes output. A chunk waits until the window holds it, and while it
 //! waits the process's pump stops reading from the guest, whose credit then runs out: a slow
-//! reader slows only its own process, end to end, with bounded memory on the way.
+//! reader slows only its own process, end to end, with bounded memory on the way. A kept
+//! process (`detach`, a terminal) is read by its session, never stopped by a client: an
+//! attached client's window only paces its own reading of what the session keeps.
 
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, Semaphore};
-use umbra_api::methods::OUTPUT_WINDOW;
+use umbra_api::methods::{Stream, OUTPUT_WINDOW};
 use umbra_api::rpc::{Id, NOTIFY_PROCESS};
-use umbra_api::{ApiError, EventKind};
-use umbra_runtime::session::{Exec, ExecControl};
+use umbra_api::{ApiError, Data, EventKind, SessionEvent};
+use umbra_runtime::session::{Exec, ExecControl, KeptEvent, KeptReader};
 
 use crate::client::Connection;
 use crate::owned::{Owned, StdinOp, STDIN_QUEUE};
@@ -21,8 +23,28 @@ impl Owned {
     /// Registers `exec` with `conn` and starts forwarding its events. Call after the spawn's
     /// response is queued, so the client hears of the process before its output.
     pub fn start(conn: &Arc<Connection>, session: String, exec: Exec) {
-        let id = exec.id();
-        let control = exec.control();
+        let (owned, stdout, stderr) = Owned::register(conn, session, exec.id(), exec.control());
+        let forward = tokio::spawn(forward(conn.clone(), exec, stdout, stderr));
+        owned.tasks.lock().unwrap().push(forward.abort_handle());
+    }
+
+    /// Attaches `conn` to a kept process: what `reader` reads, under the client's windows. A
+    /// second attach of the same client replaces the first. Call after the response is queued.
+    pub fn attach(conn: &Arc<Connection>, session: String, reader: KeptReader) {
+        let kept = reader.kept();
+        let (owned, stdout, stderr) = Owned::register(conn, session, kept.id(), kept.control().clone());
+        let forward = tokio::spawn(forward_kept(conn.clone(), owned.clone(), reader, stdout, stderr));
+        owned.tasks.lock().unwrap().push(forward.abort_handle());
+    }
+
+    /// The client's view of process `id`: windows, a stdin queue and its feeder. Registered
+    /// before forwarding starts, so the exit's removal cannot come first.
+    fn register(
+        conn: &Arc<Connection>,
+        session: String,
+        id: u64,
+        control: ExecControl,
+    ) -> (Arc<Owned>, Arc<Semaphore>, Arc<Semaphore>) {
         let stdout_window = Arc::new(Semaphore::new(OUTPUT_WINDOW as usize));
         let stderr_window = Arc::new(Semaphore::new(OUTPUT_WINDOW as usize));
         let (stdin, stdin_rx) = mpsc::channel(STDIN_QUEUE);
@@ -34,11 +56,53 @@ impl Owned {
             stdin,
             tasks: Default::default(),
         });
-        // Registered before forwarding starts, so the exit's removal cannot come first.
-        conn.processes.lock().unwrap().insert(id, owned.clone());
-        let forward = tokio::spawn(forward(conn.clone(), exec, stdout_window, stderr_window));
         let feed = tokio::spawn(feed_stdin(conn.clone(), control, stdin_rx));
-        owned.tasks.lock().unwrap().extend([forward.abort_handle(), feed.abort_handle()]);
+        owned.tasks.lock().unwrap().push(feed.abort_handle());
+        if let Some(old) = conn.processes.lock().unwrap().insert(id, owned.clone()) {
+            old.abandon();
+        }
+        (owned, stdout_window, stderr_window)
+    }
+}
+
+/// Forwards a kept process's output from the session's log, then its exit.
+async fn forward_kept(
+    conn: Arc<Connection>,
+    me: Arc<Owned>,
+    mut reader: KeptReader,
+    stdout: Arc<Semaphore>,
+    stderr: Arc<Semaphore>,
+) {
+    let id = reader.kept().id();
+    while let Some(event) = reader.next().await {
+        let kind = match event {
+            KeptEvent::Output { stream, offset, data } => {
+                let window = if stream == Stream::Stdout { &stdout } else { &stderr };
+                // A chunk is at most 64 KiB, far below the window: it always fits eventually.
+                match window.acquire_many(data.len().min(OUTPUT_WINDOW as usize) as u32).await {
+                    Ok(permit) => permit.forget(),
+                    Err(_) => return,
+                }
+                let (data, offset) = (Data::from_bytes(&data), Some(offset));
+                match stream {
+                    Stream::Stdout => EventKind::Stdout { process: id, data, offset },
+                    Stream::Stderr => EventKind::Stderr { process: id, data, offset },
+                }
+            }
+            KeptEvent::Exit(exit) => EventKind::Exit(exit),
+        };
+        let last = matches!(kind, EventKind::Exit(_));
+        if !conn.notify(NOTIFY_PROCESS, &SessionEvent::new(Some(&me.session), kind)).await {
+            return;
+        }
+        if last {
+            break;
+        }
+    }
+    let mut processes = conn.processes.lock().unwrap();
+    // Only this attachment: a later attach of the same client has its own.
+    if processes.get(&id).is_some_and(|o| Arc::ptr_eq(o, &me)) {
+        processes.remove(&id);
     }
 }
 

@@ -1,5 +1,6 @@
 //! vmctl: the operator's command line.
 
+mod attach;
 mod bundle_build;
 mod bundle_pull;
 mod bundle_store;

@@ -46,6 +46,12 @@ pub enum SessionCommand {
     Unexpose(UnexposeArgs),
     /// A session's exposed ports.
     Ports(PortsArgs),
+    /// Attach this terminal to a terminal of the session (a new one unless named) that keeps
+    /// running when vmctl goes: Ctrl-] detaches.
+    Attach(crate::attach::AttachArgs),
+    /// A session's processes: running ones, and detached ones and terminals (also for a while
+    /// after they ended).
+    Ps(crate::attach::PsArgs),
 }
 
 #[derive(Args, Debug)]
@@ -174,6 +180,8 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 pub async fn run(command: SessionCommand) -> i32 {
     let result = match command {
         SessionCommand::Exec(args) => return exec(args).await,
+        SessionCommand::Attach(args) => return crate::attach::attach(args).await,
+        SessionCommand::Ps(args) => crate::attach::ps(args).await,
         SessionCommand::Start(args) => start(*args).await,
         SessionCommand::Ls(args) => ls(args).await,
         SessionCommand::Stop(a) => simple::<SessionStop>(SessionRef { name: a.name }, "stopped").await,
@@ -429,6 +437,7 @@ async fn exec_inner(args: ExecArgs) -> anyhow::Result<i32> {
         env: args.env.iter().cloned().collect(),
         tty: args.tty.then(|| crate::tty::size().unwrap_or(TtySize { rows: 24, cols: 80 })),
         timeout_secs: args.timeout,
+        detach: false,
     };
     let spawned = match client.call::<ProcessSpawn>(params).await {
         Ok(s) => s,
@@ -561,7 +570,7 @@ async fn drive(
                 }
                 let ev: SessionEvent = serde_json::from_value(n.params)?;
                 match &ev.kind {
-                    EventKind::Stdout { process: id, data } | EventKind::Stderr { process: id, data } if *id == process.process => {
+                    EventKind::Stdout { process: id, data, .. } | EventKind::Stderr { process: id, data, .. } if *id == process.process => {
                         let bytes = data.to_bytes()?;
                         let stream = if matches!(ev.kind, EventKind::Stdout { .. }) { Stream::Stdout } else { Stream::Stderr };
                         let written = match stream {

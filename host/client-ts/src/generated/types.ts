@@ -4,7 +4,7 @@
 // The wire protocol and what every field means: docs/ipc.md.
 
 /** The IPC contract's version (`major.minor`) these types describe. */
-export const API_VERSION = "1.6";
+export const API_VERSION = "1.7";
 
 /** Bytes of each output stream umbrad sends before it waits for `process.ack`. */
 export const OUTPUT_WINDOW = 1048576;
@@ -72,6 +72,33 @@ export type ApprovalSettings = {
    */
   timeout_secs?: number;
 };
+
+/** Params of `process.attach`. */
+export interface AttachParams {
+  session: string;
+  process: number;
+  /**
+   * Where to start each stream (default: the start, or what is kept of it).
+   *
+   * @defaultValue `{"stderr":0,"stdout":0}`
+   */
+  from?: OutputOffsets;
+}
+
+/**
+ * The result of `process.attach` and `terminal.attach`: `process.event` notifications follow,
+ * output from the offsets asked for (each event's `offset` is its first byte's), then the
+ * exit. Until the client detaches or goes, it owns a view of the process like a spawner:
+ * `process.stdin`, `process.ack`, `process.kill` and `process.resize` act on it.
+ */
+export interface Attached {
+  process: number;
+  pid: number;
+  stdout: KeptRange;
+  stderr: KeptRange;
+  /** Its exit, if it already ended (the event follows the output too). */
+  exit?: ProcessExit | null;
+}
 
 /**
  * Which VM backend to use.
@@ -536,6 +563,11 @@ export interface HookSpec {
   timeout_ms?: number;
 }
 
+/** Params of `process.list` and `terminal.list`. */
+export interface InSession {
+  session: string;
+}
+
 /**
  * Where in a request the proxy looks for a secret's placeholder.
  *
@@ -557,6 +589,14 @@ export interface InstalledInfo {
   /** In the warm slot: downloaded ahead, not yet promoted. */
   warm: boolean;
   dir: string;
+}
+
+/** The output a session holds for a kept process, per stream: bytes `[start, end)`. */
+export interface KeptRange {
+  /** The offset of the oldest byte still kept. */
+  start: number;
+  /** Bytes written so far. */
+  end: number;
 }
 
 export interface KillAllParams {
@@ -659,6 +699,14 @@ export interface NetworkPolicy {
 
 /** Params of methods that take none (`{}` or absent). */
 export type NoParams = Record<string, never>;
+
+/** Offsets into a kept process's output streams: bytes since it started. */
+export interface OutputOffsets {
+  /** @defaultValue `0` */
+  stderr?: number;
+  /** @defaultValue `0` */
+  stdout?: number;
+}
 
 /**
  * A path in the session: a guest path (absolute, no `..`), or with `host` a host path inside
@@ -802,6 +850,27 @@ export interface ProcessExit {
    * @defaultValue `false`
    */
   timed_out?: boolean;
+}
+
+/** A process as `process.list` reports it. */
+export interface ProcessInfo {
+  process: number;
+  /** Its pid in the guest. */
+  pid: number;
+  argv: string[];
+  /** Kept by the session when its client goes (`detach`, or a terminal): it can be attached. */
+  detached: boolean;
+  /** A terminal (`terminal.open`). */
+  terminal: boolean;
+  /** Its exit, once it ended (kept processes only, for a while after). */
+  exit?: ProcessExit | null;
+  stderr?: KeptRange | null;
+  /** What of its output the session holds (kept processes only). */
+  stdout?: KeptRange | null;
+}
+
+export interface ProcessList {
+  processes: ProcessInfo[];
 }
 
 export interface ProcessRef {
@@ -1337,6 +1406,8 @@ export interface StdoutEvent {
   process: number;
   data: string;
   encoding?: Encoding;
+  /** Where in the stream `data` starts, for a kept process (`process.attach`). */
+  offset?: number | null;
 }
 
 /** Error output of a process (to its owner only). */
@@ -1345,6 +1416,8 @@ export interface StderrEvent {
   process: number;
   data: string;
   encoding?: Encoding;
+  /** Where in the stream `data` starts, for a kept process (`process.attach`). */
+  offset?: number | null;
 }
 
 /** A process ended. Its output all came before this; nothing about it follows. */
@@ -1818,6 +1891,11 @@ export interface SpawnParams {
   argv: string[];
   /** Working directory in the guest (absolute). */
   cwd?: string | null;
+  /**
+   * Keep the process when this client goes: the session holds its output (bounded) and its
+   * exit, and any client can `process.attach` to it.
+   */
+  detach?: boolean;
   /** @defaultValue `{}` */
   env?: Record<string, string>;
   /** SIGTERM after this many seconds, SIGKILL 3 s later; the exit says `timed_out`. */
@@ -1935,6 +2013,85 @@ export interface SubscribeParams {
 
 export interface Subscribed {
   subscription: number;
+}
+
+/** Params of `terminal.attach`. */
+export interface TerminalAttachParams {
+  session: string;
+  terminal: number;
+  /**
+   * Where to start (default: the start of the scrollback).
+   *
+   * @defaultValue `0`
+   */
+  from?: number;
+}
+
+/**
+ * A terminal: a kept process on a pseudo-terminal. Its id is a process id: write to it with
+ * `process.stdin`, acknowledge its output with `process.ack`.
+ */
+export interface TerminalInfo {
+  terminal: number;
+  pid: number;
+  shell: string[];
+  size: TtySize;
+  /** Its scrollback: what the session holds of its output. */
+  output: KeptRange;
+  /** The shell's exit, once it ended. */
+  exit?: ProcessExit | null;
+}
+
+export interface TerminalList {
+  terminals: TerminalInfo[];
+}
+
+/** Params of `terminal.open`. */
+export interface TerminalOpenParams {
+  session: string;
+  /** The terminal's size. */
+  size: TtySize;
+  /** Its working directory in the guest (absolute). */
+  cwd?: string | null;
+  /** @defaultValue `{}` */
+  env?: Record<string, string>;
+  /** The shell's argv; default a login shell: `bash -l` where the image has bash, else `sh -l`. */
+  shell?: string[];
+}
+
+export interface TerminalRef {
+  session: string;
+  terminal: number;
+}
+
+export interface TerminalResizeParams {
+  session: string;
+  terminal: number;
+  rows: number;
+  cols: number;
+}
+
+/** Params of `terminal.run`. */
+export interface TerminalRunParams {
+  session: string;
+  terminal: number;
+  /**
+   * A command line for the terminal's shell, run in it as if typed (so `cd` and variables
+   * stay for the next): it may hold several lines.
+   */
+  command: string;
+  /** Give up waiting after this many seconds (the command keeps running); default: no limit. */
+  timeout_secs?: number | null;
+}
+
+/**
+ * What `terminal.run`'s command left: its exit status and the shell's working directory
+ * after it, reported by the shell itself through a marker only this run knows (its output
+ * went to the terminal, and to its attached clients, as any other).
+ */
+export interface TerminalRunResult {
+  exit_code: number;
+  cwd: string;
 }
 
 export interface TtySize {
@@ -2094,6 +2251,24 @@ export interface Methods {
   "permission.respond": { params: RespondPermissionParams; result: Done };
   /** Grants more output credit (see `OUTPUT_WINDOW`); usually a notification. */
   "process.ack": { params: AckParams; result: Done };
+  /** The session's processes: running ones, and kept ones for a while after they ended. */
+  "process.list": { params: InSession; result: ProcessList };
+  /** Attaches to a kept process: its output from an offset, then as it comes, then its exit. */
+  "process.attach": { params: AttachParams; result: Attached };
+  /**
+   * Opens a terminal: a login shell on a pseudo-terminal that keeps running when the client goes. Its output follows as `process.event`s to this client.
+   */
+  "terminal.open": { params: TerminalOpenParams; result: TerminalInfo };
+  /** Attaches to a terminal: its scrollback, then its output as it comes. */
+  "terminal.attach": { params: TerminalAttachParams; result: Attached };
+  /** The session's terminals. */
+  "terminal.list": { params: InSession; result: TerminalList };
+  /** Changes a terminal's size. */
+  "terminal.resize": { params: TerminalResizeParams; result: Done };
+  /** Closes a terminal: its shell gets SIGHUP (SIGKILL if it has not ended 3 s later). */
+  "terminal.close": { params: TerminalRef; result: Done };
+  /** Runs a command in a terminal's shell; answers with its exit status and the shell's working directory after it. */
+  "terminal.run": { params: TerminalRunParams; result: TerminalRunResult };
   /** Shares a host folder with a running session. */
   "folder.mount": { params: MountParams; result: FolderInfo };
   /** Stops sharing a folder. */
@@ -2154,6 +2329,14 @@ export const METHOD_NAMES = [
   "process.resize",
   "permission.respond",
   "process.ack",
+  "process.list",
+  "process.attach",
+  "terminal.open",
+  "terminal.attach",
+  "terminal.list",
+  "terminal.resize",
+  "terminal.close",
+  "terminal.run",
   "folder.mount",
   "folder.unmount",
   "file.read",

@@ -1,4 +1,5 @@
-//! `process.*`: spawning a client's processes, signalling and resizing them, and the ordered
+//! `process.*` and `terminal.*`: spawning a client's processes (kept by the session with
+//! `detach`), attaching to kept ones, terminals, signalling and resizing, and the ordered
 //! methods (`process.stdin`, `process.close_stdin`, `process.ack`) that the connection's reader
 //! applies in arrival order instead of running them concurrently like the rest.
 
@@ -6,13 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use umbra_api::kept::{AttachParams, Attached, ProcessList, TerminalRunResult};
 use umbra_api::methods::{
-    AckParams, Done, Method, ProcessAck, ProcessCloseStdin, ProcessKill, ProcessKillAll, ProcessRef, ProcessResize,
-    ProcessSpawn, ProcessStdin, SpawnParams, Spawned, StdinParams,
+    AckParams, Done, Method, ProcessAck, ProcessAttach, ProcessCloseStdin, ProcessKill, ProcessKillAll,
+    ProcessListMethod, ProcessRef, ProcessResize, ProcessSpawn, ProcessStdin, SpawnParams, Spawned, StdinParams,
+    TerminalAttach, TerminalClose, TerminalListMethod, TerminalOpen, TerminalResize, TerminalRun,
 };
 use umbra_api::rpc::{decode_params, Request};
 use umbra_api::ApiError;
-use umbra_runtime::session::ExecRequest;
+use umbra_runtime::session::{ExecControl, ExecRequest, Kept, TerminalRequest};
 
 use super::common::{call, owned, session, Outcome};
 use crate::client::Connection;
@@ -24,7 +27,7 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
         ProcessSpawn::NAME => spawn(conn, params).await,
         ProcessKill::NAME => {
             call::<ProcessKill, _, _>(params, |p| async move {
-                owned(conn, &p.session, p.process)?.control.signal(p.signal).await?;
+                control(conn, &p.session, p.process)?.signal(p.signal).await?;
                 Ok(Done {})
             })
             .await
@@ -38,8 +41,60 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
         }
         ProcessResize::NAME => {
             call::<ProcessResize, _, _>(params, |p| async move {
-                owned(conn, &p.session, p.process)?.control.resize(p.rows, p.cols).await?;
+                control(conn, &p.session, p.process)?.resize(p.rows, p.cols).await?;
                 Ok(Done {})
+            })
+            .await
+        }
+        ProcessListMethod::NAME => {
+            call::<ProcessListMethod, _, _>(params, |p| async move {
+                Ok(ProcessList { processes: session(conn, &p.session)?.process_list() })
+            })
+            .await
+        }
+        ProcessAttach::NAME => match decode_params::<AttachParams>(params) {
+            Ok(p) => match session(conn, &p.session).and_then(|s| Ok(s.kept_process(p.process)?)) {
+                Ok(kept) => attach(conn, p.session, kept, p.from),
+                Err(e) => Outcome::from(Err(e)),
+            },
+            Err(e) => Outcome::from(Err(e)),
+        },
+        TerminalOpen::NAME => open_terminal(conn, params).await,
+        TerminalAttach::NAME => match decode_params::<umbra_api::kept::TerminalAttachParams>(params) {
+            Ok(p) => match session(conn, &p.session).and_then(|s| Ok(s.terminal(p.terminal)?)) {
+                Ok(kept) => {
+                    let from = umbra_api::kept::OutputOffsets { stdout: p.from, stderr: 0 };
+                    attach(conn, p.session, kept, from)
+                }
+                Err(e) => Outcome::from(Err(e)),
+            },
+            Err(e) => Outcome::from(Err(e)),
+        },
+        TerminalListMethod::NAME => {
+            call::<TerminalListMethod, _, _>(params, |p| async move {
+                Ok(umbra_api::kept::TerminalList { terminals: session(conn, &p.session)?.terminal_list() })
+            })
+            .await
+        }
+        TerminalResize::NAME => {
+            call::<TerminalResize, _, _>(params, |p| async move {
+                session(conn, &p.session)?.terminal(p.terminal)?.resize(p.rows, p.cols).await?;
+                Ok(Done {})
+            })
+            .await
+        }
+        TerminalClose::NAME => {
+            call::<TerminalClose, _, _>(params, |p| async move {
+                session(conn, &p.session)?.close_terminal(p.terminal)?;
+                Ok(Done {})
+            })
+            .await
+        }
+        TerminalRun::NAME => {
+            call::<TerminalRun, _, _>(params, |p| async move {
+                let timeout = p.timeout_secs.map(Duration::from_secs);
+                let (exit_code, cwd) = session(conn, &p.session)?.terminal_run(p.terminal, &p.command, timeout).await?;
+                Ok(TerminalRunResult { exit_code, cwd })
             })
             .await
         }
@@ -108,6 +163,20 @@ async fn spawn(conn: &Arc<Connection>, params: Option<Value>) -> Outcome {
         tty: p.tty,
         timeout: p.timeout_secs.map(Duration::from_secs),
     };
+    if p.detach {
+        return match s.spawn_kept(request).await {
+            Ok(kept) => {
+                let result = Spawned { process: kept.id(), pid: kept.pid() };
+                let conn = conn.clone();
+                let reader = kept.reader(Default::default());
+                Outcome {
+                    result: Ok(serde_json::to_value(result).expect("results serialize")),
+                    after: Some(Box::new(move || Owned::attach(&conn, p.session, reader))),
+                }
+            }
+            Err(e) => Outcome::from(Err(e.into())),
+        };
+    }
     match s.spawn(request).await {
         Ok(exec) => {
             let result = Spawned { process: exec.id(), pid: exec.pid() };
@@ -115,6 +184,55 @@ async fn spawn(conn: &Arc<Connection>, params: Option<Value>) -> Outcome {
             Outcome {
                 result: Ok(serde_json::to_value(result).expect("results serialize")),
                 after: Some(Box::new(move || Owned::start(&conn, p.session, exec))),
+            }
+        }
+        Err(e) => Outcome::from(Err(e.into())),
+    }
+}
+
+/// The controls of a process this client owns, or of a kept process of the session (any client
+/// may signal or resize those).
+fn control(conn: &Connection, session_name: &str, process: u64) -> Result<ExecControl, ApiError> {
+    match owned(conn, session_name, process) {
+        Ok(o) => Ok(o.control.clone()),
+        Err(e) => match session(conn, session_name).map(|s| s.kept_process(process)) {
+            Ok(Ok(kept)) => Ok(kept.control().clone()),
+            _ => Err(e),
+        },
+    }
+}
+
+/// Attaches this client to a kept process; its output follows the response.
+fn attach(conn: &Arc<Connection>, session: String, kept: Arc<Kept>, from: umbra_api::kept::OutputOffsets) -> Outcome {
+    let (stdout, stderr) = kept.ranges();
+    let result = Attached { process: kept.id(), pid: kept.pid(), stdout, stderr, exit: kept.exit() };
+    let conn = conn.clone();
+    let reader = kept.reader(from);
+    Outcome {
+        result: Ok(serde_json::to_value(result).expect("results serialize")),
+        after: Some(Box::new(move || Owned::attach(&conn, session, reader))),
+    }
+}
+
+/// Opens a terminal and attaches this client to it.
+async fn open_terminal(conn: &Arc<Connection>, params: Option<Value>) -> Outcome {
+    let p = match decode_params::<umbra_api::kept::TerminalOpenParams>(params) {
+        Ok(p) => p,
+        Err(e) => return Outcome::from(Err(e)),
+    };
+    let s = match session(conn, &p.session) {
+        Ok(s) => s,
+        Err(e) => return Outcome::from(Err(e)),
+    };
+    let request = TerminalRequest { shell: p.shell, cwd: p.cwd, env: p.env, size: p.size };
+    match s.open_terminal(request).await {
+        Ok(kept) => {
+            let result = kept.terminal_info();
+            let conn = conn.clone();
+            let reader = kept.reader(Default::default());
+            Outcome {
+                result: Ok(serde_json::to_value(result).expect("results serialize")),
+                after: Some(Box::new(move || Owned::attach(&conn, p.session, reader))),
             }
         }
         Err(e) => Outcome::from(Err(e.into())),

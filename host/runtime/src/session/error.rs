@@ -49,6 +49,10 @@ pub enum SessionError {
     Snapshot { name: String, source: VmError },
     #[error("process {0} is not running in this session")]
     NoSuchProcess(u64),
+    #[error("no terminal {0} in this session (closed more than 10 minutes ago, or never opened)")]
+    NoSuchTerminal(u64),
+    #[error("{0}")]
+    Timeout(String),
     #[error("cannot {what}: {source}")]
     Io { what: String, source: std::io::Error },
     /// A walk or copy of a tree the guest writes (outputs, uploads) failed or hit a bound.
@@ -83,7 +87,8 @@ impl SessionError {
                 VmError::Io { .. } => ErrorCode::Io,
                 _ => ErrorCode::Internal,
             },
-            SessionError::NoSuchProcess(_) => ErrorCode::NotFound,
+            SessionError::NoSuchProcess(_) | SessionError::NoSuchTerminal(_) => ErrorCode::NotFound,
+            SessionError::Timeout(_) => ErrorCode::Timeout,
             SessionError::Io { source, .. } => io_code(source),
             SessionError::Tree { source, .. } => match source {
                 TreeError::TooManyEntries { .. } | TreeError::TooLarge { .. } | TreeError::TooDeep { .. } => {

@@ -249,12 +249,12 @@ impl Pump {
                 ev = self.process.next_event(), if next.is_none() => match ev {
                     Some(ProcessEvent::Stdout(b)) => {
                         if !owner_gone {
-                            next = Some(output(|process, data| EventKind::Stdout { process, data }, self.id, &b));
+                            next = Some(output(|process, data| EventKind::Stdout { process, data, offset: None }, self.id, &b));
                         }
                     }
                     Some(ProcessEvent::Stderr(b)) => {
                         if !owner_gone {
-                            next = Some(output(|process, data| EventKind::Stderr { process, data }, self.id, &b));
+                            next = Some(output(|process, data| EventKind::Stderr { process, data, offset: None }, self.id, &b));
                         }
                     }
                     Some(ProcessEvent::Exit(status)) => {

@@ -9,7 +9,8 @@
 //!
 //! The type and its state are here; what it does is split by concern, each with its own
 //! tests: [`lifecycle`] (boot, supervision, restart, stop), [`processes`] (spawn through the
-//! approval gate, signals, the network policy), [`files`] (folders, files, shadow folders) and
+//! approval gate, signals, the network policy), [`kept`] (processes kept when their client
+//! goes, terminals), [`files`] (folders, files, shadow folders) and
 //! [`snapshots`] (snapshot, fork).
 
 use std::collections::{HashMap, VecDeque};
@@ -30,12 +31,21 @@ use crate::backend::console::ERROR_CONTEXT_LINES;
 use crate::share::paths::validate_session_name;
 
 mod files;
+mod kept;
 mod lifecycle;
 mod ports;
 mod processes;
 mod snapshots;
 #[cfg(test)]
 mod test_support;
+
+/// A running process of the session, as its session lists it.
+#[derive(Clone)]
+struct Running {
+    control: ExecControl,
+    pid: u32,
+    argv: Vec<String>,
+}
 
 /// Why a session stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +98,10 @@ struct State {
     cancel: CancellationToken,
     restarts: u32,
     failures: VecDeque<Instant>,
-    processes: HashMap<u64, ExecControl>,
+    processes: HashMap<u64, Running>,
+    /// Processes the session keeps when their client goes, and terminals; finished ones stay
+    /// for `KEEP_FINISHED_SECS` (`kept.rs`).
+    kept: std::collections::BTreeMap<u64, Arc<super::kept::Kept>>,
     /// The console of the last VM, kept after it is gone (for logs and errors).
     last_console: String,
 }
@@ -123,6 +136,7 @@ impl Session {
                 restarts: 0,
                 failures: VecDeque::new(),
                 processes: HashMap::new(),
+                kept: Default::default(),
                 last_console: String::new(),
             }),
             status,

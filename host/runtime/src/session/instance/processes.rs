@@ -17,26 +17,7 @@ impl Session {
         if req.argv.is_empty() || req.argv[0].is_empty() {
             return Err(SessionError::InvalidArgument("argv must name a command".into()));
         }
-        let approval = self.state.lock().unwrap().record.settings.approval.clone();
-        if let Some(settings) = approval {
-            let inc = self.running("run a process").await?;
-            let workspace = inc
-                .folder_infos
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|f| f.name != crate::share::paths::UPLOADS)
-                .map(|f| std::path::PathBuf::from(&f.guest_path))
-                .collect();
-            let request = umbra_policy::approval::CommandRequest {
-                command: crate::session::approval::command_line(&req.argv),
-                cwd: req.cwd.clone().unwrap_or_else(|| "/".into()).into(),
-                workspace,
-                session: Some(self.name.clone()),
-                env: req.env.clone(),
-            };
-            self.ctx.approvals.check(&settings, request, |kind| self.emit(kind)).await?;
-        }
+        self.approve(crate::session::approval::command_line(&req.argv), req.cwd.as_deref(), &req.env).await?;
         let inc = self.running("run a process").await?;
         // Each secret as its placeholder; the request's own variables win.
         let mut env: std::collections::BTreeMap<String, String> = self.secrets.read().unwrap().env().collect();
@@ -82,15 +63,45 @@ impl Session {
                 }
             }),
         };
+        let argv = req.argv.clone();
         let exec = exec::start(id, pid, req.argv, process, inc.agent.clone(), req.timeout, ctx);
-        self.state.lock().unwrap().processes.insert(id, exec.control());
+        self.state.lock().unwrap().processes.insert(id, super::Running { control: exec.control(), pid, argv });
         Ok(exec)
+    }
+
+    /// Asks the session's approval gate, when it has one, about `command` (a shell command line).
+    pub(super) async fn approve(
+        &self,
+        command: String,
+        cwd: Option<&str>,
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), SessionError> {
+        let approval = self.state.lock().unwrap().record.settings.approval.clone();
+        let Some(settings) = approval else { return Ok(()) };
+        let inc = self.running("run a process").await?;
+        let workspace = inc
+            .folder_infos
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|f| f.name != crate::share::paths::UPLOADS)
+            .map(|f| std::path::PathBuf::from(&f.guest_path))
+            .collect();
+        let request = umbra_policy::approval::CommandRequest {
+            command,
+            cwd: cwd.unwrap_or("/").into(),
+            workspace,
+            session: Some(self.name.clone()),
+            env: env.clone(),
+        };
+        self.ctx.approvals.check(&settings, request, |kind| self.emit(kind)).await?;
+        Ok(())
     }
 
     /// A running process of this session.
     pub fn process(&self, id: u64) -> Result<ExecControl, SessionError> {
         self.touch();
-        self.state.lock().unwrap().processes.get(&id).cloned().ok_or(SessionError::NoSuchProcess(id))
+        self.state.lock().unwrap().processes.get(&id).map(|r| r.control.clone()).ok_or(SessionError::NoSuchProcess(id))
     }
 
     /// Signals every process of the session.
