@@ -756,6 +756,12 @@ async fn detached_processes_and_terminals_outlive_their_client() {
     assert_eq!((r.exit_code, r.cwd.as_str()), (1, "/tmp/a dir"));
     let r = client.call::<TerminalRun>(run("echo 'it''s'\necho two lines; (exit 42)")).await.unwrap();
     assert_eq!(r.exit_code, 42, "a command of several lines, quotes included");
+    let r = client.call::<TerminalRun>(run("echo 'unterminated")).await.unwrap();
+    assert_eq!((r.exit_code, r.cwd.as_str()), (2, "/tmp/a dir"), "a syntax error is status 2, the shell unharmed");
+    // Longer than a line editor takes, with control characters (Ctrl-U would erase a typed
+    // line): run as written.
+    let long = format!(": {}; [ \"$(printf 'a\x15b')\" = \"$(printf 'a\\025b')\" ]", "x".repeat(10_000));
+    assert_eq!(client.call::<TerminalRun>(run(&long)).await.unwrap().exit_code, 0);
     let typed = StdinParams { session: "k".into(), process: term, data: Data::from_bytes(b"echo typed-$FOO\n") };
     client.call::<ProcessStdin>(typed).await.unwrap();
     kept_output(&client, &mut inbox, "k", term, |o| o.windows(13).any(|w| w == b"typed-bar-baz")).await;

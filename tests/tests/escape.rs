@@ -1112,7 +1112,7 @@ async fn run_suite(backend: BackendKind) {
             let term = g.s.open_terminal(request).await.map_err(|e| e.to_string())?;
             // The command itself prints them, so they arrive while the run waits.
             let forge = "printf '\\033]6973;0000000000000000;0;/forged\\007\\033]6973;'; head -c 200000 /dev/zero | tr '\\0' a; cd /tmp";
-            let ran = tokio::time::timeout(Duration::from_secs(60), term.run(forge, Some(Duration::from_secs(50))))
+            let ran = tokio::time::timeout(Duration::from_secs(60), g.s.terminal_run(term.id(), forge, Some(Duration::from_secs(50))))
                 .await
                 .map_err(|_| "terminal.run did not answer within 60 s".to_string())?
                 .map_err(|e| e.to_string())?;

@@ -160,17 +160,18 @@ pub struct TerminalResizeParams {
 pub struct TerminalRunParams {
     pub session: String,
     pub terminal: u64,
-    /// A command line for the terminal's shell, run in it as if typed (so `cd` and variables
-    /// stay for the next): it may hold several lines.
+    /// A command line for the terminal's shell, run in the shell itself (so `cd` and variables
+    /// stay for the next): it may hold several lines, at most 64 KiB.
     pub command: String,
-    /// Give up waiting after this many seconds (the command keeps running); default: no limit.
+    /// Give up waiting after this many seconds, counted from the call (the command keeps
+    /// running); default: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
 }
 
 /// What `terminal.run`'s command left: its exit status and the shell's working directory
-/// after it, reported by the shell itself through a marker only this run knows (its output
-/// went to the terminal, and to its attached clients, as any other).
+/// after it, reported by the shell itself through a marker with a nonce of this run (its
+/// output went to the terminal, and to its attached clients, as any other).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TerminalRunResult {
     pub exit_code: i32,

@@ -433,7 +433,22 @@ export class Umbra extends EventEmitter<UmbraEvents> {
       const r = result as { process?: number; terminal?: number; pid: number; shell?: string[] };
       const id = (r.process ?? r.terminal)!;
       existing?._onConnectionLost("attached again: this client's earlier view of it ends");
-      proc = this.track({ connection, session, id, pid: r.pid, argv: [...(r.shell ?? argv)], detached: true });
+      const from = params.from;
+      const offsets =
+        typeof from === "number"
+          ? { stdout: from, stderr: 0 }
+          : typeof from === "object" && from !== null
+            ? (from as { stdout: number; stderr: number })
+            : undefined;
+      proc = this.track({
+        connection,
+        session,
+        id,
+        pid: r.pid,
+        argv: [...(r.shell ?? argv)],
+        detached: true,
+        ...(offsets === undefined ? {} : { from: offsets }),
+      });
     };
     const result = await connection.request(method, params, { onResult } satisfies RequestOptions);
     return { proc: proc!, result };
@@ -593,9 +608,7 @@ export class Umbra extends EventEmitter<UmbraEvents> {
     const lost = [...this.processes.values()].filter((p) => !(keepDetached && p.detached));
     for (const p of lost) {
       this.processes.delete(p.id);
-      p._onConnectionLost(
-        p.detached ? `${why}; the detached process runs on in its session: attach to it again` : why,
-      );
+      p._onConnectionLost(p.detached ? `${why}; the process runs on in its session: attach to it again` : why);
     }
   }
 

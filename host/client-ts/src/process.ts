@@ -193,6 +193,8 @@ export interface ProcessOrigin {
   argv: string[];
   /** Kept by its session when this client goes: re-attached after a reconnect. */
   detached?: boolean;
+  /** Where its streams start for this client (an attach from an offset). */
+  from?: { stdout: number; stderr: number };
 }
 
 /**
@@ -224,7 +226,7 @@ export class UmbraProcess {
 
   private connection: Connection;
   /** Where each stream's next byte is, for a detached process (to attach again from there). */
-  private readonly received = { stdout: 0, stderr: 0 };
+  private readonly received: { stdout: number; stderr: number };
   private readonly out: OutputStream;
   private readonly err: OutputStream;
   private readonly started = Date.now();
@@ -239,6 +241,7 @@ export class UmbraProcess {
     this.session = origin.session;
     this.argv = Object.freeze([...origin.argv]);
     this.detached = origin.detached ?? false;
+    this.received = { stdout: origin.from?.stdout ?? 0, stderr: origin.from?.stderr ?? 0 };
     const ack = (stream: "stdout" | "stderr") => (bytes: number) => {
       if (this.exit === null && bytes > 0) {
         this.connection.notify("process.ack", { session: this.session, process: this.id, stream, bytes });
@@ -324,10 +327,10 @@ export class UmbraProcess {
         const offset = (event as { offset?: number | null }).offset;
         if (typeof offset === "number") {
           // A re-attach may replay what this client already has: only the rest is new.
-          const skip = Math.max(0, this.received[stream] - offset);
+          const skip = Math.min(Math.max(0, this.received[stream] - offset), bytes.length);
           if (skip > 0) {
             this.connection.notify("process.ack", { session: this.session, process: this.id, stream, bytes: skip });
-            bytes = bytes.subarray(Math.min(skip, bytes.length));
+            bytes = bytes.subarray(skip);
           }
           this.received[stream] = Math.max(this.received[stream], offset + skip + bytes.length);
         } else {
@@ -361,7 +364,9 @@ export class UmbraProcess {
         duration_ms: Date.now() - this.started,
         lost: true,
         timed_out: false,
-        reason: `the connection to umbrad was lost before the process ended: ${why}; a process ends with the connection that spawned it`,
+        reason: this.detached
+          ? `this client's view of the detached process ended: ${why}`
+          : `the connection to umbrad was lost before the process ended: ${why}; a process ends with the connection that spawned it`,
       }),
     );
   }

@@ -35,6 +35,8 @@ pub struct Connection {
     /// Event subscriptions, by id.
     pub subscriptions: Mutex<HashMap<u64, Subscription>>,
     next_subscription: AtomicU64,
+    /// Set by `close` (under the `processes` lock): nothing registers a process after it.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Connection {
@@ -46,6 +48,7 @@ impl Connection {
             processes: Mutex::new(HashMap::new()),
             subscriptions: Mutex::new(HashMap::new()),
             next_subscription: AtomicU64::new(1),
+            closed: Default::default(),
         }
     }
 
@@ -90,12 +93,21 @@ impl Connection {
         self.next_subscription.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Whether `close` ran.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
     /// Stops everything this client started: subscriptions end, processes are killed.
     pub fn close(&self) {
         for (_, subscription) in self.subscriptions.lock().unwrap().drain() {
             subscription.task.abort();
         }
-        let owned: Vec<Arc<Owned>> = self.processes.lock().unwrap().drain().map(|(_, p)| p).collect();
+        let owned: Vec<Arc<Owned>> = {
+            let mut processes = self.processes.lock().unwrap();
+            self.closed.store(true, Ordering::SeqCst);
+            processes.drain().map(|(_, p)| p).collect()
+        };
         for p in owned {
             p.abandon();
         }

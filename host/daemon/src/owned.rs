@@ -29,6 +29,8 @@ pub struct Owned {
     pub(crate) stderr_window: Arc<Semaphore>,
     pub(crate) stdin: mpsc::Sender<(StdinOp, Option<Id>)>,
     pub(crate) tasks: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+    /// False once another attach of the same client replaced this view of a kept process.
+    pub(crate) live: tokio::sync::Mutex<bool>,
 }
 
 impl Owned {

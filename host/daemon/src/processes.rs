@@ -21,30 +21,47 @@ use crate::owned::{Owned, StdinOp, STDIN_QUEUE};
 
 impl Owned {
     /// Registers `exec` with `conn` and starts forwarding its events. Call after the spawn's
-    /// response is queued, so the client hears of the process before its output.
+    /// response is queued, so the client hears of the process before its output. A client gone
+    /// meanwhile never had it: dropping `exec` kills the process.
     pub fn start(conn: &Arc<Connection>, session: String, exec: Exec) {
-        let (owned, stdout, stderr) = Owned::register(conn, session, exec.id(), exec.control());
+        let Some((owned, stdout, stderr)) = Owned::register(conn, session, exec.id(), exec.control()) else {
+            return;
+        };
         let forward = tokio::spawn(forward(conn.clone(), exec, stdout, stderr));
         owned.tasks.lock().unwrap().push(forward.abort_handle());
     }
 
-    /// Attaches `conn` to a kept process: what `reader` reads, under the client's windows. A
-    /// second attach of the same client replaces the first. Call after the response is queued.
+    /// Attaches `conn` to a kept process: what `reader` reads, under the client's windows. Call
+    /// after the response is queued, and after [`Owned::end_view`] of an earlier attach.
     pub fn attach(conn: &Arc<Connection>, session: String, reader: KeptReader) {
         let kept = reader.kept();
-        let (owned, stdout, stderr) = Owned::register(conn, session, kept.id(), kept.control().clone());
+        let Some((owned, stdout, stderr)) = Owned::register(conn, session, kept.id(), kept.control().clone()) else {
+            return;
+        };
         let forward = tokio::spawn(forward_kept(conn.clone(), owned.clone(), reader, stdout, stderr));
         owned.tasks.lock().unwrap().push(forward.abort_handle());
     }
 
-    /// The client's view of process `id`: windows, a stdin queue and its feeder. Registered
-    /// before forwarding starts, so the exit's removal cannot come first.
+    /// Ends `conn`'s view of process `id`, if it has one, before a new attach answers: once
+    /// this returns, the old view sends nothing more, so every event after the new attach's
+    /// response is the new view's.
+    pub async fn end_view(conn: &Connection, id: u64) {
+        let old = conn.processes.lock().unwrap().remove(&id);
+        if let Some(old) = old {
+            *old.live.lock().await = false;
+            old.abandon();
+        }
+    }
+
+    /// The client's view of process `id`: windows, a stdin queue and its feeder; `None` when
+    /// the client has gone. Registered before forwarding starts, so the exit's removal cannot
+    /// come first.
     fn register(
         conn: &Arc<Connection>,
         session: String,
         id: u64,
         control: ExecControl,
-    ) -> (Arc<Owned>, Arc<Semaphore>, Arc<Semaphore>) {
+    ) -> Option<(Arc<Owned>, Arc<Semaphore>, Arc<Semaphore>)> {
         let stdout_window = Arc::new(Semaphore::new(OUTPUT_WINDOW as usize));
         let stderr_window = Arc::new(Semaphore::new(OUTPUT_WINDOW as usize));
         let (stdin, stdin_rx) = mpsc::channel(STDIN_QUEUE);
@@ -55,20 +72,45 @@ impl Owned {
             stderr_window: stderr_window.clone(),
             stdin,
             tasks: Default::default(),
+            live: tokio::sync::Mutex::new(true),
         });
+        {
+            let mut processes = conn.processes.lock().unwrap();
+            // Checked under the lock `close` drains under: nothing registers after it.
+            if conn.is_closed() {
+                return None;
+            }
+            if let Some(old) = processes.insert(id, owned.clone()) {
+                old.abandon();
+            }
+        }
         let feed = tokio::spawn(feed_stdin(conn.clone(), control, stdin_rx));
         owned.tasks.lock().unwrap().push(feed.abort_handle());
-        if let Some(old) = conn.processes.lock().unwrap().insert(id, owned.clone()) {
-            old.abandon();
-        }
-        (owned, stdout_window, stderr_window)
+        Some((owned, stdout_window, stderr_window))
     }
 }
 
-/// Forwards a kept process's output from the session's log, then its exit.
+/// Forwards a kept process's output from the session's log, then its exit; the view is gone
+/// from the client's state when this ends, however it ends.
 async fn forward_kept(
     conn: Arc<Connection>,
     me: Arc<Owned>,
+    reader: KeptReader,
+    stdout: Arc<Semaphore>,
+    stderr: Arc<Semaphore>,
+) {
+    let id = reader.kept().id();
+    forward_kept_events(&conn, &me, reader, stdout, stderr).await;
+    let mut processes = conn.processes.lock().unwrap();
+    // Only this view: a later attach of the same client has its own.
+    if processes.get(&id).is_some_and(|o| Arc::ptr_eq(o, &me)) {
+        processes.remove(&id);
+    }
+}
+
+async fn forward_kept_events(
+    conn: &Connection,
+    me: &Owned,
     mut reader: KeptReader,
     stdout: Arc<Semaphore>,
     stderr: Arc<Semaphore>,
@@ -92,17 +134,16 @@ async fn forward_kept(
             KeptEvent::Exit(exit) => EventKind::Exit(exit),
         };
         let last = matches!(kind, EventKind::Exit(_));
-        if !conn.notify(NOTIFY_PROCESS, &SessionEvent::new(Some(&me.session), kind)).await {
-            return;
+        {
+            // Sent only while the view lives (`end_view` waits for a send in progress).
+            let live = me.live.lock().await;
+            if !*live || !conn.notify(NOTIFY_PROCESS, &SessionEvent::new(Some(&me.session), kind)).await {
+                return;
+            }
         }
         if last {
-            break;
+            return;
         }
-    }
-    let mut processes = conn.processes.lock().unwrap();
-    // Only this attachment: a later attach of the same client has its own.
-    if processes.get(&id).is_some_and(|o| Arc::ptr_eq(o, &me)) {
-        processes.remove(&id);
     }
 }
 

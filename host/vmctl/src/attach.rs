@@ -99,24 +99,29 @@ async fn attach_inner(args: AttachArgs) -> anyhow::Result<i32> {
     };
     eprint!("vmctl: attached to terminal {terminal} of session {session}; Ctrl-] detaches\r\n");
     let raw = RawTerminal::enable().ok();
+    // Typing goes on its own task: a guest that stops reading its terminal holds that task,
+    // never the output or Ctrl-].
+    let (detached_tx, mut detached) = tokio::sync::oneshot::channel::<()>();
     let mut host_stdin = crate::run::host_stdin_reader();
+    let (typing_client, typing_session) = (client.clone(), session.clone());
+    let typing = tokio::spawn(async move {
+        while let Some(Some(bytes)) = host_stdin.recv().await {
+            let (typed, detach) = match bytes.iter().position(|&b| b == DETACH_KEY) {
+                Some(at) => (&bytes[..at], true),
+                None => (&bytes[..], false),
+            };
+            let p = StdinParams { session: typing_session.clone(), process: terminal, data: Data::from_bytes(typed) };
+            if (!typed.is_empty() && typing_client.call::<ProcessStdin>(p).await.is_err()) || detach {
+                break;
+            }
+        }
+        // The host's input ended (or the terminal's): detach.
+        let _ = detached_tx.send(());
+    });
     let mut winch = signal(SignalKind::window_change())?;
     let code = loop {
         tokio::select! {
-            chunk = host_stdin.recv() => {
-                let Some(Some(bytes)) = chunk else { break None };
-                let (typed, detach) = match bytes.iter().position(|&b| b == DETACH_KEY) {
-                    Some(at) => (&bytes[..at], true),
-                    None => (&bytes[..], false),
-                };
-                if !typed.is_empty() {
-                    let p = StdinParams { session: session.clone(), process: terminal, data: Data::from_bytes(typed) };
-                    client.call::<ProcessStdin>(p).await?;
-                }
-                if detach {
-                    break None;
-                }
-            }
+            _ = &mut detached => break None,
             n = notes.recv() => {
                 let Some(n) = n else { bail!("umbrad closed the connection") };
                 if n.method != NOTIFY_PROCESS {
@@ -145,6 +150,7 @@ async fn attach_inner(args: AttachArgs) -> anyhow::Result<i32> {
             }
         }
     };
+    typing.abort();
     drop(raw);
     match code {
         Some(code) => Ok(code),

@@ -2076,18 +2076,21 @@ export interface TerminalRunParams {
   session: string;
   terminal: number;
   /**
-   * A command line for the terminal's shell, run in it as if typed (so `cd` and variables
-   * stay for the next): it may hold several lines.
+   * A command line for the terminal's shell, run in the shell itself (so `cd` and variables
+   * stay for the next): it may hold several lines, at most 64 KiB.
    */
   command: string;
-  /** Give up waiting after this many seconds (the command keeps running); default: no limit. */
+  /**
+   * Give up waiting after this many seconds, counted from the call (the command keeps
+   * running); default: no limit.
+   */
   timeout_secs?: number | null;
 }
 
 /**
  * What `terminal.run`'s command left: its exit status and the shell's working directory
- * after it, reported by the shell itself through a marker only this run knows (its output
- * went to the terminal, and to its attached clients, as any other).
+ * after it, reported by the shell itself through a marker with a nonce of this run (its
+ * output went to the terminal, and to its attached clients, as any other).
  */
 export interface TerminalRunResult {
   exit_code: number;

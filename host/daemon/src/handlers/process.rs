@@ -54,7 +54,7 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
         }
         ProcessAttach::NAME => match decode_params::<AttachParams>(params) {
             Ok(p) => match session(conn, &p.session).and_then(|s| Ok(s.kept_process(p.process)?)) {
-                Ok(kept) => attach(conn, p.session, kept, p.from),
+                Ok(kept) => attach(conn, p.session, kept, p.from).await,
                 Err(e) => Outcome::from(Err(e)),
             },
             Err(e) => Outcome::from(Err(e)),
@@ -64,7 +64,7 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
             Ok(p) => match session(conn, &p.session).and_then(|s| Ok(s.terminal(p.terminal)?)) {
                 Ok(kept) => {
                     let from = umbra_api::kept::OutputOffsets { stdout: p.from, stderr: 0 };
-                    attach(conn, p.session, kept, from)
+                    attach(conn, p.session, kept, from).await
                 }
                 Err(e) => Outcome::from(Err(e)),
             },
@@ -202,8 +202,15 @@ fn control(conn: &Connection, session_name: &str, process: u64) -> Result<ExecCo
     }
 }
 
-/// Attaches this client to a kept process; its output follows the response.
-fn attach(conn: &Arc<Connection>, session: String, kept: Arc<Kept>, from: umbra_api::kept::OutputOffsets) -> Outcome {
+/// Attaches this client to a kept process (ending its earlier view of it); its output follows
+/// the response.
+async fn attach(
+    conn: &Arc<Connection>,
+    session: String,
+    kept: Arc<Kept>,
+    from: umbra_api::kept::OutputOffsets,
+) -> Outcome {
+    Owned::end_view(conn, kept.id()).await;
     let (stdout, stderr) = kept.ranges();
     let result = Attached { process: kept.id(), pid: kept.pid(), stdout, stderr, exit: kept.exit() };
     let conn = conn.clone();

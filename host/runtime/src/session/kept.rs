@@ -35,7 +35,7 @@ const MARK_OSC: &str = "6973";
 /// The longest marker the recorder looks for (exit status and working directory included); a
 /// longer one is not recognised, and the run waits on.
 const MARK_MAX: usize = 4096 + 64;
-/// The longest command `terminal.run` types.
+/// The longest command `terminal.run` runs.
 pub const MAX_RUN_COMMAND: usize = 64 * 1024;
 
 /// A terminal to open.
@@ -62,6 +62,7 @@ pub struct Kept {
     changed: watch::Sender<u64>,
     /// One `terminal.run` at a time.
     running: tokio::sync::Mutex<()>,
+    last_cwd: Mutex<Option<String>>,
 }
 
 /// Where a `terminal.run` waits for its command's status and working directory.
@@ -97,12 +98,19 @@ impl Ring {
     }
 
     fn push(&mut self, data: &[u8], cap: usize) {
+        let end = self.end() + data.len() as u64;
+        // Room made first, so the buffer never holds (or allocates for) more than `cap`.
+        let data = &data[data.len().saturating_sub(cap)..];
+        let keep_old = (cap - data.len()).min(self.bytes.len());
+        self.bytes.drain(..self.bytes.len() - keep_old);
         self.bytes.extend(data);
-        let excess = self.bytes.len().saturating_sub(cap);
-        if excess > 0 {
-            self.bytes.drain(..excess);
-            self.start += excess as u64;
-        }
+        self.start = end - self.bytes.len() as u64;
+    }
+
+    /// Frees the bytes; the offsets stay.
+    fn clear(&mut self) {
+        self.start = self.end();
+        self.bytes = VecDeque::new();
     }
 
     /// Up to `max` bytes from `from` (or from the oldest kept byte, if `from` is older), with
@@ -137,6 +145,7 @@ impl Kept {
             log: Mutex::new(Log::default()),
             changed: watch::channel(0).0,
             running: tokio::sync::Mutex::new(()),
+            last_cwd: Mutex::new(None),
         });
         tokio::spawn(record(kept.clone(), exec));
         kept
@@ -214,27 +223,29 @@ impl Kept {
         Ok(())
     }
 
-    /// Runs `command` in a terminal's shell as if typed; returns its exit status and the shell's
-    /// working directory after it. `timeout`: stop waiting (the command runs on).
-    pub async fn run(&self, command: &str, timeout: Option<Duration>) -> Result<(i32, String), SessionError> {
+    /// Takes the terminal's one `terminal.run` slot; `busy` while another run waits.
+    pub fn begin_run(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, SessionError> {
         if !self.is_terminal() {
             return Err(SessionError::InvalidArgument(format!("process {} is not a terminal", self.id)));
         }
-        if command.len() > MAX_RUN_COMMAND {
-            return Err(SessionError::InvalidArgument(format!(
-                "the command is {} bytes; terminal.run types at most {MAX_RUN_COMMAND}",
-                command.len()
-            )));
-        }
-        let quoted = shlex::try_quote(command)
-            .map_err(|_| SessionError::InvalidArgument("the command holds a NUL byte".into()))?;
-        let Ok(_one) = self.running.try_lock() else {
-            return Err(SessionError::Busy(format!(
+        self.running.try_lock().map_err(|_| {
+            SessionError::Busy(format!(
                 "terminal {} is still running a command of terminal.run; wait for it first",
                 self.id
-            )));
-        };
-        let nonce = nonce(self.id);
+            ))
+        })
+    }
+
+    /// Has the terminal's shell run the script at `path` (a file in the guest holding the
+    /// command; removed after) as if typed, and waits for its marker: the command's exit status
+    /// and the shell's working directory after it. The caller holds [`Kept::begin_run`]'s slot;
+    /// dropping the future stops waiting (the command runs on).
+    ///
+    /// The typed line is short and fixed, whatever the command holds (control characters, many
+    /// lines, more than a line editor takes): the command is in the file, which the shell
+    /// checks first (`-n`) and then sources, so a syntax error is status 2 and still ends with
+    /// the marker.
+    pub async fn run_script(&self, path: &str, nonce: &str) -> Result<(i32, String), SessionError> {
         let (tx, rx) = oneshot::channel();
         {
             let mut log = self.log.lock().unwrap();
@@ -244,30 +255,41 @@ impl Kept {
             log.mark = Some((format!("\x1b]{MARK_OSC};{nonce};").into_bytes(), tx));
             log.mark_tail.clear();
         }
-        // A leading space keeps the line out of the shell's history (HISTCONTROL=ignorespace).
-        let line = format!(" eval {quoted}; printf '\\033]{MARK_OSC};%s;%s;%s\\007' {nonce} \"$?\" \"$PWD\"\n");
-        let cleanup = || self.log.lock().unwrap().mark = None;
-        if let Err(e) = self.control.write_stdin(line.into_bytes()).await {
-            cleanup();
-            return Err(e);
+        // Whatever ends this future (an answer, an error, a timeout), the marker is no longer
+        // waited for.
+        struct Unmark<'a>(&'a Mutex<Log>);
+        impl Drop for Unmark<'_> {
+            fn drop(&mut self) {
+                self.0.lock().unwrap().mark = None;
+            }
         }
-        let waited = match timeout {
-            Some(t) => match tokio::time::timeout(t, rx).await {
-                Ok(r) => r,
-                Err(_) => {
-                    cleanup();
-                    return Err(SessionError::Timeout(format!(
-                        "the command did not finish in {}s (it is still running in terminal {})",
-                        t.as_secs(),
-                        self.id
-                    )));
-                }
-            },
-            None => rx.await,
-        };
-        waited.map_err(|_| {
+        let _unmark = Unmark(&self.log);
+        // A leading space keeps the line out of the shell's history (HISTCONTROL=ignorespace).
+        let line = format!(
+            " if ${{BASH:-sh}} -n {path}; then . {path}; else (exit 2); fi; \
+             printf '\\033]{MARK_OSC};%s;%s;%s\\007' {nonce} \"$?\" \"$PWD\"; rm -f {path}\n"
+        );
+        self.control.write_stdin(line.into_bytes()).await?;
+        let (status, cwd) = rx.await.map_err(|_| {
             SessionError::InvalidArgument(format!("terminal {}'s shell ended before the command finished", self.id))
-        })
+        })?;
+        *self.last_cwd.lock().unwrap() = Some(cwd.clone());
+        Ok((status, cwd))
+    }
+
+    /// The shell's working directory after the last `terminal.run`.
+    pub fn last_cwd(&self) -> Option<String> {
+        self.last_cwd.lock().unwrap().clone()
+    }
+
+    /// Frees the kept output (the session forgot this process); readers get the exit.
+    pub(super) fn release(&self) {
+        let mut log = self.log.lock().unwrap();
+        for ring in &mut log.streams {
+            ring.clear();
+        }
+        drop(log);
+        self.changed.send_modify(|v| *v += 1);
     }
 
     fn append(&self, stream: Stream, data: &[u8]) {
@@ -318,50 +340,55 @@ async fn record(kept: Arc<Kept>, mut exec: Exec) {
 }
 
 /// Looks for the waiting run's marker in what the terminal printed (with the unsearched end of
-/// what it printed before); answers the run when the marker is complete.
+/// what it printed before); answers the run when the marker is complete. Linear in the output,
+/// whatever it holds (the guest can read the nonce from the echo and repeat the marker's start):
+/// the next BEL is searched for once, not once per start.
 fn find_mark(log: &mut Log, data: &[u8]) {
     let Some((prefix, _)) = &log.mark else { return };
     let prefix = prefix.clone();
     let mut buf = std::mem::take(&mut log.mark_tail);
     buf.extend_from_slice(data);
-    while let Some(at) = memchr::memmem::find(&buf, &prefix) {
-        let rest = &buf[at + prefix.len()..];
-        match memchr::memchr(0x07, rest) {
-            Some(end) => {
-                if let Some(result) = parse_mark(&rest[..end]) {
-                    if let Some((_, tx)) = log.mark.take() {
-                        let _ = tx.send(result);
-                    }
-                    return;
-                }
-                // Not ours after all (malformed): search on after it.
-                buf.drain(..at + prefix.len());
-            }
-            // Longer than any real marker: not one.
-            None if rest.len() > MARK_MAX => {
-                buf.drain(..at + prefix.len());
-            }
-            None => {
+    let mut pos = 0;
+    let mut bel: Option<usize> = None; // the first BEL at or after the current body; MAX: none
+    while let Some(i) = memchr::memmem::find(&buf[pos..], &prefix) {
+        let at = pos + i;
+        let body = at + prefix.len();
+        if bel.is_none_or(|b| b < body) {
+            bel = Some(memchr::memchr(0x07, &buf[body..]).map_or(usize::MAX, |e| body + e));
+        }
+        let end = bel.expect("set above");
+        if end == usize::MAX {
+            if buf.len() - body < MARK_MAX {
+                // Perhaps a marker whose end has not come yet: kept from its start.
                 buf.drain(..at);
                 log.mark_tail = buf;
                 return;
             }
+        } else if end - body <= MARK_MAX {
+            if let Some(result) = parse_mark(&buf[body..end]) {
+                if let Some((_, tx)) = log.mark.take() {
+                    let _ = tx.send(result);
+                }
+                return;
+            }
         }
+        // Too long, or malformed: not a marker; search on after its start.
+        pos = body;
     }
-    // Nothing complete: keep what could still be the start of a marker.
-    let keep = buf.len().min(MARK_MAX);
+    // Only the start of a marker split across chunks can be left.
+    let keep = (buf.len() - pos).min(prefix.len() - 1);
     log.mark_tail = buf.split_off(buf.len() - keep);
 }
 
-/// `STATUS;CWD` as the marker carries them.
+/// `STATUS;CWD` as the marker carries them (a directory that is not UTF-8 is shown lossily).
 fn parse_mark(body: &[u8]) -> Option<(i32, String)> {
-    let body = std::str::from_utf8(body).ok()?;
-    let (status, cwd) = body.split_once(';')?;
-    Some((status.parse().ok()?, cwd.to_string()))
+    let split = memchr::memchr(b';', body)?;
+    let status = std::str::from_utf8(&body[..split]).ok()?.parse().ok()?;
+    Some((status, String::from_utf8_lossy(&body[split + 1..]).into_owned()))
 }
 
 /// A marker nonce no output before this run holds by chance.
-fn nonce(id: u64) -> String {
+pub(super) fn nonce(id: u64) -> String {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(id);
     h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
@@ -470,5 +497,35 @@ mod tests {
         find_mark(&mut log, b"\x1b]6973;abc;0;");
         find_mark(&mut log, &[b'/'; 2 * MARK_MAX]);
         assert!(log.mark_tail.len() <= MARK_MAX);
+    }
+
+    #[test]
+    fn repeated_marker_starts_cost_linear_time_and_the_real_one_still_answers() {
+        let (mut log, mut rx) = log_waiting();
+        // 1 MiB of marker starts with one BEL far after them, in 64 KiB chunks.
+        let mut flood = b"\x1b]6973;abc;".repeat(80_000);
+        flood.extend_from_slice(&[b'x'; 5000]);
+        flood.push(0x07);
+        let started = std::time::Instant::now();
+        for chunk in flood.chunks(64 * 1024) {
+            find_mark(&mut log, chunk);
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+        assert!(rx.try_recv().is_err() && log.mark_tail.len() <= MARK_MAX + 16);
+        find_mark(&mut log, b"\x1b]6973;abc;2;/w\xffx\x07");
+        assert_eq!(rx.try_recv().unwrap(), (2, "/w\u{fffd}x".to_string()), "a non-UTF-8 directory, shown lossily");
+    }
+
+    #[test]
+    fn a_ring_never_holds_more_than_its_bound() {
+        let mut r = Ring::default();
+        r.push(&[1; 5], 8);
+        r.push(&[2; 20], 8);
+        assert_eq!((r.range(), r.bytes.len()), (KeptRange { start: 17, end: 25 }, 8));
+        assert_eq!(r.read(0, 100), Some((17, vec![2; 8])));
+        r.push(&[3; 3], 8);
+        assert_eq!(r.read(0, 100), Some((20, [vec![2; 5], vec![3; 3]].concat())));
+        r.clear();
+        assert_eq!((r.range(), r.read(0, 100)), (KeptRange { start: 28, end: 28 }, None));
     }
 }

@@ -102,6 +102,8 @@ struct State {
     /// Processes the session keeps when their client goes, and terminals; finished ones stay
     /// for `KEEP_FINISHED_SECS` (`kept.rs`).
     kept: std::collections::BTreeMap<u64, Arc<super::kept::Kept>>,
+    /// Kept processes being started: places reserved against `MAX_KEPT`.
+    kept_starting: usize,
     /// The console of the last VM, kept after it is gone (for logs and errors).
     last_console: String,
 }
@@ -137,6 +139,7 @@ impl Session {
                 failures: VecDeque::new(),
                 processes: HashMap::new(),
                 kept: Default::default(),
+                kept_starting: 0,
                 last_console: String::new(),
             }),
             status,
