@@ -10,6 +10,7 @@ use umbra_runtime::agent::AgentClient;
 use umbra_runtime::backend::{BackendKind, KvmKind};
 
 pub mod daemon;
+pub mod pty;
 
 /// Path of a workspace binary built next to the running test executable.
 /// The boot timeout tests give guests: `UMBRA_BOOT_TIMEOUT_SECS`, else 120 s (software

@@ -791,7 +791,7 @@ async fn detached_processes_and_terminals_outlive_their_client() {
     // vmctl on a terminal: a new terminal, Ctrl-] detaches, `ps` lists it, attaching again
     // shows it, and the shell's exit is vmctl's status.
     let (out, status) = on_a_terminal(
-        &daemon,
+        &daemon.socket,
         &["session", "attach", "k"],
         &[("Ctrl-] detaches", "echo hi-$((6*7))\n"), ("hi-42", "\x1d")],
     )
@@ -814,45 +814,13 @@ async fn detached_processes_and_terminals_outlive_their_client() {
         "{ps}"
     );
     let id = id.to_string();
-    let (out, status) = on_a_terminal(&daemon, &["session", "attach", "k", &id], &[("hi-42", "exit 3\n")]).await;
+    let (out, status) = on_a_terminal(&daemon.socket, &["session", "attach", "k", &id], &[("hi-42", "exit 3\n")]).await;
     assert_eq!(status, 3, "{out}");
 }
 
-/// Runs vmctl with `args` on a pseudo-terminal; each time its output shows the next `(text,
-/// keys)`'s text, types the keys. Its output and exit status.
-async fn on_a_terminal(daemon: &TestDaemon, args: &[&str], script: &[(&str, &str)]) -> (String, i32) {
-    const DRIVER: &str = r#"
-import json, os, pty, select, sys, time
-pid, fd = pty.fork()
-if pid == 0:
-    os.execv(sys.argv[1], sys.argv[1:])
-steps = json.loads(os.environ["STEPS"])
-out, start = b'', time.time()
-while time.time() - start < 60:
-    if steps and steps[0][0].encode() in out:
-        os.write(fd, steps.pop(0)[1].encode())
-    if fd in select.select([fd], [], [], 1)[0]:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-_, status = os.waitpid(pid, 0)
-sys.stdout.write(out.decode(errors='replace'))
-sys.exit(os.waitstatus_to_exitcode(status))
-"#;
-    let steps: Vec<(&str, &str)> = script.to_vec();
-    let out = tokio::process::Command::new("python3")
-        .args(["-c", DRIVER])
-        .arg(umbra_tests::workspace_bin("vmctl"))
-        .args(args)
-        .env("UMBRA_SOCKET", &daemon.socket)
-        .env("STEPS", serde_json::to_string(&steps).unwrap())
-        .output()
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "") + &String::from_utf8_lossy(&out.stderr);
-    (text, out.status.code().unwrap_or(-1))
+/// vmctl on a pseudo-terminal, talking to `socket`'s umbrad.
+async fn on_a_terminal(socket: &std::path::Path, args: &[&str], steps: &[(&str, &str)]) -> (String, i32) {
+    let vmctl = umbra_tests::workspace_bin("vmctl");
+    let socket = socket.to_str().unwrap();
+    umbra_tests::pty::on_a_terminal(&vmctl, args, &[("UMBRA_SOCKET", socket)], steps).await
 }

@@ -363,37 +363,11 @@ async fn network_ask_mode_holds_a_connection_until_the_user_answers() {
     assert!(asked.elapsed() >= Duration::from_secs(3));
 
     // `vmctl session exec` on a terminal puts the question to its user: the line typed answers.
-    const DRIVER: &str = r#"
-import os, pty, select, sys, time
-pid, fd = pty.fork()
-if pid == 0:
-    os.execv(sys.argv[1], sys.argv[1:])
-out, answered, start = b'', False, time.time()
-while time.time() - start < 60:
-    if fd in select.select([fd], [], [], 1)[0]:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-        if not answered and b'[s]ession, or [d]eny?' in out:
-            os.write(fd, b'o\n')
-            answered = True
-sys.stdout.write(out.decode(errors='replace'))
-"#;
     let script = format!("echo ping | nc -w 20 typed.test {port}; echo exit=$?");
     let vmctl = umbra_tests::workspace_bin("vmctl");
-    let out = tokio::process::Command::new("python3")
-        .args(["-c", DRIVER])
-        .arg(&vmctl)
-        .args(["session", "exec", "ask", "--", "sh", "-c", &script])
-        .env("UMBRA_SOCKET", &daemon.socket)
-        .output()
-        .await
-        .unwrap();
-    let typed = String::from_utf8_lossy(&out.stdout).replace('\r', "") + &String::from_utf8_lossy(&out.stderr);
+    let args = ["session", "exec", "ask", "--", "sh", "-c", &script];
+    let env = [("UMBRA_SOCKET", daemon.socket.to_str().unwrap())];
+    let (typed, _) = umbra_tests::pty::on_a_terminal(&vmctl, &args, &env, &[("[s]ession, or [d]eny?", "o\n")]).await;
     assert!(typed.contains("the guest wants to connect to typed.test:"), "{typed}");
     assert!(
         typed.contains(&format!("typed.test:{port} (process ")) && typed.contains(": nc -w 20 typed.test"),

@@ -167,12 +167,7 @@ async fn spawn(conn: &Arc<Connection>, params: Option<Value>) -> Outcome {
         return match s.spawn_kept(request).await {
             Ok(kept) => {
                 let result = Spawned { process: kept.id(), pid: kept.pid() };
-                let conn = conn.clone();
-                let reader = kept.reader(Default::default());
-                Outcome {
-                    result: Ok(serde_json::to_value(result).expect("results serialize")),
-                    after: Some(Box::new(move || Owned::attach(&conn, p.session, reader))),
-                }
+                attached(conn, p.session, &kept, result, Default::default())
             }
             Err(e) => Outcome::from(Err(e.into())),
         };
@@ -213,6 +208,17 @@ async fn attach(
     Owned::end_view(conn, kept.id()).await;
     let (stdout, stderr) = kept.ranges();
     let result = Attached { process: kept.id(), pid: kept.pid(), stdout, stderr, exit: kept.exit() };
+    attached(conn, session, &kept, result, from)
+}
+
+/// `result`, then the kept process's output from `from` to this client.
+fn attached(
+    conn: &Arc<Connection>,
+    session: String,
+    kept: &Arc<Kept>,
+    result: impl serde::Serialize,
+    from: umbra_api::kept::OutputOffsets,
+) -> Outcome {
     let conn = conn.clone();
     let reader = kept.reader(from);
     Outcome {
@@ -233,15 +239,7 @@ async fn open_terminal(conn: &Arc<Connection>, params: Option<Value>) -> Outcome
     };
     let request = TerminalRequest { shell: p.shell, cwd: p.cwd, env: p.env, size: p.size };
     match s.open_terminal(request).await {
-        Ok(kept) => {
-            let result = kept.terminal_info();
-            let conn = conn.clone();
-            let reader = kept.reader(Default::default());
-            Outcome {
-                result: Ok(serde_json::to_value(result).expect("results serialize")),
-                after: Some(Box::new(move || Owned::attach(&conn, p.session, reader))),
-            }
-        }
+        Ok(kept) => attached(conn, p.session, &kept, kept.terminal_info(), Default::default()),
         Err(e) => Outcome::from(Err(e.into())),
     }
 }

@@ -110,17 +110,7 @@ impl Exec {
             }
         }
         // The pump always ends with an exit; only a runtime shutting down gets here.
-        let exit = ProcessExit {
-            process: self.id,
-            code: None,
-            signal: None,
-            duration_ms: 0,
-            timed_out: false,
-            interrupted: None,
-            lost: true,
-            reason: Some("the runtime shut down before the process ended".into()),
-        };
-        ExecOutput { stdout, stderr, exit }
+        ExecOutput { stdout, stderr, exit: shutdown_exit(self.id) }
     }
 }
 
@@ -152,6 +142,20 @@ impl ExecControl {
     /// Ends stdin after what was written.
     pub async fn close_stdin(&self) -> Result<(), SessionError> {
         Ok(self.stdin.close().await?)
+    }
+}
+
+/// The exit of process `id` when the runtime shut down before its pump reported one.
+pub(super) fn shutdown_exit(id: u64) -> ProcessExit {
+    ProcessExit {
+        process: id,
+        code: None,
+        signal: None,
+        duration_ms: 0,
+        timed_out: false,
+        interrupted: None,
+        lost: true,
+        reason: Some("the runtime shut down before the process ended".into()),
     }
 }
 

@@ -327,16 +327,7 @@ async fn record(kept: Arc<Kept>, mut exec: Exec) {
         }
     }
     // The pump always ends with an exit; only a runtime shutting down gets here.
-    kept.finish(ProcessExit {
-        process: kept.id,
-        code: None,
-        signal: None,
-        duration_ms: 0,
-        timed_out: false,
-        interrupted: None,
-        lost: true,
-        reason: Some("the runtime shut down before the process ended".into()),
-    });
+    kept.finish(super::exec::shutdown_exit(kept.id));
 }
 
 /// Looks for the waiting run's marker in what the terminal printed (with the unsearched end of
