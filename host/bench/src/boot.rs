@@ -100,3 +100,31 @@ pub async fn boot(args: BootBenchArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A session manager for a benchmark's guests: nothing recorded, no storage, no idle stop, no
+/// disk; `extra` adds to (or overrides) that configuration.
+pub fn bench_manager(
+    memory_mib: u32,
+    boot_timeout_secs: u64,
+    bundle: &str,
+    backend: umbra_api::BackendChoice,
+    extra: serde_json::Value,
+) -> anyhow::Result<umbra_runtime::session::SessionManager> {
+    let mut config = serde_json::json!({
+        "memory_mib": memory_mib,
+        "idle_timeout_secs": 0,
+        "disk_size_mib": 0,
+        "boot_timeout_secs": boot_timeout_secs.max(1),
+        "bundle": bundle,
+        "backend": backend,
+    });
+    if let (Some(config), serde_json::Value::Object(extra)) = (config.as_object_mut(), extra) {
+        config.extend(extra);
+    }
+    Ok(umbra_runtime::session::SessionManager::new(umbra_runtime::session::ManagerOptions {
+        config: serde_json::from_value(config)?,
+        state_dir: None,
+        storage_root: None,
+        bundles: umbra_bundle::Store::new(umbra_bundle::Store::default_root()),
+    }))
+}

@@ -33,8 +33,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use umbra_api::methods::StartParams;
 use umbra_api::session::{NetworkMode, NetworkPolicy};
-use umbra_api::DaemonConfig;
-use umbra_runtime::session::{ExecRequest, ManagerOptions, Session, SessionManager};
+use umbra_runtime::session::{ExecRequest, Session};
 
 use umbra_api::BackendChoice;
 
@@ -325,21 +324,8 @@ pub async fn net(args: NetBenchArgs) -> anyhow::Result<()> {
     // The proxy trusts the test CA upstream (as a company's CA would be, `trust_ca`).
     let ca_file = std::env::temp_dir().join(format!("umbra-bench-ca-{}.pem", std::process::id()));
     std::fs::write(&ca_file, &tls.ca_pem)?;
-    let config: DaemonConfig = serde_json::from_value(serde_json::json!({
-        "trust_ca": [ca_file],
-        "memory_mib": args.memory,
-        "idle_timeout_secs": 0,
-        "disk_size_mib": 0,
-        "boot_timeout_secs": args.boot_timeout.max(1),
-        "bundle": args.bundle,
-        "backend": args.backend,
-    }))?;
-    let manager = SessionManager::new(ManagerOptions {
-        config,
-        state_dir: None,
-        storage_root: None,
-        bundles: umbra_bundle::Store::new(umbra_bundle::Store::default_root()),
-    });
+    let extra = serde_json::json!({ "trust_ca": [ca_file] });
+    let manager = crate::boot::bench_manager(args.memory, args.boot_timeout, &args.bundle, args.backend, extra)?;
     let policy = NetworkPolicy {
         mode: NetworkMode::Allowlist,
         allow_domains: vec![NAME.into(), PASS_NAME.into()],

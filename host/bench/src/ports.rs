@@ -19,8 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use umbra_api::methods::StartParams;
 use umbra_api::ports::PortSpec;
-use umbra_api::{BackendChoice, DaemonConfig};
-use umbra_runtime::session::{ExecRequest, ManagerOptions, Session, SessionManager};
+use umbra_api::BackendChoice;
+use umbra_runtime::session::{ExecRequest, Session};
 
 use crate::boot::ms;
 
@@ -80,20 +80,8 @@ while True:
 "#;
 
 pub async fn ports(args: PortsBenchArgs) -> anyhow::Result<()> {
-    let config: DaemonConfig = serde_json::from_value(serde_json::json!({
-        "memory_mib": args.memory,
-        "idle_timeout_secs": 0,
-        "disk_size_mib": 0,
-        "boot_timeout_secs": args.boot_timeout.max(1),
-        "bundle": args.bundle,
-        "backend": args.backend,
-    }))?;
-    let manager = SessionManager::new(ManagerOptions {
-        config,
-        state_dir: None,
-        storage_root: None,
-        bundles: umbra_bundle::Store::new(umbra_bundle::Store::default_root()),
-    });
+    let manager =
+        crate::boot::bench_manager(args.memory, args.boot_timeout, &args.bundle, args.backend, serde_json::json!({}))?;
     // The direct anchor: the same server on the host.
     let direct_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let mut host_server = tokio::process::Command::new("python3")
