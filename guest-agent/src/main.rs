@@ -147,6 +147,7 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
             live_processes: AtomicU32::new(0),
             shutdown: tokio::sync::Notify::new(),
             shares: shares::Shares::new(layout),
+            parked: Default::default(),
         });
         tokio::select! {
             r = server::serve(agent.clone(), &args.listen) => r,

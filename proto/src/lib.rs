@@ -35,7 +35,7 @@ pub const SESSION_DISK_LABEL: &str = "umbra-session";
 
 /// Protocol version spoken by this build. Peers with a different major refuse each other;
 /// a newer minor only adds optional fields and methods.
-pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 1, minor: 7 };
+pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 1, minor: 8 };
 
 /// Bytes of stdout or stderr the agent may send per stream before the host grants more credit.
 pub const INITIAL_OUTPUT_CREDIT: u32 = 1024 * 1024;

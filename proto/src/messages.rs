@@ -134,7 +134,26 @@ pub enum Request {
     /// (a loopback or wildcard address), each with the process holding it where the agent can
     /// tell; the agent's own listeners are left out.
     Listening,
+    /// Since 1.8. Parks the named processes of this connection: nothing more of theirs is sent
+    /// on it (their output waits in their pipes, their exit with it) and they outlive it. The
+    /// answer, `parked`, follows every frame of theirs sent before, and gives each a token;
+    /// names that are not running processes of this connection are left out. The host parks
+    /// what it keeps before a snapshot: the restore resets every vsock connection.
+    Park {
+        processes: Vec<u32>,
+    },
+    /// Since 1.8. Takes a parked process over: this request's id becomes its id on this
+    /// connection, as a spawn's does, and the answer is `spawned {pid}`; its output and exit
+    /// follow, within the initial credits. `not_found` when no process is parked with `token`.
+    Adopt {
+        token: u64,
+    },
+    /// Since 1.8. Kills every parked process nobody adopted (SIGKILL to its group).
+    DropParked,
 }
+
+/// The capability an agent lists in its Hello when it knows `park`, `adopt` and `drop_parked`.
+pub const CAP_PARK: &str = "park";
 
 /// The longest CA certificate `InstallCa` takes.
 pub const MAX_CA_PEM: usize = 16 * 1024;
@@ -172,6 +191,9 @@ impl Request {
             Request::Reidentify(_) => "reidentify",
             Request::InstallCa { .. } => "install_ca",
             Request::Listening => "listening",
+            Request::Park { .. } => "park",
+            Request::Adopt { .. } => "adopt",
+            Request::DropParked => "drop_parked",
         }
     }
 }
@@ -392,6 +414,17 @@ pub enum ResponseBody {
     Listening {
         ports: Vec<ListeningPort>,
     },
+    Parked {
+        processes: Vec<ParkedProcess>,
+    },
+}
+
+/// A process `park` parked: its id on the connection that parked it, and the token that
+/// adopts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParkedProcess {
+    pub process: u32,
+    pub token: u64,
 }
 
 /// A TCP port a guest program listens on (`Request::Listening`).

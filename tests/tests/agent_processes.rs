@@ -279,3 +279,100 @@ async fn shutdown_of_a_host_side_agent_kills_its_processes() {
     }
     assert!(matches!(state, None | Some('Z')), "pid {pid} outlived the agent in state {state:?}");
 }
+
+/// Reads a process's stdout until it is parked (its token) or exits (`None`).
+async fn stdout_until_parked(p: &mut umbra_runtime::agent::Process, out: &mut Vec<u8>) -> Option<u64> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), p.next_event()).await.expect("an event") {
+            Some(ProcessEvent::Stdout(b)) => out.extend_from_slice(&b),
+            Some(ProcessEvent::Parked { token }) => return Some(token),
+            Some(ProcessEvent::Exit(_)) | None => return None,
+            Some(_) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_parked_process_outlives_its_connection_and_another_adopts_it_with_nothing_lost() {
+    let agent = HostAgent::start().await;
+    let first = agent.connect().await;
+    assert!(first.parks(), "{:?}", first.agent_info().capabilities);
+    // Counts to 200000 (1.3 MB, more than the 1 MiB of output credit, which this test does not
+    // give back before the park): some of it before the park, some while parked (in its pipe),
+    // the rest after the adoption.
+    let mut counter = first.spawn(sh("i=0; while [ $i -lt 200000 ]; do i=$((i+1)); echo $i; done")).unwrap();
+    let mut cat = first.spawn(SpawnRequest { argv: vec!["cat".into()], ..Default::default() }).unwrap();
+    let mut owned = first.spawn(sh("sleep 30")).unwrap();
+    let Some(ProcessEvent::Spawned { pid: owned_pid }) = owned.next_event().await else { panic!("no spawn") };
+    let mut seen = Vec::new();
+    while seen.len() < 100 {
+        match counter.next_event().await.unwrap() {
+            ProcessEvent::Stdout(b) => seen.extend_from_slice(&b),
+            ProcessEvent::Spawned { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    cat.stdin().write(&b"before\n"[..]).await.unwrap();
+    let mut cat_out = Vec::new();
+    while cat_out.len() < 7 {
+        match cat.next_event().await.unwrap() {
+            ProcessEvent::Stdout(b) => cat_out.extend_from_slice(&b),
+            ProcessEvent::Spawned { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let parked = first.park(&[counter.id(), cat.id(), 999]).await.unwrap();
+    assert_eq!(parked.len(), 2, "only running processes of the connection: {parked:?}");
+    let counter_token = stdout_until_parked(&mut counter, &mut seen).await.expect("parked");
+    let cat_token = stdout_until_parked(&mut cat, &mut cat_out).await.expect("parked");
+    assert_eq!(cat_out, b"before\n");
+    drop((counter, cat, owned, first));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let second = agent.connect().await;
+    let mut counter = second.adopt(counter_token).unwrap();
+    assert!(matches!(counter.next_event().await, Some(ProcessEvent::Spawned { .. })));
+    let out = counter.output().await.unwrap();
+    seen.extend_from_slice(&out.stdout);
+    let expected: String = (1..=200000).map(|i| format!("{i}\n")).collect();
+    assert!(seen == expected.as_bytes(), "every line once, in order, across the two connections");
+    assert_eq!(out.status.code, Some(0));
+
+    // Stdin goes on with the new connection's credit (more than a window of it).
+    let mut cat = second.adopt(cat_token).unwrap();
+    assert!(matches!(cat.next_event().await, Some(ProcessEvent::Spawned { .. })));
+    let payload: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    let stdin = cat.stdin();
+    let writer = {
+        let payload = payload.clone();
+        tokio::spawn(async move {
+            stdin.write(payload).await.unwrap();
+            stdin.close().await.unwrap();
+        })
+    };
+    let out = cat.output().await.unwrap();
+    writer.await.unwrap();
+    assert!(out.stdout == payload, "1 MB through the adopted cat");
+
+    // A token is used once; the process the first connection did not park ended with it.
+    let e = second.adopt(counter_token).unwrap().output().await.unwrap_err();
+    assert_eq!(e.agent_error().map(|e| e.code), Some(ErrorCode::NotFound), "{e}");
+    let gone = |pid: u32| async move {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while process_state(pid).is_some_and(|s| s != 'Z') {
+            assert!(std::time::Instant::now() < deadline, "process {pid} was not killed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    gone(owned_pid).await;
+
+    // What nobody adopts, drop_parked kills.
+    let mut sleeper = second.spawn(sh("sleep 30")).unwrap();
+    let Some(ProcessEvent::Spawned { pid }) = sleeper.next_event().await else { panic!("no spawn") };
+    let token = second.park(&[sleeper.id()]).await.unwrap()[0].token;
+    assert_eq!(stdout_until_parked(&mut sleeper, &mut Vec::new()).await, Some(token));
+    second.drop_parked().await.unwrap();
+    gone(pid).await;
+    let e = second.adopt(token).unwrap().output().await.unwrap_err();
+    assert_eq!(e.agent_error().map(|e| e.code), Some(ErrorCode::NotFound), "{e}");
+}

@@ -149,6 +149,8 @@ async fn a_client_runs_processes_in_separate_sessions_over_the_socket() {
     daemon.assert_no_helpers_within(Duration::from_secs(10));
 }
 
+/// Asked to suspend when idle, a session on qemu (which cannot snapshot) stops, as the setting
+/// says (`idle_action: suspend` is the nested lane's, `snapshot_kvm.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_session_stops_and_resumes_with_its_outputs_and_disk() {
     let daemon = TestDaemon::start("daemon-idle", serde_json::json!({}));
@@ -157,7 +159,12 @@ async fn an_idle_session_stops_and_resumes_with_its_outputs_and_disk() {
     let info = client
         .call::<SessionStart>(StartParams {
             name: "idle".into(),
-            settings: SettingsPatch { idle_timeout_secs: Some(5), ..Default::default() },
+            settings: SettingsPatch {
+                idle_timeout_secs: Some(5),
+                idle_action: Some(umbra_api::IdleAction::Suspend),
+                backend: Some(umbra_api::BackendChoice::Qemu),
+                ..Default::default()
+            },
             ..Default::default()
         })
         .await
@@ -195,7 +202,7 @@ async fn an_idle_session_stops_and_resumes_with_its_outputs_and_disk() {
     daemon.assert_no_helpers_within(Duration::from_secs(5));
     let info = client.call::<SessionGet>(SessionRef { name: "idle".into() }).await.unwrap();
     assert_eq!(info.status, SessionStatus::Stopped);
-    assert!(info.vm.is_none());
+    assert!(info.vm.is_none() && !info.suspended && info.snapshot.is_none(), "{info:?}");
 
     let info =
         client.call::<SessionResume>(ResumeParams { name: "idle".into(), discard_snapshot: false }).await.unwrap();

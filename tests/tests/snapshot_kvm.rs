@@ -683,3 +683,82 @@ async fn a_session_pauses_into_a_snapshot_resumes_with_its_processes_and_forks()
     assert_eq!(String::from_utf8_lossy(&out.stdout), "b\numbra\n", "its disk, a booted guest's name");
     m.shutdown().await;
 }
+
+/// Everything kept of `kept`'s stdout so far.
+async fn kept_stdout(kept: &std::sync::Arc<umbra_runtime::session::Kept>) -> String {
+    use umbra_runtime::session::KeptEvent;
+    let mut reader = kept.reader(Default::default());
+    let mut text = Vec::new();
+    while let Ok(Some(KeptEvent::Output { data, .. })) =
+        tokio::time::timeout(Duration::from_millis(200), reader.next()).await
+    {
+        text.extend(data);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_suspends_and_the_next_call_resumes_it_with_its_kept_processes() {
+    use umbra_api::methods::StartParams;
+    use umbra_api::SessionStatus;
+    use umbra_runtime::session::{ExecRequest, SessionManager, TerminalRequest};
+
+    if kvm_spec().is_none() {
+        return;
+    }
+    let dir = umbra_tests::TempDir::new("session-suspend");
+    let m = SessionManager::new(kvm_manager(&dir.0, 0));
+    let settings = umbra_api::session::SettingsPatch {
+        idle_timeout_secs: Some(5),
+        idle_action: Some(umbra_api::IdleAction::Suspend),
+        ..Default::default()
+    };
+    let s = m.start(StartParams { name: "idle".into(), settings, ..Default::default() }).await.unwrap();
+    let counter = s
+        .spawn_kept(ExecRequest {
+            argv: vec!["sh".into(), "-c".into(), "i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let size = umbra_proto::TtySize { rows: 24, cols: 80 };
+    let terminal =
+        s.open_terminal(TerminalRequest { shell: Vec::new(), cwd: None, env: Default::default(), size }).await.unwrap();
+    let (code, cwd) = s.terminal_run(terminal.id(), "export KEPT=across-the-suspension; cd /tmp", None).await.unwrap();
+    assert_eq!((code, cwd.as_str()), (0, "/tmp"));
+
+    // Its kept processes do not keep it awake: it suspends.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !s.info().suspended {
+        assert!(Instant::now() < deadline, "not suspended: {:?}", s.info());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let info = s.info();
+    assert_eq!(info.status, SessionStatus::Stopped, "{info:?}");
+    assert!(info.snapshot.is_some_and(|s| s.resumes) && info.vm.is_none(), "{:?}", s.info());
+    let last = |text: &str| text.lines().last().and_then(|l| l.trim().parse::<u64>().ok()).unwrap_or(0);
+    let before = last(&kept_stdout(&counter).await);
+    assert!(before > 0 && counter.exit().is_none(), "{before} {:?}", counter.exit());
+
+    // The next call naming it resumes it, its terminal's shell as it was.
+    let took = Instant::now();
+    let (code, cwd) = s.terminal_run(terminal.id(), "echo \"$KEPT\"", None).await.unwrap();
+    eprintln!(
+        "snapshot-bench: idle-suspended session resumed by a call, command done in {} ms",
+        took.elapsed().as_millis()
+    );
+    assert_eq!((code, cwd.as_str()), (0, "/tmp"));
+    assert!(kept_stdout(&terminal).await.contains("across-the-suspension\r\n"), "the shell kept its variable");
+    let info = s.info();
+    assert!(info.status == SessionStatus::Ready && !info.suspended, "{info:?}");
+    assert!(info.vm.as_ref().is_some_and(|vm| vm.backend_reason.contains("restored")), "{info:?}");
+
+    // The counter counts on, every number once and in order across the suspension.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let text = kept_stdout(&counter).await;
+    let numbers: Vec<u64> = text.lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert!(*numbers.last().unwrap() > before + 3, "it counts on: {before} then {:?}", numbers.last());
+    assert!(numbers.iter().copied().eq(1..=numbers.len() as u64), "nothing lost or repeated: {text}");
+    assert!(counter.exit().is_none());
+    m.shutdown().await;
+}

@@ -53,6 +53,15 @@ impl Credit {
         s.available = s.available.saturating_sub(bytes as u64);
     }
 
+    /// Starts afresh with `initial` bytes (a new connection adopted the process).
+    pub fn reset(&self, initial: u32) {
+        let mut s = self.state.lock().expect("credit lock poisoned");
+        s.available = initial as u64;
+        s.closed = false;
+        drop(s);
+        self.notify.notify_one();
+    }
+
     /// Wakes the pump for good (the connection is gone).
     pub fn close(&self) {
         self.state.lock().expect("credit lock poisoned").closed = true;

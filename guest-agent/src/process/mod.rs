@@ -8,6 +8,8 @@
 pub mod cgroup;
 mod credit;
 pub mod landlock;
+mod outgoing;
+mod route;
 pub mod spawn;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +23,11 @@ use tokio::sync::{mpsc, watch};
 use umbra_proto::{json_frame, Channel, Event, ExitStatus, Frame, FrameHeader, FrameKind, HEADER_LEN};
 
 pub use credit::Credit;
+pub use outgoing::{FrameSink, Outgoing};
+pub use route::{Route, Target};
+
+/// The processes of one connection, by the id the host gave them.
+pub type ProcessTable = Arc<std::sync::Mutex<std::collections::HashMap<u32, ProcessHandle>>>;
 use spawn::{ChildStdio, SpawnedChild};
 
 use crate::fdio::FdIo;
@@ -31,27 +38,11 @@ use crate::reaper::ChildExit;
 const DRAIN_IDLE: Duration = Duration::from_millis(50);
 
 pub enum StdinMsg {
-    Data(Bytes),
+    /// Bytes, and the route epoch they arrived in (their credit goes back on that connection
+    /// only).
+    Data(Bytes, u64),
     Close,
 }
-
-/// What the connection's writer sends.
-pub enum Outgoing {
-    /// A frame to encode.
-    Frame(Frame),
-    /// A Data frame already encoded in place: its header, then the bytes read from the child
-    /// straight behind it, so it goes to the socket without a copy.
-    Encoded(Bytes),
-}
-
-impl From<Frame> for Outgoing {
-    fn from(frame: Frame) -> Self {
-        Self::Frame(frame)
-    }
-}
-
-/// Where frames for the host go; bounded, so a host that stops reading stalls producers.
-pub type FrameSink = mpsc::Sender<Outgoing>;
 
 /// Output reads shorter than this are copied into a buffer of their own size, so a trickle of
 /// small writes does not pin a whole chunk-sized allocation per frame while it waits in the
@@ -68,6 +59,8 @@ pub struct ProcessHandle {
     pub pty: Option<Arc<FdIo>>,
     /// Set by the reaper when the child is collected; the entry lives on while output drains.
     pub reaped: Arc<AtomicBool>,
+    /// Where its frames go (`route.rs`).
+    pub route: Arc<Route>,
 }
 
 impl ProcessHandle {
@@ -96,17 +89,25 @@ impl ProcessHandle {
         self.stdout_credit.close();
         self.stderr_credit.close();
     }
+
+    /// The credits a new connection starts with (an adoption).
+    pub fn reset_credits(&self) {
+        self.stdin_window.store(umbra_proto::INITIAL_STDIN_CREDIT as u64, Ordering::Release);
+        self.stdout_credit.reset(umbra_proto::INITIAL_OUTPUT_CREDIT);
+        self.stderr_credit.reset(umbra_proto::INITIAL_OUTPUT_CREDIT);
+    }
 }
 
-/// Starts supervising `child` as process `id`, its output in Data frames of at most `chunk`
-/// bytes. `on_exit` runs after the exit event is queued.
+/// Starts supervising `child`, its frames going to `to` (until parked), its output in Data
+/// frames of at most `chunk` bytes. At its exit, the exit event is queued, the process leaves
+/// its connection's table, then `on_exit` runs.
 pub fn supervise(
-    id: u32,
+    to: Target,
     child: SpawnedChild,
     chunk: usize,
-    sink: FrameSink,
     on_exit: impl FnOnce() + Send + 'static,
 ) -> std::io::Result<ProcessHandle> {
+    let route = Route::new(to);
     let started = Instant::now();
     let stdout_credit = Arc::new(Credit::new(umbra_proto::INITIAL_OUTPUT_CREDIT));
     let stderr_credit = Arc::new(Credit::new(umbra_proto::INITIAL_OUTPUT_CREDIT));
@@ -119,44 +120,35 @@ pub fn supervise(
             let err = Arc::new(FdIo::new(stderr, false)?);
             let pumps = vec![
                 tokio::spawn(pump_output(
-                    id,
+                    route.clone(),
                     Channel::Stdout,
                     chunk,
                     out,
                     stdout_credit.clone(),
-                    sink.clone(),
                     exited_rx.clone(),
                 )),
-                tokio::spawn(pump_output(
-                    id,
-                    Channel::Stderr,
-                    chunk,
-                    err,
-                    stderr_credit.clone(),
-                    sink.clone(),
-                    exited_rx,
-                )),
+                tokio::spawn(pump_output(route.clone(), Channel::Stderr, chunk, err, stderr_credit.clone(), exited_rx)),
             ];
             (StdinTarget::Pipe(FdIo::new(stdin, false)?), pumps, None)
         }
         ChildStdio::Pty { master } => {
             let master = Arc::new(FdIo::new(master, true)?);
             let pumps = vec![tokio::spawn(pump_output(
-                id,
+                route.clone(),
                 Channel::Stdout,
                 chunk,
                 master.clone(),
                 stdout_credit.clone(),
-                sink.clone(),
                 exited_rx,
             ))];
             (StdinTarget::Pty(master.clone()), pumps, Some(master))
         }
     };
     let stdin_window = Arc::new(AtomicU64::new(umbra_proto::INITIAL_STDIN_CREDIT as u64));
-    let stdin_pump = tokio::spawn(pump_stdin(id, stdin_io, stdin_rx, stdin_window.clone(), sink.clone()));
+    let stdin_pump = tokio::spawn(pump_stdin(route.clone(), stdin_io, stdin_rx, stdin_window.clone()));
 
     let exit = child.exit;
+    let exit_route = route.clone();
     tokio::spawn(async move {
         // The reaper only drops the sender if its loop died; report that rather than hang.
         let status = match exit.await {
@@ -170,8 +162,10 @@ pub fn supervise(
             let _ = pump.await;
         }
         stdin_pump.abort();
-        let exit = json_frame(FrameKind::Event, id, &Event::Exit(ExitStatus { duration_ms, ..status }));
-        let _ = sink.send(exit.into()).await;
+        // Parked, the exit waits for an adoption too; dropped, nobody hears of it.
+        exit_route
+            .send_last(|id| json_frame(FrameKind::Event, id, &Event::Exit(ExitStatus { duration_ms, ..status })))
+            .await;
         on_exit();
     });
 
@@ -183,6 +177,7 @@ pub fn supervise(
         stderr_credit,
         pty,
         reaped: child.reaped,
+        route,
     })
 }
 
@@ -192,16 +187,15 @@ enum StdinTarget {
 }
 
 async fn pump_stdin(
-    id: u32,
+    route: Arc<Route>,
     target: StdinTarget,
     mut rx: mpsc::UnboundedReceiver<StdinMsg>,
     window: Arc<AtomicU64>,
-    sink: FrameSink,
 ) {
     let mut target = Some(target);
     while let Some(msg) = rx.recv().await {
         match msg {
-            StdinMsg::Data(bytes) => {
+            StdinMsg::Data(bytes, epoch) => {
                 if let Some(t) = &target {
                     let io = match t {
                         StdinTarget::Pipe(io) => io,
@@ -213,9 +207,13 @@ async fn pump_stdin(
                         target = None;
                     }
                 }
-                window.fetch_add(bytes.len() as u64, Ordering::AcqRel);
-                if sink.send(Frame::credit(id, Channel::Stdin, bytes.len() as u32).into()).await.is_err() {
-                    return;
+                // Back to the connection it came from, if it is still the current one (an
+                // adoption starts the window afresh).
+                if let Some(to) = route.current_at(epoch).await {
+                    window.fetch_add(bytes.len() as u64, Ordering::AcqRel);
+                    if to.sink.send(Frame::credit(to.id, Channel::Stdin, bytes.len() as u32).into()).await.is_err() {
+                        return;
+                    }
                 }
             }
             StdinMsg::Close => match target.take() {
@@ -232,12 +230,11 @@ async fn pump_stdin(
 }
 
 async fn pump_output(
-    id: u32,
+    route: Arc<Route>,
     channel: Channel,
     chunk: usize,
     io: Arc<FdIo>,
     credit: Arc<Credit>,
-    sink: FrameSink,
     mut exited: watch::Receiver<bool>,
 ) {
     loop {
@@ -257,13 +254,16 @@ async fn pump_output(
         match read {
             Ok(0) | Err(_) => return,
             Ok(n) => {
+                // Parked, this chunk waits here for an adoption; the credit it spends is that of
+                // the connection it goes to.
+                let Some(to) = route.current().await else { return };
                 credit.spend(n);
-                let header = FrameHeader { kind: FrameKind::Data, channel, id, len: n as u32 };
+                let header = FrameHeader { kind: FrameKind::Data, channel, id: to.id, len: n as u32 };
                 frame[..HEADER_LEN].copy_from_slice(&header.to_bytes());
                 // A short read is copied out so it pins no chunk-sized buffer in the outbox.
                 let short = n < SMALL_READ || n < allowed / 2;
                 let frame = if short { Bytes::copy_from_slice(&frame) } else { frame.freeze() };
-                if sink.send(Outgoing::Encoded(frame)).await.is_err() {
+                if to.sink.send(Outgoing::Encoded(frame)).await.is_err() {
                     return;
                 }
             }

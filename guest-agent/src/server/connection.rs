@@ -23,7 +23,7 @@ use umbra_proto::{
 };
 
 use super::Agent;
-use crate::process::{FrameSink, Outgoing, ProcessHandle, StdinMsg};
+use crate::process::{FrameSink, Outgoing, ProcessTable, StdinMsg};
 use crate::text::clip;
 
 /// Frames queued for the writer. Output is credit-limited, so this bounds memory, not throughput.
@@ -35,8 +35,6 @@ const MAX_BLOCKING: usize = 8;
 const WRITE_BATCH: usize = 64 * 1024;
 /// How long the parting Error frame of a failed connection may wait for room in the outbox.
 const PARTING_ERROR_WAIT: Duration = Duration::from_millis(500);
-
-pub type ProcessTable = Arc<Mutex<HashMap<u32, ProcessHandle>>>;
 
 pub struct Connection {
     pub agent: Arc<Agent>,
@@ -143,7 +141,7 @@ async fn handshake<R: AsyncRead + Unpin>(
         // Read now, not at start: a reidentify request may have changed it.
         hostname: nix::unistd::gethostname().ok().map(|h| h.to_string_lossy().into_owned()),
         pid1: conn.agent.pid1,
-        capabilities: ["pty", "files", "mount", "stats", "shares"].map(String::from).to_vec(),
+        capabilities: ["pty", "files", "mount", "stats", "shares", umbra_proto::CAP_PARK].map(String::from).to_vec(),
     };
     conn.send(json_frame(FrameKind::Hello, 0, &ours)).await?;
     Ok(true)
@@ -216,7 +214,7 @@ impl Connection {
             )));
         }
         p.stdin_window.fetch_sub(len, Ordering::AcqRel);
-        let _ = p.stdin.send(StdinMsg::Data(frame.body));
+        let _ = p.stdin.send(StdinMsg::Data(frame.body, p.route.epoch()));
         Ok(())
     }
 
@@ -231,7 +229,8 @@ impl Connection {
         Ok(())
     }
 
-    /// The host is gone: its processes must not outlive it, nor wait for credit forever.
+    /// The host is gone: its processes must not outlive it, nor wait for credit forever (parked
+    /// ones are no longer its: they wait for an adoption).
     fn teardown(&self) {
         let processes = self.processes.lock().unwrap();
         for p in processes.values() {

@@ -85,6 +85,17 @@ impl Connection {
                     .map_err(|e| ErrorBody::new(ErrorCode::Io, format!("resize of process {process}: {e}"))),
                 None => Err(ErrorBody::new(ErrorCode::Unsupported, format!("process {process} has no terminal"))),
             }),
+            Request::Park { processes } => return self.park(id, processes).await,
+            Request::Adopt { token } => return self.adopt(id, token).await,
+            Request::DropParked => {
+                for p in self.agent.parked.take_all() {
+                    p.kill(Signal::SIGKILL);
+                    // A pump waiting for credit must stop too, or its supervisor waits forever.
+                    p.close_credits();
+                    p.route.close().await;
+                }
+                Ok(ResponseBody::Done)
+            }
             Request::Shutdown => {
                 self.respond(id, Ok(ResponseBody::Done)).await?;
                 self.agent.shutdown.notify_one();
@@ -159,18 +170,14 @@ impl Connection {
         }
 
         let agent = self.agent.clone();
-        let table = Arc::downgrade(&self.processes);
         let on_exit = move || {
             agent.live_processes.fetch_sub(1, Ordering::AcqRel);
-            if let Some(table) = table.upgrade() {
-                table.lock().unwrap().remove(&id);
-            }
         };
         let supervised = {
-            // Holding the table lock across supervise+insert means the exit hook (which removes
-            // the entry) cannot run before the entry exists, however fast the child is.
+            // Holding the table lock across supervise+insert means the exit (which removes the
+            // entry) cannot happen before the entry exists, however fast the child is.
             let mut processes = self.processes.lock().unwrap();
-            process::supervise(id, child, self.output_chunk, self.sink.clone(), on_exit).map(|handle| {
+            process::supervise(self.target(id), child, self.output_chunk, on_exit).map(|handle| {
                 self.agent.live_processes.fetch_add(1, Ordering::AcqRel);
                 processes.insert(id, handle);
             })
@@ -189,6 +196,58 @@ impl Connection {
             };
             self.send(json_frame(FrameKind::Event, id, &Event::Exit(status))).await?;
         }
+        Ok(())
+    }
+
+    /// Where process `id` of this connection sends its frames; its exit takes it out of the
+    /// table.
+    fn target(&self, id: u32) -> process::Target {
+        let table = Arc::downgrade(&self.processes);
+        process::Target::new(self.sink.clone(), id, move || {
+            if let Some(table) = table.upgrade() {
+                table.lock().unwrap().remove(&id);
+            }
+        })
+    }
+
+    /// Parks the named processes (`route.rs`); answers once each is parked, so whatever they
+    /// sent before is ahead of the answer.
+    async fn park(&self, id: u32, ids: Vec<u32>) -> Result<(), ConnectionError> {
+        let mut parked = Vec::new();
+        for process in ids {
+            let Some(handle) = self.processes.lock().unwrap().remove(&process) else { continue };
+            // One whose exit already went out has nothing left to send.
+            if !handle.route.park().await {
+                continue;
+            }
+            parked.push(umbra_proto::ParkedProcess { process, token: self.agent.parked.insert(handle) });
+        }
+        self.respond(id, Ok(ResponseBody::Parked { processes: parked })).await
+    }
+
+    /// Takes a parked process over as process `id` of this connection.
+    async fn adopt(&self, id: u32, token: u64) -> Result<(), ConnectionError> {
+        let Some(handle) = self.agent.parked.take(token) else {
+            let err = ErrorBody::new(ErrorCode::NotFound, format!("no process is parked with token {token}"));
+            return self.respond(id, Err(err)).await;
+        };
+        // Answered before any frame of its can go out on this connection (it has no target yet).
+        if let Err(e) = self.respond(id, Ok(ResponseBody::Spawned { pid: handle.pid })).await {
+            self.agent.parked.insert_back(token, handle);
+            return Err(e);
+        }
+        let route = handle.route.clone();
+        let to = self.target(id);
+        // In the table before it has a target here: its exit removes it from there.
+        self.processes.lock().unwrap().insert(id, handle);
+        let processes = self.processes.clone();
+        route
+            .adopt(to, || {
+                if let Some(p) = processes.lock().unwrap().get(&id) {
+                    p.reset_credits();
+                }
+            })
+            .await;
         Ok(())
     }
 

@@ -53,6 +53,38 @@ pub struct Agent {
     pub shutdown: Notify,
     /// Shared folders, guest-wide (not per connection).
     pub shares: Shares,
+    /// Processes parked by a connection (`park`), waiting for another to adopt them.
+    pub parked: Parked,
+}
+
+/// Parked processes by token.
+#[derive(Default)]
+pub struct Parked {
+    processes: std::sync::Mutex<std::collections::HashMap<u64, crate::process::ProcessHandle>>,
+    next_token: std::sync::atomic::AtomicU64,
+}
+
+impl Parked {
+    /// Keeps `process` (already parked); its token.
+    pub fn insert(&self, process: crate::process::ProcessHandle) -> u64 {
+        // Unpredictable tokens are not needed: only the host speaks on the agent's port.
+        let token = self.next_token.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        self.processes.lock().unwrap().insert(token, process);
+        token
+    }
+
+    /// Puts back a process taken for an adoption that could not happen.
+    pub fn insert_back(&self, token: u64, process: crate::process::ProcessHandle) {
+        self.processes.lock().unwrap().insert(token, process);
+    }
+
+    pub fn take(&self, token: u64) -> Option<crate::process::ProcessHandle> {
+        self.processes.lock().unwrap().remove(&token)
+    }
+
+    pub fn take_all(&self) -> Vec<crate::process::ProcessHandle> {
+        self.processes.lock().unwrap().drain().map(|(_, p)| p).collect()
+    }
 }
 
 pub async fn serve(agent: Arc<Agent>, addr: &ListenAddr) -> anyhow::Result<()> {

@@ -97,6 +97,11 @@ pub enum EventKind {
     IdleStop {
         idle_secs: u64,
     },
+    /// Suspended into a snapshot after `idle_secs` idle (`idle_action: suspend`); the next call
+    /// naming the session restores it. Since API 1.8.
+    IdleSuspend {
+        idle_secs: u64,
+    },
     /// A folder is shared (at start, after a restart or resume, or by `folder.mount`).
     FolderMounted {
         name: String,
@@ -311,6 +316,7 @@ impl EventKind {
             EventKind::Restarting { .. } => "restarting",
             EventKind::Failed { .. } => "failed",
             EventKind::IdleStop { .. } => "idle_stop",
+            EventKind::IdleSuspend { .. } => "idle_suspend",
             EventKind::FolderMounted { .. } => "folder_mounted",
             EventKind::FolderUnmounted { .. } => "folder_unmounted",
             EventKind::ShadowExported { .. } => "shadow_exported",

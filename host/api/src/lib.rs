@@ -48,7 +48,9 @@ pub mod client;
 pub use config::{ConfigPatch, DaemonConfig};
 pub use error::{ApiError, ErrorCode};
 pub use event::{Data, Encoding, EventKind, ProcessExit, SessionEvent};
-pub use session::{BackendChoice, FolderInfo, FolderSpec, SessionInfo, SessionSettings, SessionStatus, VmInfo};
+pub use session::{
+    BackendChoice, FolderInfo, FolderSpec, IdleAction, SessionInfo, SessionSettings, SessionStatus, VmInfo,
+};
 
 /// The IPC contract's version: a new minor adds methods, fields or events; a new major breaks.
-pub const API_VERSION: &str = "1.7";
+pub const API_VERSION: &str = "1.8";

@@ -66,6 +66,25 @@ pub enum BackendChoice {
     Vz,
 }
 
+/// What an idle session's VM does at its idle timeout.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IdleAction {
+    /// Stops: its processes end; resuming boots it again (or restores its snapshot).
+    #[default]
+    Stop,
+    /// Snapshots the VM and stops it (the kvm backend; others stop): the next call naming the
+    /// session restores it, with its detached processes and terminals running on. Detached
+    /// processes and terminals do not keep it awake. Since API 1.8.
+    Suspend,
+}
+
+impl IdleAction {
+    fn is_stop(&self) -> bool {
+        *self == IdleAction::Stop
+    }
+}
+
 /// A host folder to share with a session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct FolderSpec {
@@ -105,6 +124,10 @@ pub struct SessionSettings {
     /// Stop the session after this long with no running process and no client activity; 0
     /// never stops it.
     pub idle_timeout_secs: u64,
+    /// What the idle timeout does: `stop`, or `suspend` (a snapshot the next call restores;
+    /// the kvm backend only, others stop).
+    #[serde(skip_serializing_if = "IdleAction::is_stop")]
+    pub idle_action: IdleAction,
     /// Size of the writable session disk (sparse: only what the guest writes takes space); 0
     /// keeps the guest's writes in its RAM, lost when the VM ends.
     pub disk_size_mib: u64,
@@ -145,6 +168,7 @@ impl Default for SessionSettings {
             memory_mib: 512,
             cpus: 1,
             idle_timeout_secs: 15 * 60,
+            idle_action: IdleAction::Stop,
             disk_size_mib: 8 * 1024,
             heartbeat_interval_secs: 5,
             heartbeat_timeout_secs: 15,
@@ -171,6 +195,9 @@ pub struct SettingsPatch {
     /// Idle seconds before the session stops; 0 never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_secs: Option<u64>,
+    /// What the idle timeout does: `stop` or `suspend`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_action: Option<IdleAction>,
     /// Size of the session disk; 0 for none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_size_mib: Option<u64>,
@@ -211,6 +238,7 @@ impl SettingsPatch {
             memory_mib,
             cpus,
             idle_timeout_secs,
+            idle_action,
             disk_size_mib,
             heartbeat_interval_secs,
             heartbeat_timeout_secs,
@@ -253,6 +281,10 @@ pub struct SessionInfo {
     /// The session's snapshot (`session.snapshot`, or the one it was forked from), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotInfo>,
+    /// Stopped by `idle_action: suspend`: the next call naming it restores its snapshot, with
+    /// its detached processes and terminals. Since API 1.8.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspended: bool,
     /// Its secrets: names, placeholders and hosts, never a value.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::secrets::SecretInfo>,

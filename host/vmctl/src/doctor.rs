@@ -135,6 +135,18 @@ pub fn run(args: DoctorArgs) -> i32 {
             Ok((b, why)) => (format!("{b:?}").to_lowercase(), why),
             Err(e) => ("none".into(), e.to_string()),
         };
+    // `idle_action: suspend` snapshots the VM: only the kvm backend (umbra-vmm) can.
+    let suspends = backend == "kvm";
+    let idle_suspend = if suspends {
+        "idle_action \"suspend\": an idle session is snapshotted and the next call naming it restores it \
+         (kvm backend)"
+            .to_string()
+    } else {
+        format!(
+            "idle_action \"suspend\" needs the kvm backend (snapshots): on {backend}, an idle session stops instead \
+             (its processes end; a resume boots it)"
+        )
+    };
     let ok = |names: &[&str]| checks.iter().filter(|c| names.contains(&c.name)).all(|c| c.ok);
     // `vmctl run` on QEMU; sessions add folders (umbra-fsd, virtiofsd), the disk and the daemon.
     let runnable = ok(&["qemu-system-x86_64", "vhost-device-vsock", "bundles"]);
@@ -191,6 +203,7 @@ pub fn run(args: DoctorArgs) -> i32 {
             checks.iter().map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix})).collect();
         let doc = json!({"kvm": format!("{kvm:?}").to_lowercase(), "checks": items,
             "auto_backend": backend, "why": why, "can_run": runnable, "can_run_sessions": sessions,
+            "idle_suspend": suspends, "idle_suspend_detail": idle_suspend,
             "confinement": confinement, "helpers": helpers});
         println!("{doc}");
     } else {
@@ -221,6 +234,7 @@ pub fn run(args: DoctorArgs) -> i32 {
             }
         }
         println!("\nbackend auto -> {backend}: {why}");
+        println!("{idle_suspend}");
         println!(
             "{}",
             if runnable {

@@ -93,6 +93,10 @@ pub struct StartArgs {
     /// Stop the session after this many idle seconds (0: never).
     #[arg(long)]
     idle_timeout: Option<u64>,
+    /// At the idle timeout: stop, or suspend (a snapshot the next call naming the session
+    /// restores, detached processes and terminals running on; the kvm backend, others stop).
+    #[arg(long, value_enum)]
+    idle_action: Option<IdleActionArg>,
     /// Size of its writable disk in MiB (0: guest writes stay in RAM).
     #[arg(long)]
     disk_size: Option<u64>,
@@ -232,6 +236,22 @@ async fn simple<M: Method<Result = SessionInfo>>(params: M::Params, word: &str) 
     Ok(())
 }
 
+/// `--idle-action`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum IdleActionArg {
+    Stop,
+    Suspend,
+}
+
+impl IdleActionArg {
+    fn into_api(self) -> umbra_api::IdleAction {
+        match self {
+            IdleActionArg::Stop => umbra_api::IdleAction::Stop,
+            IdleActionArg::Suspend => umbra_api::IdleAction::Suspend,
+        }
+    }
+}
+
 async fn start(args: StartArgs) -> Result<(), ApiError> {
     let (client, mut notes) = Client::connect(None).await?;
     // Show the boot's progress (queued, mounted, ready) while the start runs.
@@ -240,6 +260,7 @@ async fn start(args: StartArgs) -> Result<(), ApiError> {
         memory_mib: args.memory,
         cpus: args.cpus,
         idle_timeout_secs: args.idle_timeout,
+        idle_action: args.idle_action.map(IdleActionArg::into_api),
         disk_size_mib: args.disk_size,
         bundle: args.bundle,
         network: args.network.policy(),
@@ -343,6 +364,7 @@ fn print_event(ev: &SessionEvent, json: bool, to_stdout: bool) {
         EventKind::Restarting { attempt, reason, .. } => format!("restarting (attempt {attempt}): {reason}"),
         EventKind::Failed { reason, .. } => format!("failed: {reason}"),
         EventKind::IdleStop { idle_secs } => format!("stopped after {idle_secs} s idle"),
+        EventKind::IdleSuspend { idle_secs } => format!("suspending after {idle_secs} s idle"),
         EventKind::StartupError { error } => format!("start failed: {}", error.message),
         EventKind::OutputsFileCreated { path, .. } => format!("outputs: created {path}"),
         EventKind::OutputsFileDeleted { path, .. } => format!("outputs: deleted {path}"),

@@ -4,7 +4,7 @@
 // The wire protocol and what every field means: docs/ipc.md.
 
 /** The IPC contract's version (`major.minor`) these types describe. */
-export const API_VERSION = "1.7";
+export const API_VERSION = "1.8";
 
 /** Bytes of each output stream umbrad sends before it waits for `process.ack`. */
 export const OUTPUT_WINDOW = 1048576;
@@ -152,6 +152,8 @@ export interface ConfigPatch {
   heartbeat_interval_secs?: number | null;
   /** Seconds a heartbeat may take. */
   heartbeat_timeout_secs?: number | null;
+  /** What the idle timeout does: `stop` or `suspend`. */
+  idle_action?: IdleAction | null;
   /** Idle seconds before the session stops; 0 never. */
   idle_timeout_secs?: number | null;
   /** Boots at once (0: twice the CPU count); takes effect at once. */
@@ -252,6 +254,11 @@ export interface DaemonConfig {
    * @defaultValue `15`
    */
   heartbeat_timeout_secs?: number;
+  /**
+   * What the idle timeout does: `stop`, or `suspend` (a snapshot the next call restores;
+   * the kvm backend only, others stop).
+   */
+  idle_action?: IdleAction;
   /**
    * Stop the session after this long with no running process and no client activity; 0
    * never stops it.
@@ -562,6 +569,14 @@ export interface HookSpec {
    */
   timeout_ms?: number;
 }
+
+/**
+ * What an idle session's VM does at its idle timeout.
+ *
+ * - `"stop"`: Stops: its processes end; resuming boots it again (or restores its snapshot).
+ * - `"suspend"`: Snapshots the VM and stops it (the kvm backend; others stop): the next call naming the session restores it, with its detached processes and terminals running on. Detached processes and terminals do not keep it awake. Since API 1.8.
+ */
+export type IdleAction = "stop" | "suspend";
 
 /** Params of `process.list` and `terminal.list`. */
 export interface InSession {
@@ -1198,6 +1213,7 @@ export type SessionEventKind =
   | RestartingEvent
   | FailedEvent
   | IdleStopEvent
+  | IdleSuspendEvent
   | FolderMountedEvent
   | FolderUnmountedEvent
   | ShadowExportedEvent
@@ -1235,6 +1251,7 @@ export const SESSION_EVENT_KINDS = [
   "restarting",
   "failed",
   "idle_stop",
+  "idle_suspend",
   "folder_mounted",
   "folder_unmounted",
   "shadow_exported",
@@ -1319,6 +1336,15 @@ export interface FailedEvent {
 /** Stopped after `idle_secs` with no running process and no client activity. */
 export interface IdleStopEvent {
   event: "idle_stop";
+  idle_secs: number;
+}
+
+/**
+ * Suspended into a snapshot after `idle_secs` idle (`idle_action: suspend`); the next call
+ * naming the session restores it. Since API 1.8.
+ */
+export interface IdleSuspendEvent {
+  event: "idle_suspend";
   idle_secs: number;
 }
 
@@ -1611,6 +1637,11 @@ export interface SessionInfo {
   snapshot?: SnapshotInfo | null;
   /** Its SSH keys: names, fingerprints and hosts. */
   ssh_keys?: SshKeyInfo[];
+  /**
+   * Stopped by `idle_action: suspend`: the next call naming it restores its snapshot, with
+   * its detached processes and terminals. Since API 1.8.
+   */
+  suspended?: boolean;
   /** The running VM, when there is one. */
   vm?: VmInfo | null;
 }
@@ -1687,6 +1718,11 @@ export interface SessionSettings {
    * @defaultValue `15`
    */
   heartbeat_timeout_secs?: number;
+  /**
+   * What the idle timeout does: `stop`, or `suspend` (a snapshot the next call restores;
+   * the kvm backend only, others stop).
+   */
+  idle_action?: IdleAction;
   /**
    * Stop the session after this long with no running process and no client activity; 0
    * never stops it.
@@ -1974,6 +2010,8 @@ export interface StartParams {
   heartbeat_interval_secs?: number | null;
   /** Seconds a heartbeat may take. */
   heartbeat_timeout_secs?: number | null;
+  /** What the idle timeout does: `stop` or `suspend`. */
+  idle_action?: IdleAction | null;
   /** Idle seconds before the session stops; 0 never. */
   idle_timeout_secs?: number | null;
   /** Guest memory (64 to 65536). */

@@ -17,6 +17,11 @@ pub enum ProcessEvent {
     Exit(ExitStatus),
     /// Something failed around the process. After a lost connection this is the last event.
     Error(String),
+    /// Parked ([`super::AgentClient::park`]): nothing more comes here; another connection (or
+    /// this one) adopts it with `token`. All of its output sent before came first.
+    Parked {
+        token: u64,
+    },
 }
 
 /// Everything a process printed, and how it ended.

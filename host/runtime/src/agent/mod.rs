@@ -270,6 +270,51 @@ impl AgentClient {
         }
     }
 
+    /// Whether the agent parks and adopts processes (protocol 1.8).
+    pub fn parks(&self) -> bool {
+        self.inner.agent.capabilities.iter().any(|c| c == umbra_proto::CAP_PARK)
+    }
+
+    /// Parks processes `ids` of this connection (see [`Request::Park`]): each one parked ends
+    /// here with [`ProcessEvent::Parked`], after all the output it sent before. Returns them
+    /// with their tokens; the ones the agent left out had already ended.
+    pub async fn park(&self, ids: &[u32]) -> Result<Vec<umbra_proto::ParkedProcess>, ClientError> {
+        let parked = match self.call(&Request::Park { processes: ids.to_vec() }).await {
+            Ok(ResponseBody::Parked { processes }) => processes,
+            failed => {
+                // The guest may have parked them all the same: nothing more of theirs will come
+                // here, so their streams end now (as lost), rather than waiting forever.
+                let e = match failed {
+                    Err(e) => e,
+                    Ok(other) => unexpected("park", &other),
+                };
+                let mut state = self.inner.state.lock().unwrap();
+                for id in ids {
+                    if let Some(slot) = state.processes.remove(id) {
+                        slot.stdin_credit.close();
+                        let _ = slot.events.send(ProcessEvent::Error(format!("parking it failed: {e}")));
+                    }
+                }
+                return Err(e);
+            }
+        };
+        // Only what was asked for: the guest does not get to end other processes' streams.
+        let parked: Vec<_> = parked.into_iter().filter(|p| ids.contains(&p.process)).collect();
+        let mut state = self.inner.state.lock().unwrap();
+        for p in &parked {
+            if let Some(slot) = state.processes.remove(&p.process) {
+                slot.stdin_credit.close();
+                let _ = slot.events.send(ProcessEvent::Parked { token: p.token });
+            }
+        }
+        Ok(parked)
+    }
+
+    /// Kills the parked processes nobody adopted.
+    pub async fn drop_parked(&self) -> Result<(), ClientError> {
+        self.call(&Request::DropParked).await.map(drop)
+    }
+
     /// Sends `signal` to the process group of process `id` (a [`Process::id`]).
     pub async fn kill_process(&self, id: u32, signal: i32) -> Result<(), ClientError> {
         self.call(&Request::Kill { process: id, signal }).await.map(drop)

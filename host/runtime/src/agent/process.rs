@@ -24,9 +24,21 @@ impl AgentClient {
     /// Starts a process. Returns at once: the first event is `Spawned` (or `SpawnFailed`), and
     /// stdin written before that is held here and sent once the agent confirms the spawn.
     pub fn spawn(&self, request: SpawnRequest) -> Result<Process, ClientError> {
+        self.start_process(&Request::Spawn(request))
+    }
+
+    /// Takes over a process the agent parked (protocol 1.8, [`Self::parks`]): a `Process` as a
+    /// spawn's, whose first event is `Spawned` (its pid) or `SpawnFailed` (`not_found`: no
+    /// process is parked with `token`).
+    pub fn adopt(&self, token: u64) -> Result<Process, ClientError> {
+        self.start_process(&Request::Adopt { token })
+    }
+
+    /// A request whose id becomes a process's (spawn, adopt).
+    fn start_process(&self, request: &Request) -> Result<Process, ClientError> {
         let id = self.next_id();
-        let frame = json_frame(FrameKind::Request, id, &Request::Spawn(request));
-        check_frame_size(&frame, "spawn")?;
+        let frame = json_frame(FrameKind::Request, id, request);
+        check_frame_size(&frame, request.method())?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (confirm_tx, confirm_rx) = oneshot::channel();
         let stdin_credit = Arc::new(Semaphore::new(umbra_proto::INITIAL_STDIN_CREDIT as usize));
@@ -100,9 +112,13 @@ impl Process {
         match &event {
             Some(ProcessEvent::Stdout(b)) => self.grant(Channel::Stdout, b.len()),
             Some(ProcessEvent::Stderr(b)) => self.grant(Channel::Stderr, b.len()),
-            Some(ProcessEvent::Exit(_) | ProcessEvent::SpawnFailed(_) | ProcessEvent::Error(_)) | None => {
-                self.finished = true
-            }
+            Some(
+                ProcessEvent::Exit(_)
+                | ProcessEvent::SpawnFailed(_)
+                | ProcessEvent::Error(_)
+                | ProcessEvent::Parked { .. },
+            )
+            | None => self.finished = true,
             Some(ProcessEvent::Spawned { .. }) => {}
         }
         event
@@ -146,6 +162,7 @@ impl Process {
                 ProcessEvent::Stderr(b) => stderr.extend_from_slice(&b),
                 ProcessEvent::Exit(status) => return Ok(ProcessOutput { pid, stdout, stderr, status }),
                 ProcessEvent::Error(e) => return Err(ClientError::ConnectionLost(e)),
+                ProcessEvent::Parked { .. } => return Err(ClientError::Protocol("the process was parked".into())),
             }
         }
         Err(self.client.lost_error())
@@ -163,7 +180,10 @@ impl Drop for Process {
             match event {
                 ProcessEvent::Stdout(b) => self.grant(Channel::Stdout, b.len()),
                 ProcessEvent::Stderr(b) => self.grant(Channel::Stderr, b.len()),
-                ProcessEvent::Exit(_) | ProcessEvent::SpawnFailed(_) | ProcessEvent::Error(_) => self.finished = true,
+                ProcessEvent::Exit(_)
+                | ProcessEvent::SpawnFailed(_)
+                | ProcessEvent::Error(_)
+                | ProcessEvent::Parked { .. } => self.finished = true,
                 ProcessEvent::Spawned { .. } => {}
             }
         }

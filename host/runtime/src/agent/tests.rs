@@ -327,3 +327,26 @@ async fn dropping_a_process_returns_the_credit_of_output_it_never_read() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_park_answer_ends_only_the_streams_that_were_asked_for() {
+    let (client, mut agent) = fake_agent().await;
+    let mut asked = spawned(&client, &mut agent).await;
+    let mut other = spawned(&client, &mut agent).await;
+    let park = tokio::spawn({
+        let (client, id) = (client.clone(), asked.id());
+        async move { client.park(&[id]).await }
+    });
+    let req = next_request(&mut agent).await;
+    // A hostile guest names the other process too, and one that does not exist.
+    let lie = [asked.id(), other.id(), 4242]
+        .map(|process| umbra_proto::ParkedProcess { process, token: u64::from(process) + 100 })
+        .to_vec();
+    respond(&mut agent, req.id, ResponseBody::Parked { processes: lie }).await;
+    let parked = park.await.unwrap().unwrap();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(asked.next_event().await, Some(ProcessEvent::Parked { token: u64::from(asked.id()) + 100 }));
+    // The other process goes on: its output still arrives.
+    agent.send(Frame::data(other.id(), Channel::Stdout, &b"still here"[..])).await.unwrap();
+    assert_eq!(other.next_event().await, Some(ProcessEvent::Stdout(bytes::Bytes::from_static(b"still here"))));
+}

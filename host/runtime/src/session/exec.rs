@@ -9,7 +9,7 @@
 //! else. Signals and resizes go straight to the agent, so they work even then.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -64,10 +64,42 @@ impl std::fmt::Debug for Exec {
 #[derive(Clone)]
 pub struct ExecControl {
     id: u64,
-    proto_id: u32,
-    agent: AgentClient,
-    stdin: ProcessStdin,
+    link: Arc<Mutex<Link>>,
     interrupts: mpsc::UnboundedSender<i32>,
+    /// A kept process's: resumes its suspended session before input or a signal.
+    wake: Option<Wake>,
+}
+
+/// Resumes a suspended session (`Session::wake`).
+pub(super) type Wake = Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), SessionError>> + Send>> + Send + Sync,
+>;
+
+/// The agent connection a process is reached through: the one that spawned it, until a
+/// suspended session's restore adopts it on the new VM's (`rebind`).
+#[derive(Clone)]
+struct Link {
+    agent: AgentClient,
+    proto_id: u32,
+    stdin: ProcessStdin,
+}
+
+impl Link {
+    fn of(process: &Process, agent: AgentClient) -> Self {
+        Self { agent, proto_id: process.id(), stdin: process.stdin() }
+    }
+}
+
+/// Hands a kept process's pump the process adopted on another agent connection, after a
+/// suspension parked it (`instance/kept.rs`); or why it cannot be had, and the pump ends the
+/// process as lost (also when this is dropped).
+pub(super) type Rebind = mpsc::UnboundedSender<Result<Adopted, String>>;
+
+/// A kept process taken over on another agent connection.
+pub(super) struct Adopted {
+    pub process: Process,
+    /// Why the VM it now runs in ended, once it has.
+    pub ended: watch::Receiver<Option<String>>,
 }
 
 /// Everything a process printed, and how it ended (for callers that just want the result).
@@ -91,6 +123,12 @@ impl Exec {
 
     pub fn control(&self) -> ExecControl {
         self.control.clone()
+    }
+
+    /// Its controls resume its suspended session first (a kept process).
+    pub(super) fn waking(mut self, wake: Wake) -> Self {
+        self.control.wake = Some(wake);
+        self
     }
 
     /// The next event; `None` after the exit.
@@ -119,29 +157,63 @@ impl ExecControl {
         self.id
     }
 
+    /// The link to use now, once the session runs (a kept process's wakes it).
+    async fn awake(&self) -> Result<Link, SessionError> {
+        if let Some(wake) = &self.wake {
+            wake().await?;
+        }
+        Ok(self.link.lock().unwrap().clone())
+    }
+
+    /// The agent's id of the process on its current connection.
+    pub(super) fn proto_id(&self) -> u32 {
+        self.link.lock().unwrap().proto_id
+    }
+
+    /// Reaches the process through `process` (an adoption on `agent`) from now on.
+    pub(super) fn rebind(&self, process: &Process, agent: AgentClient) {
+        *self.link.lock().unwrap() = Link::of(process, agent);
+    }
+
     /// Sends `signal` to the process's group.
     pub async fn signal(&self, signal: i32) -> Result<(), SessionError> {
-        Ok(self.agent.kill_process(self.proto_id, signal).await?)
+        let link = self.awake().await?;
+        Ok(link.agent.kill_process(link.proto_id, signal).await?)
     }
 
     /// Passes on a signal the user sent (Ctrl-C): the process gets it, then SIGKILL if it has not
     /// ended [`KILL_GRACE`] later; the exit reports it as `interrupted`.
+    /// A kept process's suspended session is resumed first.
     pub fn interrupt(&self, signal: i32) {
-        let _ = self.interrupts.send(signal);
+        match &self.wake {
+            None => {
+                let _ = self.interrupts.send(signal);
+            }
+            Some(wake) => {
+                let (wake, interrupts) = (wake.clone(), self.interrupts.clone());
+                tokio::spawn(async move {
+                    // A resume that fails ends the process as lost; the signal has nobody to reach.
+                    if wake().await.is_ok() {
+                        let _ = interrupts.send(signal);
+                    }
+                });
+            }
+        }
     }
 
     pub async fn resize(&self, rows: u16, cols: u16) -> Result<(), SessionError> {
-        Ok(self.agent.resize_process(self.proto_id, rows, cols).await?)
+        let link = self.awake().await?;
+        Ok(link.agent.resize_process(link.proto_id, rows, cols).await?)
     }
 
     /// Queues bytes for stdin; waits while the guest has no room for them.
     pub async fn write_stdin(&self, data: impl Into<Bytes>) -> Result<(), SessionError> {
-        Ok(self.stdin.write(data).await?)
+        Ok(self.awake().await?.stdin.write(data).await?)
     }
 
     /// Ends stdin after what was written.
     pub async fn close_stdin(&self) -> Result<(), SessionError> {
-        Ok(self.stdin.close().await?)
+        Ok(self.awake().await?.stdin.close().await?)
     }
 }
 
@@ -169,7 +241,9 @@ pub(super) struct PumpContext {
     pub on_exit: Box<dyn FnOnce() + Send>,
 }
 
-/// Starts the pump for a process whose spawn the agent confirmed.
+/// Starts the pump for a process whose spawn the agent confirmed. With `rebind`, a kept
+/// process: parked, its pump waits for the process adopted on another connection.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn start(
     id: u64,
     pid: u32,
@@ -178,22 +252,24 @@ pub(super) fn start(
     agent: AgentClient,
     timeout: Option<Duration>,
     ctx: PumpContext,
+    rebind: Option<mpsc::UnboundedReceiver<Result<Adopted, String>>>,
 ) -> Exec {
     let (out, events) = mpsc::channel(OWNER_QUEUE);
     let (interrupts, interrupts_rx) = mpsc::unbounded_channel();
-    let control = ExecControl { id, proto_id: process.id(), agent: agent.clone(), stdin: process.stdin(), interrupts };
+    let link = Arc::new(Mutex::new(Link::of(&process, agent)));
+    let control = ExecControl { id, link: link.clone(), interrupts, wake: None };
     let spawned = SessionEvent::new(Some(&ctx.session), EventKind::Spawned { process: id, pid, argv });
     ctx.bus.emit(spawned.clone());
     out.try_send(spawned).expect("a new queue has room");
-    let pump = Pump { id, process, agent, out, started: Instant::now(), timeout };
-    tokio::spawn(pump.run(ctx, interrupts_rx));
+    let pump = Pump { id, process, link, out, started: Instant::now(), timeout };
+    tokio::spawn(pump.run(ctx, interrupts_rx, rebind));
     Exec { id, pid, events, control }
 }
 
 struct Pump {
     id: u64,
     process: Process,
-    agent: AgentClient,
+    link: Arc<Mutex<Link>>,
     out: mpsc::Sender<SessionEvent>,
     started: Instant,
     timeout: Option<Duration>,
@@ -202,9 +278,9 @@ struct Pump {
 impl Pump {
     /// Signals the process without letting an unresponsive agent stall the pump.
     fn send_signal(&self, signal: i32) {
-        let (agent, id) = (self.agent.clone(), self.process.id());
+        let link = self.link.lock().unwrap().clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(2), agent.kill_process(id, signal)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), link.agent.kill_process(link.proto_id, signal)).await;
         });
     }
 
@@ -221,7 +297,12 @@ impl Pump {
         }
     }
 
-    async fn run(mut self, mut ctx: PumpContext, mut interrupts: mpsc::UnboundedReceiver<i32>) {
+    async fn run(
+        mut self,
+        mut ctx: PumpContext,
+        mut interrupts: mpsc::UnboundedReceiver<i32>,
+        mut rebind: Option<mpsc::UnboundedReceiver<Result<Adopted, String>>>,
+    ) {
         let session = ctx.session.clone();
         let output = |kind: fn(u64, Data) -> EventKind, id: u64, bytes: &[u8]| {
             SessionEvent::new(Some(&session), kind(id, Data::from_bytes(bytes)))
@@ -230,6 +311,8 @@ impl Pump {
         let mut next: Option<SessionEvent> = None;
         let mut owner_gone = false;
         let mut interrupts_open = true;
+        // Parked: its events come from the process its session adopts next (`rebind`).
+        let mut parked = false;
         let (mut timed_out, mut interrupted) = (false, None::<i32>);
         let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
         let (mut escalate_at, mut give_up_at) = (None::<tokio::time::Instant>, None::<tokio::time::Instant>);
@@ -250,7 +333,27 @@ impl Pump {
                         self.send_signal(SIGKILL);
                     }
                 },
-                ev = self.process.next_event(), if next.is_none() => match ev {
+                // Only once it is parked: what the old connection delivered before comes first.
+                adopted = recv_rebind(&mut rebind), if parked => match adopted {
+                    Some(Ok(adopted)) => {
+                        self.process = adopted.process;
+                        ctx.ended = adopted.ended;
+                        parked = false;
+                    }
+                    gone => {
+                        rebind = None;
+                        if parked {
+                            let reason = match gone {
+                                Some(Err(why)) => why,
+                                _ => "its session ended without resuming the snapshot it was parked in".into(),
+                            };
+                            let mut exit = self.exit(None, Some(SIGKILL));
+                            (exit.lost, exit.reason) = (true, Some(reason));
+                            break exit;
+                        }
+                    }
+                },
+                ev = self.process.next_event(), if next.is_none() && !parked => match ev {
                     Some(ProcessEvent::Stdout(b)) => {
                         if !owner_gone {
                             next = Some(output(|process, data| EventKind::Stdout { process, data, offset: None }, self.id, &b));
@@ -270,6 +373,7 @@ impl Pump {
                         break exit;
                     }
                     Some(ProcessEvent::Spawned { .. }) => {}
+                    Some(ProcessEvent::Parked { .. }) if rebind.is_some() => parked = true,
                     Some(ProcessEvent::SpawnFailed(e)) => {
                         let mut exit = self.exit(None, Some(SIGKILL));
                         (exit.lost, exit.reason) = (true, Some(format!("the agent reported a failed spawn late: {e}")));
@@ -294,17 +398,18 @@ impl Pump {
                     }
                     None => interrupts_open = false,
                 },
-                _ = sleep_until(deadline.unwrap_or_else(far)), if deadline.is_some() && !timed_out => {
+                // Parked (its VM suspended), it cannot be signalled: its timers wait for the resume.
+                _ = sleep_until(deadline.unwrap_or_else(far)), if deadline.is_some() && !timed_out && !parked => {
                     timed_out = true;
                     self.send_signal(SIGTERM);
                     escalate_at.get_or_insert(tokio::time::Instant::now() + KILL_GRACE);
                 }
-                _ = sleep_until(escalate_at.unwrap_or_else(far)), if escalate_at.is_some() => {
+                _ = sleep_until(escalate_at.unwrap_or_else(far)), if escalate_at.is_some() && !parked => {
                     self.send_signal(SIGKILL);
                     escalate_at = None;
                     give_up_at = Some(tokio::time::Instant::now() + KILL_GRACE);
                 }
-                _ = sleep_until(give_up_at.unwrap_or_else(far)), if give_up_at.is_some() => {
+                _ = sleep_until(give_up_at.unwrap_or_else(far)), if give_up_at.is_some() && !parked => {
                     let mut exit = self.exit(None, Some(SIGKILL));
                     exit.lost = true;
                     exit.reason = Some(format!(
@@ -327,6 +432,16 @@ impl Pump {
             }
             let _ = self.out.send(exit).await;
         }
+    }
+}
+
+/// The next process adopted for a kept process; pending forever for any other.
+async fn recv_rebind(
+    rebind: &mut Option<mpsc::UnboundedReceiver<Result<Adopted, String>>>,
+) -> Option<Result<Adopted, String>> {
+    match rebind {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -50,6 +50,9 @@ pub struct SessionRecord {
     /// Its exposed ports, each with the host port it got (kept again after a restart).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<umbra_api::ports::PortSpec>,
+    /// Suspended when idle: the next call naming it resumes it (also after a daemon restart).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspended: bool,
 }
 
 impl SessionRecord {
@@ -67,6 +70,7 @@ impl SessionRecord {
             secrets: Vec::new(),
             ssh_keys: Vec::new(),
             ports: Vec::new(),
+            suspended: false,
         }
     }
 }

@@ -2,15 +2,18 @@
 //! finding them, listing them, and forgetting finished ones after a while (`../kept.rs` keeps
 //! their output).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use umbra_api::kept::{ProcessInfo, TerminalInfo, KEEP_FINISHED_SECS, MAX_KEPT};
 
 use super::Session;
+use crate::agent::{ClientError, ProcessEvent};
 use crate::session::error::SessionError;
+use crate::session::exec::Adopted;
 use crate::session::exec::ExecRequest;
+use crate::session::incarnation::Incarnation;
 use crate::session::kept::{Kept, TerminalRequest, MAX_RUN_COMMAND};
 
 /// A terminal's shell when none is named: bash as a login shell where the image has it, else
@@ -18,13 +21,15 @@ use crate::session::kept::{Kept, TerminalRequest, MAX_RUN_COMMAND};
 const DEFAULT_SHELL: &[&str] =
     &["/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l"];
 const SIGHUP: i32 = 1;
+/// How long the guest may take to hand a parked process over.
+const ADOPT_WAIT: Duration = Duration::from_secs(10);
 
 impl Session {
     /// Starts a process the session keeps when its client goes.
     pub async fn spawn_kept(self: &Arc<Self>, req: ExecRequest) -> Result<Arc<Kept>, SessionError> {
         let slot = self.reserve_kept()?;
         let argv = req.argv.clone();
-        let exec = self.spawn(req).await?;
+        let exec = self.spawn_with(req, true).await?;
         Ok(slot.fill(Kept::start(exec, argv, None)))
     }
 
@@ -41,7 +46,7 @@ impl Session {
         env.entry("TERM".into()).or_insert_with(|| "xterm-256color".into());
         env.entry("HISTCONTROL".into()).or_insert_with(|| "ignorespace".into());
         let exec = self
-            .spawn(ExecRequest { argv: argv.clone(), cwd: req.cwd, env, tty: Some(req.size), timeout: None })
+            .spawn_with(ExecRequest { argv: argv.clone(), cwd: req.cwd, env, tty: Some(req.size), timeout: None }, true)
             .await?;
         Ok(slot.fill(Kept::start(exec, argv, Some(req.size))))
     }
@@ -162,6 +167,94 @@ impl Session {
         let mut state = self.state.lock().unwrap();
         forget_expired(&mut state.kept);
         state.kept.values().filter(|k| k.is_terminal()).map(|k| k.terminal_info()).collect()
+    }
+
+    /// Parks the running kept processes in the guest before a snapshot: their pumps wait for
+    /// the restore to adopt them ([`Self::adopt_kept`]). An agent before protocol 1.8 cannot
+    /// park: they end with the VM, as other processes do.
+    pub(super) async fn park_kept(&self, inc: &Incarnation) {
+        let ids: HashMap<u32, u64> = {
+            let state = self.state.lock().unwrap();
+            let kept = state.processes.iter().filter(|(_, r)| r.rebind.is_some() && r.parked.is_none());
+            kept.map(|(&id, r)| (r.control.proto_id(), id)).collect()
+        };
+        if ids.is_empty() || !inc.agent.parks() {
+            return;
+        }
+        let asked: Vec<u32> = ids.keys().copied().collect();
+        match inc.agent.park(&asked).await {
+            Ok(parked) => {
+                let mut state = self.state.lock().unwrap();
+                for p in parked {
+                    if let Some(r) = ids.get(&p.process).and_then(|id| state.processes.get_mut(id)) {
+                        r.parked = Some(p.token);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(session = %self.name, "cannot park its kept processes ({e}): they end with the VM")
+            }
+        }
+    }
+
+    /// Adopts the parked kept processes on `inc`'s agent (the restored VM's; the same VM's when
+    /// the snapshot failed), then has the guest kill whatever else is parked there (a fork's
+    /// copies of its source's). One the guest does not give back ends as lost, saying so.
+    pub(super) async fn adopt_kept(&self, inc: &Incarnation) {
+        if !inc.agent.parks() {
+            self.release_kept("the restored guest's agent cannot hand processes over (protocol before 1.8)");
+            return;
+        }
+        let parked: Vec<(u64, u64)> = {
+            let state = self.state.lock().unwrap();
+            state.processes.iter().filter_map(|(&id, r)| r.parked.map(|token| (id, token))).collect()
+        };
+        // Every adoption asked at once, all answered within one deadline.
+        let deadline = tokio::time::Instant::now() + ADOPT_WAIT;
+        let asked: Vec<_> = parked.into_iter().map(|(id, token)| (id, inc.agent.adopt(token))).collect();
+        for (id, asked) in asked {
+            let adopted = async {
+                let mut process = asked?;
+                match tokio::time::timeout_at(deadline, process.next_event()).await {
+                    Ok(Some(ProcessEvent::Spawned { .. })) => Ok(process),
+                    Ok(Some(ProcessEvent::SpawnFailed(e))) => Err(ClientError::Agent(e)),
+                    Ok(_) => Err(ClientError::ConnectionLost("no answer to the adoption".into())),
+                    Err(_) => Err(ClientError::Timeout(ADOPT_WAIT)),
+                }
+            }
+            .await;
+            let mut state = self.state.lock().unwrap();
+            let Some(r) = state.processes.get_mut(&id) else { continue };
+            r.parked = None;
+            match adopted {
+                Ok(process) => {
+                    r.control.rebind(&process, inc.agent.clone());
+                    if let Some(rebind) = &r.rebind {
+                        let _ = rebind.send(Ok(Adopted { process, ended: inc.ended_receiver() }));
+                    }
+                }
+                Err(e) => {
+                    if let Some(rebind) = r.rebind.take() {
+                        let _ = rebind.send(Err(format!("the restored guest did not give it back: {e}")));
+                    }
+                }
+            }
+        }
+        if let Err(e) = inc.agent.drop_parked().await {
+            tracing::warn!(session = %self.name, "cannot end the guest's other parked processes: {e}");
+        }
+    }
+
+    /// Ends the kept processes parked in a snapshot that will not be restored, saying `why`.
+    pub(super) fn release_kept(&self, why: &str) {
+        let mut state = self.state.lock().unwrap();
+        for r in state.processes.values_mut() {
+            if r.parked.take().is_some() {
+                if let Some(rebind) = r.rebind.take() {
+                    let _ = rebind.send(Err(why.to_string()));
+                }
+            }
+        }
     }
 
     /// Takes one of the session's [`MAX_KEPT`] places for a kept process (forgetting expired

@@ -72,12 +72,37 @@ impl Session {
             }
         });
         if resumed {
-            self.state.lock().unwrap().record.status = SessionStatus::Starting;
+            let mut state = self.state.lock().unwrap();
+            state.record.status = SessionStatus::Starting;
+            // Resumed, by a call naming it or by a client's resume: no longer waiting for one.
+            state.record.suspended = false;
             return Ok(true);
         }
         match seen {
             SessionStatus::Stopping => Err(self.invalid_state("resume while it is stopping")),
             _ => Ok(false),
+        }
+    }
+
+    /// Resumes a suspended session (`idle_action: suspend`), as the call naming it needs it
+    /// running; nothing for any other. A call that races the suspension waits for it first.
+    pub(super) async fn wake(self: &Arc<Self>) -> Result<(), SessionError> {
+        if self.status() == SessionStatus::Stopping {
+            drop(self.lifecycle.lock().await);
+        }
+        if !self.state.lock().unwrap().record.suspended {
+            // Another call's resume may be under way (it cleared the flag): its boot adopts the
+            // kept processes, which this caller may be about to use.
+            if matches!(self.status(), SessionStatus::Starting | SessionStatus::Restarting) {
+                return self.wait_ready().await;
+            }
+            return Ok(());
+        }
+        tracing::info!(session = %self.name, "resuming the suspended session for a call naming it");
+        if self.begin_resume()? {
+            self.boot().await
+        } else {
+            self.wait_ready().await
         }
     }
 
@@ -100,6 +125,8 @@ impl Session {
             broker: self.broker()?,
         };
         if !resumes {
+            // Processes parked in a snapshot this VM does not come from end here.
+            self.release_kept("its session booted a new VM instead of restoring the snapshot it was parked in");
             let inc = Arc::new(Incarnation::boot(&plan, &self.ctx, self.report()).await?);
             self.keep_pins(&inc).await;
             inc.trust(&plan.broker.ca).await?;
@@ -114,8 +141,16 @@ impl Session {
             true => snapshot.meta.hostname.clone(),
             false => self.name.clone(),
         };
-        let inc = Incarnation::restore(&plan, &self.ctx, self.report(), &snapshot, &hostname).await?;
+        let inc = match Incarnation::restore(&plan, &self.ctx, self.report(), &snapshot, &hostname).await {
+            Ok(inc) => inc,
+            Err(e) => {
+                self.release_kept(&format!("the restore of its session's snapshot failed: {e}"));
+                return Err(e);
+            }
+        };
         self.keep_pins(&inc).await;
+        // The kept processes parked at the snapshot run on here.
+        self.adopt_kept(&inc).await;
         // This process's CA, which may not be the one the snapshotted guest trusted.
         inc.trust(&plan.broker.ca).await?;
         {
@@ -162,6 +197,9 @@ impl Session {
         let settings = self.settings();
         let heartbeat_timeout = Duration::from_secs(settings.heartbeat_timeout_secs);
         let idle_timeout = Duration::from_secs(settings.idle_timeout_secs);
+        // Suspending (a snapshot), kept processes and terminals do not keep it awake: they run
+        // on after the restore.
+        let suspends = settings.idle_action == umbra_api::IdleAction::Suspend && self.can_suspend(&inc).await;
         let mut alive = tokio::time::interval(ALIVE_EVERY);
         let mut heartbeat = tokio::time::interval(Duration::from_secs(settings.heartbeat_interval_secs));
         // The first tick is immediate; the boot just proved the agent.
@@ -202,13 +240,19 @@ impl Session {
                     if let Err(f) = inc.check_alive() {
                         break f;
                     }
-                    if !idle_timeout.is_zero() && self.idle_for() >= idle_timeout {
+                    if !idle_timeout.is_zero() && self.idle_for(suspends) >= idle_timeout {
                         let idle_secs = idle_timeout.as_secs();
                         let me = self.clone();
-                        // A separate task: the stop cancels this one.
+                        // A separate task: the stop (or snapshot) cancels this one.
                         tokio::spawn(async move {
-                            me.emit(EventKind::IdleStop { idle_secs });
-                            let _ = me.stop(StopReason::Idle).await;
+                            if suspends {
+                                if let Err(e) = me.suspend(idle_secs).await {
+                                    tracing::warn!(session = %me.name, "the idle suspension failed: {e}");
+                                }
+                            } else {
+                                me.emit(EventKind::IdleStop { idle_secs });
+                                let _ = me.stop(StopReason::Idle).await;
+                            }
                         });
                         return;
                     }
@@ -225,10 +269,12 @@ impl Session {
         }
     }
 
-    /// How long the session has been idle: zero while a process runs.
-    pub(super) fn idle_for(&self) -> Duration {
+    /// How long the session has been idle: zero while a process runs (`suspending`: a process
+    /// a client waits for; kept ones run on after the restore).
+    pub(super) fn idle_for(&self, suspending: bool) -> Duration {
+        let busy = self.state.lock().unwrap().processes.values().any(|r| !suspending || r.rebind.is_none());
         // A connection through an exposed port (a dev server in use) is activity too.
-        if !self.state.lock().unwrap().processes.is_empty() || self.ports.connections() > 0 {
+        if busy || self.ports.connections() > 0 {
             return Duration::ZERO;
         }
         self.last_activity.lock().unwrap().elapsed()
@@ -335,6 +381,15 @@ impl Session {
         cancel.cancel();
         let _lifecycle = self.lifecycle.lock().await;
         if matches!(self.status(), SessionStatus::Stopped | SessionStatus::Failed) {
+            // A suspended session a client stops: no call resumes it now, and a resume restores
+            // its snapshot with none of its kept processes. (Its owner shutting down keeps it
+            // suspended: the next owner's first call naming it resumes it.)
+            let was_suspended =
+                why != StopReason::Shutdown && std::mem::take(&mut self.state.lock().unwrap().record.suspended);
+            if was_suspended {
+                self.release_kept("the suspended session was stopped");
+                self.persist();
+            }
             return Ok(());
         }
         let text = match why {

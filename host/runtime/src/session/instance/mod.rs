@@ -40,11 +40,14 @@ mod snapshots;
 mod test_support;
 
 /// A running process of the session, as its session lists it.
-#[derive(Clone)]
 struct Running {
     control: ExecControl,
     pid: u32,
     argv: Vec<String>,
+    /// A kept process's way to its pump after an adoption (`kept.rs`).
+    rebind: Option<super::exec::Rebind>,
+    /// The token it is parked under in the guest, while its session is suspended.
+    parked: Option<u64>,
 }
 
 /// Why a session stops.
@@ -59,6 +62,8 @@ pub enum StopReason {
 }
 
 pub struct Session {
+    /// Itself, for what an `&self` method starts (the resume of a suspended session).
+    me: std::sync::Weak<Session>,
     name: String,
     ctx: Arc<Context>,
     state: Mutex<State>,
@@ -121,7 +126,8 @@ impl Session {
         let network = Arc::new(std::sync::RwLock::new(crate::egress::Policy::new(&record.settings.network)));
         let secrets =
             secrets.unwrap_or_else(|| crate::egress::Secrets::restore(&record.secrets, |k| std::env::var(k).ok()));
-        Arc::new(Self {
+        Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             name: record.name.clone(),
             network,
             secrets: Arc::new(std::sync::RwLock::new(secrets)),
@@ -256,6 +262,7 @@ impl Session {
             created_ms: state.record.created_ms,
             last_error: state.record.last_error.clone(),
             snapshot: state.record.snapshot.clone(),
+            suspended: state.record.suspended,
             secrets: self.secrets.read().unwrap().infos(),
             ssh_keys: self.ssh_keys.read().unwrap().infos(),
             ports: self.ports_info(&state.record.ports),
@@ -336,8 +343,11 @@ impl Session {
         SessionError::InvalidState { name: self.name.clone(), status: self.status(), what }
     }
 
-    /// The running VM; waits while the session starts or restarts.
+    /// The running VM; waits while the session starts or restarts, and resumes a suspended one.
     async fn running(&self, what: &'static str) -> Result<Arc<Incarnation>, SessionError> {
+        if let Some(me) = self.me.upgrade() {
+            me.wake().await?;
+        }
         match self.status() {
             SessionStatus::Ready | SessionStatus::Starting | SessionStatus::Restarting => {}
             _ => return Err(self.invalid_state(what)),

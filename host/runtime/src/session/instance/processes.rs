@@ -13,6 +13,12 @@ impl Session {
     /// Starts a process; returns once the guest confirmed it (or refused: a missing command is
     /// [`umbra_api::ErrorCode::NotFound`]).
     pub async fn spawn(self: &Arc<Self>, req: ExecRequest) -> Result<Exec, SessionError> {
+        self.spawn_with(req, false).await
+    }
+
+    /// [`Self::spawn`]; `kept`: a process the session keeps (`kept.rs`), which a suspension
+    /// parks in the guest and the restore adopts again.
+    pub(super) async fn spawn_with(self: &Arc<Self>, req: ExecRequest, kept: bool) -> Result<Exec, SessionError> {
         self.touch();
         if req.argv.is_empty() || req.argv[0].is_empty() {
             return Err(SessionError::InvalidArgument("argv must name a command".into()));
@@ -64,8 +70,28 @@ impl Session {
             }),
         };
         let argv = req.argv.clone();
-        let exec = exec::start(id, pid, req.argv, process, inc.agent.clone(), req.timeout, ctx);
-        self.state.lock().unwrap().processes.insert(id, super::Running { control: exec.control(), pid, argv });
+        let (rebind, rebound) = match kept {
+            true => {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
+        let mut exec = exec::start(id, pid, req.argv, process, inc.agent.clone(), req.timeout, ctx, rebound);
+        if kept {
+            let weak = Arc::downgrade(self);
+            exec = exec.waking(Arc::new(move || {
+                let weak = weak.clone();
+                Box::pin(async move {
+                    match weak.upgrade() {
+                        Some(session) => session.wake().await,
+                        None => Ok(()),
+                    }
+                })
+            }));
+        }
+        let running = super::Running { control: exec.control(), pid, argv, rebind, parked: None };
+        self.state.lock().unwrap().processes.insert(id, running);
         Ok(exec)
     }
 

@@ -18,11 +18,40 @@ impl Session {
     /// Pauses the running session into a snapshot in its storage and stops it (see
     /// [`super::snapshot`]); [`super::SessionManager::resume`] restores it. Processes get their
     /// exit event now, saying so; in the guest the agent ends them at the restore, when their
-    /// connections reset (detached ones run on). If the snapshot fails while the VM
-    /// still answers, the session goes on running and the error says why; if the VM is lost,
-    /// the session stops (shadow changes saved as on any stop, when the agent answers).
+    /// connections reset (processes detached in the guest run on). The session's kept
+    /// processes and terminals are parked in the guest instead, and the restore adopts them:
+    /// they run on, their output and exit reaching the host as before. If the snapshot fails
+    /// while the VM still answers, the session goes on running (kept processes adopted again)
+    /// and the error says why; if the VM is lost, the session stops (shadow changes saved as on
+    /// any stop, when the agent answers).
     pub async fn snapshot(self: &Arc<Self>) -> Result<(), SessionError> {
         self.touch();
+        self.pause("the session was paused into a snapshot; resume restores it".into(), None).await
+    }
+
+    /// Suspends the session after `idle_secs` idle (`idle_action: suspend`): a snapshot, as
+    /// [`Self::snapshot`], that the next call naming the session restores. A call that came in
+    /// meanwhile keeps it running (and watched again).
+    pub(super) async fn suspend(self: &Arc<Self>, idle_secs: u64) -> Result<(), SessionError> {
+        let text = format!("the session was suspended after {idle_secs} s idle; the next call naming it resumes it");
+        self.pause(text, Some(idle_secs)).await
+    }
+
+    /// Supervises `inc` again after a pause that did not happen.
+    fn supervise_again(self: &Arc<Self>, inc: Arc<Incarnation>) {
+        let cancel = CancellationToken::new();
+        self.state.lock().unwrap().cancel = cancel.clone();
+        tokio::spawn(self.clone().supervise(inc, cancel));
+    }
+
+    /// Whether an idle timeout can suspend the running VM: its backend snapshots (kvm) and the
+    /// session has storage for the snapshot.
+    pub(super) async fn can_suspend(&self, inc: &Incarnation) -> bool {
+        self.storage_dir().is_some() && inc.machine.lock().await.vm.backend.capabilities().snapshot
+    }
+
+    /// A snapshot that stops the session; `idle_secs`: an idle suspension.
+    async fn pause(self: &Arc<Self>, text: String, idle_secs: Option<u64>) -> Result<(), SessionError> {
         let _lifecycle = self.lifecycle.lock().await;
         if self.status() != SessionStatus::Ready {
             return Err(self.invalid_state("snapshot it"));
@@ -43,9 +72,17 @@ impl Session {
                 backend.name()
             )));
         }
+        if let Some(idle_secs) = idle_secs {
+            // Checked again here, under the lifecycle lock and just before `stopping`: every
+            // call touches the session first, and one from now on waits for the suspension.
+            if self.idle_for(true) < Duration::from_secs(idle_secs) {
+                self.supervise_again(inc);
+                return Ok(());
+            }
+            self.emit(umbra_api::EventKind::IdleSuspend { idle_secs });
+        }
         // The supervisor stops first: the guest is paused while its memory is written.
         self.state.lock().unwrap().cancel.cancel();
-        let text = "the session was paused into a snapshot; resume restores it".to_string();
         self.set_status(SessionStatus::Stopping, Some(text.clone()));
         inc.set_ending(Some(text.clone()));
         let settings = self.settings();
@@ -57,6 +94,7 @@ impl Session {
                     state.current = None;
                     state.last_console = console;
                     state.record.snapshot = Some(info);
+                    state.record.suspended = idle_secs.is_some();
                 }
                 self.set_status(SessionStatus::Stopped, Some(text));
                 Ok(())
@@ -65,13 +103,15 @@ impl Session {
                 tracing::warn!(session = %self.name, "snapshot failed: {e}");
                 let alive = inc.check_alive().is_ok() && inc.heartbeat(Duration::from_secs(5)).await.is_ok();
                 if alive {
+                    self.adopt_kept(&inc).await;
                     inc.set_ending(None);
-                    let cancel = CancellationToken::new();
-                    self.state.lock().unwrap().cancel = cancel.clone();
                     self.set_status(SessionStatus::Ready, None);
-                    tokio::spawn(self.clone().supervise(inc, cancel));
+                    // A failed suspension: idle from now, not suspended again at once.
+                    self.touch();
+                    self.supervise_again(inc);
                 } else {
                     let why = format!("the snapshot failed and the VM ended: {e}");
+                    self.release_kept(&why);
                     inc.export_shadows(&storage, &self.report(), None).await;
                     let console = inc.end(&why, false).await;
                     {
@@ -94,6 +134,8 @@ impl Session {
         settings: &SessionSettings,
     ) -> Result<umbra_api::session::SnapshotInfo, SessionError> {
         let pending = PendingSnapshot::begin(storage)?;
+        // Parked, their output up to now has reached the host, and the rest waits in the guest.
+        self.park_kept(inc).await;
         let mut machine = inc.machine.lock().await;
         let folders = machine.folders.saved();
         let folder_sharing = machine.vm.shares_folders();
@@ -188,6 +230,8 @@ impl Session {
         if self.state.lock().unwrap().record.snapshot.take().is_none() {
             return Ok(());
         }
+        self.state.lock().unwrap().record.suspended = false;
+        self.release_kept("its session's snapshot was discarded");
         self.persist();
         if let Some(storage) = self.storage_dir() {
             let dir = storage.join(crate::session::snapshot::SNAPSHOT_DIR);
