@@ -29,6 +29,20 @@ impl TestDaemon {
         Self::start_with_dir(TempDir::new(tag), config)
     }
 
+    /// [`TestDaemon::start`] under a system policy (`policy`, written root-owned, mode 0644, at
+    /// [`TestDaemon::system_policy_path`]); run as root, or umbrad refuses the file.
+    pub fn start_with_system_policy(tag: &str, config: serde_json::Value, policy: &serde_json::Value) -> Self {
+        let dir = TempDir::new(tag);
+        write_system_policy(&dir.0, policy);
+        Self::start_with_dir(dir, config)
+    }
+
+    /// Where its system policy is (nothing there unless a test puts one): never the machine's
+    /// own `/etc/umbra/policy.json`.
+    pub fn system_policy_path(dir: &Path) -> PathBuf {
+        dir.join("system/policy.json")
+    }
+
     /// [`TestDaemon::start`] in `dir` (created; removed when the daemon is dropped).
     pub fn start_in(dir: PathBuf, config: serde_json::Value) -> Self {
         std::fs::create_dir_all(&dir).expect("create the daemon's directory");
@@ -66,6 +80,8 @@ impl TestDaemon {
             .env_remove("UMBRA_DATA_DIR")
             .env_remove("UMBRA_SOCKET")
             .env("RUST_LOG", "info,umbrad=debug")
+            .arg("--system-policy")
+            .arg(Self::system_policy_path(&self.dir.0))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -279,4 +295,16 @@ pub async fn process_output(
         inbox.backlog.push_front(n);
     }
     result
+}
+
+/// Writes `policy` as the system policy of a daemon in `dir`, as an administrator would: the
+/// file and its directory owned by this (root) user, writable by nobody else.
+pub fn write_system_policy(dir: &Path, policy: &serde_json::Value) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = TestDaemon::system_policy_path(dir);
+    let parent = path.parent().expect("a directory");
+    std::fs::create_dir_all(parent).unwrap();
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(&path, serde_json::to_vec_pretty(policy).unwrap()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
 }

@@ -831,3 +831,112 @@ async fn on_a_terminal(socket: &std::path::Path, args: &[&str], steps: &[(&str, 
     let socket = socket.to_str().unwrap();
     umbra_tests::pty::on_a_terminal(&vmctl, args, &[("UMBRA_SOCKET", socket)], steps).await
 }
+
+/// The machine's system policy (issue: the administrator's layer): run as root, which owns it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_system_policy_is_a_ceiling_no_client_can_loosen() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: a system policy must be root's (run the suite as root)");
+        return;
+    }
+    // Turned off: no session starts; the daemon says why it is so.
+    let off = serde_json::json!({"enabled": false});
+    let daemon = TestDaemon::start_with_system_policy("daemon-system-off", serde_json::json!({}), &off);
+    let (client, _notes) = daemon.client().await;
+    let info = client.call::<DaemonInfoMethod>(NoParams {}).await.unwrap();
+    let system = info.system_policy.expect("daemon.info shows the system policy");
+    assert!(!system.policy.enabled && system.path == TestDaemon::system_policy_path(&daemon.dir.0));
+    let e = client.call::<SessionStart>(StartParams { name: "s".into(), ..Default::default() }).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::DisabledByAdmin, "{e:?}");
+    assert!(e.message.contains("administrator"), "{}", e.message);
+    drop((client, daemon));
+
+    // Ceilings: what a client asks beyond one, it is held to.
+    let dir = umbra_tests::TempDir::new("daemon-system-ceilings");
+    let trusted = dir.0.join("trusted");
+    std::fs::create_dir_all(trusted.join("project/.git")).unwrap();
+    let elsewhere = dir.0.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let ceilings = serde_json::json!({
+        "trusted_roots": [trusted],
+        "max_memory_mib": 256,
+        "max_cpus": 1,
+        "network": {"mode": "none"},
+        "approval_mode": "allowlist",
+        "block_git_writes": true,
+    });
+    umbra_tests::daemon::write_system_policy(&dir.0.join("d"), &ceilings);
+    let daemon = TestDaemon::start_in(dir.0.join("d"), serde_json::json!({}));
+    let (client, _notes) = daemon.client().await;
+    let loosen = SettingsPatch {
+        memory_mib: Some(4096),
+        cpus: Some(4),
+        network: Some(umbra_api::session::NetworkPolicy {
+            mode: umbra_api::session::NetworkMode::Any,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let config = client
+        .call::<ConfigSet>(umbra_api::ConfigPatch { session: loosen.clone(), ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!((config.session.memory_mib, config.session.cpus), (256, 1), "config.set gets the ceiling");
+    assert_eq!(config.session.network.mode, umbra_api::session::NetworkMode::None);
+    let folder = |path: std::path::PathBuf| FolderSpec { path, name: None, mode: ShareMode::Rw };
+    let e = client
+        .call::<SessionStart>(StartParams {
+            name: "out".into(),
+            folders: vec![folder(elsewhere)],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied, "{e:?}");
+    assert!(e.message.contains("not beneath a folder the system policy trusts"), "{}", e.message);
+    let info = client
+        .call::<SessionStart>(StartParams {
+            name: "in".into(),
+            folders: vec![folder(trusted.join("project"))],
+            settings: loosen,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let s = &info.settings;
+    assert_eq!((s.memory_mib, s.cpus, s.network.mode), (256, 1, umbra_api::session::NetworkMode::None), "{s:?}");
+    assert_eq!(s.policy.block_git_writes, Some(true));
+    assert_eq!(s.approval.as_ref().map(|a| a.mode), Some(umbra_policy::approval::ApprovalMode::Allowlist));
+    let decided = info.policy_decided_by.expect("who decided");
+    assert_eq!(decided.network.first(), Some(&umbra_policy::PolicySource::System), "{decided:?}");
+    assert_eq!(decided.block_git_writes.first(), Some(&umbra_policy::PolicySource::System), "{decided:?}");
+    // Nor can a running session's network go beyond it.
+    let wider = umbra_api::session::NetworkPolicy { mode: umbra_api::session::NetworkMode::Any, ..Default::default() };
+    let e = client.call::<SessionSetNetwork>(SetNetworkParams { name: "in".into(), network: wider }).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied, "{e:?}");
+    client.call::<SessionStop>(SessionRef { name: "in".into() }).await.unwrap();
+    drop((client, daemon));
+
+    // A policy file the user could have written is refused, and umbrad does not start.
+    use std::os::unix::fs::PermissionsExt;
+    umbra_tests::daemon::write_system_policy(&dir.0.join("r"), &ceilings);
+    let path = TestDaemon::system_policy_path(&dir.0.join("r"));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = std::process::Command::new(umbra_tests::workspace_bin("umbrad"))
+        .arg("--socket")
+        .arg(dir.0.join("refused.sock"))
+        .arg("--config")
+        .arg(dir.0.join("refused.json"))
+        .arg("--system-policy")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("writable by its group or by everyone (mode 0666)") && stderr.contains("refusing"),
+        "{stderr}"
+    );
+    assert!(!dir.0.join("refused.sock").exists(), "it never listened");
+}

@@ -60,6 +60,8 @@ pub enum ErrorCode {
     /// umbrad is not running, or the connection to it dropped (clients report this; the
     /// daemon never sends it).
     Unavailable,
+    /// The machine's system policy turns sessions off (`enabled: false`). Since API 1.8.
+    DisabledByAdmin,
     /// A code from a newer daemon.
     #[serde(other)]
     Unknown,
@@ -93,12 +95,13 @@ impl ErrorCode {
             ErrorCode::Unsupported => -32018,
             ErrorCode::Unauthorized => -32019,
             ErrorCode::Unavailable => -32020,
+            ErrorCode::DisabledByAdmin => -32021,
             ErrorCode::Unknown => -32099,
         }
     }
 
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::ParseError,
         ErrorCode::InvalidRequest,
         ErrorCode::MethodNotFound,
@@ -122,6 +125,7 @@ impl ErrorCode {
         ErrorCode::Unsupported,
         ErrorCode::Unauthorized,
         ErrorCode::Unavailable,
+        ErrorCode::DisabledByAdmin,
         ErrorCode::Unknown,
     ];
 
@@ -151,6 +155,7 @@ impl ErrorCode {
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::DisabledByAdmin => "disabled_by_admin",
             ErrorCode::Unknown => "unknown",
         }
     }

@@ -21,6 +21,7 @@ pub mod rpc;
 pub mod schema;
 pub mod secrets;
 pub mod session;
+pub mod system;
 pub mod typescript;
 
 /// Checks a generated, checked-in file against what the types generate now; with

@@ -43,6 +43,9 @@ pub struct DaemonInfo {
     pub pid: u32,
     pub uid: u32,
     pub socket: PathBuf,
+    /// The machine's system policy, when it has one (`docs/policy.md`). Since API 1.8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_policy: Option<crate::system::SystemPolicyInfo>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]

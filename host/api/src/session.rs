@@ -281,6 +281,11 @@ pub struct SessionInfo {
     /// The session's snapshot (`session.snapshot`, or the one it was forked from), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotInfo>,
+    /// Which source decided each field of its sandbox policy at its start: `system` (the
+    /// machine's system policy), `admin` (umbrad's configuration), `session` (the start's).
+    /// Since API 1.8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_decided_by: Option<umbra_policy::DecidedBy>,
     /// Stopped by `idle_action: suspend`: the next call naming it restores its snapshot, with
     /// its detached processes and terminals. Since API 1.8.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

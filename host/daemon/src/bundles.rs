@@ -32,6 +32,9 @@ pub async fn download(
     let url = url.or_else(|| daemon.manager.config().bundle_url).ok_or_else(|| {
         ApiError::invalid_params("no url given and no bundle_url configured (config.set {\"bundle_url\": …})")
     })?;
+    if let Some(system) = daemon.manager.system_policy() {
+        system.policy.check_bundle_source(&url).map_err(|e| ApiError::new(ErrorCode::PermissionDenied, e))?;
+    }
     let worker = daemon.clone();
     let key = url.clone();
     let pulled = tokio::task::spawn_blocking(move || {

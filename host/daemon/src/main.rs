@@ -52,6 +52,10 @@ struct Args {
     /// Longest request line in bytes (a 1 MiB file write is about 1.4 MiB of base64).
     #[arg(long, default_value_t = 4 << 20)]
     max_request_bytes: usize,
+    /// The machine's system policy: ceilings no client can loosen (docs/policy.md). Refused,
+    /// and umbrad does not start, unless root alone can write it.
+    #[arg(long, default_value = umbra_api::system::SYSTEM_POLICY_PATH)]
+    system_policy: PathBuf,
 }
 
 fn main() {
@@ -92,8 +96,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         config_path: args.config.unwrap_or_else(settings::default_path),
     };
     let config = settings::load(&options.config_path)?;
+    // Before anything listens: a policy that cannot be trusted stops the daemon here.
+    let system = umbra_runtime::system_policy::load(&args.system_policy)?;
     let listening = server::bind(&options.socket)?;
     let manager = SessionManager::new(ManagerOptions::persistent(config));
+    if let Some(policy) = system {
+        tracing::info!(path = %args.system_policy.display(), "system policy in force");
+        manager
+            .set_system_policy(Some(umbra_api::system::SystemPolicyInfo { path: args.system_policy.clone(), policy }));
+    }
     let known = manager.list().len();
     tracing::info!(
         socket = %options.socket.display(),

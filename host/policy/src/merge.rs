@@ -23,6 +23,8 @@ use crate::policy::SandboxPolicy;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicySource {
+    /// The machine's system policy (`/etc/umbra/policy.json`), which no user can loosen.
+    System,
     /// The machine's administrator (umbrad's configuration).
     Admin,
     /// The user's own defaults.

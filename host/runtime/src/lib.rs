@@ -14,3 +14,4 @@ pub mod image;
 pub mod paths;
 pub mod session;
 pub mod share;
+pub mod system_policy;

@@ -58,6 +58,30 @@ fn daemon_check() -> Check {
     }
 }
 
+/// The machine's system policy (`docs/policy.md`): none, its ceilings, or why umbrad refuses it.
+fn system_policy_check() -> Check {
+    let path = std::path::Path::new(umbra_api::system::SYSTEM_POLICY_PATH);
+    match umbra_runtime::system_policy::load(path) {
+        Ok(None) => Check { name: "system policy", ok: true, detail: format!("none ({})", path.display()), fix: None },
+        Ok(Some(policy)) => Check {
+            name: "system policy",
+            ok: true,
+            detail: format!(
+                "{}: {}",
+                path.display(),
+                serde_json::to_string(&policy).unwrap_or_else(|e| format!("(cannot show it: {e})"))
+            ),
+            fix: None,
+        },
+        Err(e) => Check {
+            name: "system policy",
+            ok: false,
+            detail: format!("{e} (umbrad will not start)"),
+            fix: Some(format!("sudo chown root:root {0} && sudo chmod 644 {0}, and fix what it says", path.display())),
+        },
+    }
+}
+
 fn kvm_check() -> (KvmKind, Check) {
     let kind = KvmKind::detect();
     let (ok, detail) = match kind {
@@ -129,6 +153,7 @@ pub fn run(args: DoctorArgs) -> i32 {
             fix: bundles.is_empty().then(|| "vmctl bundle build --flavor minimal, or vmctl bundle pull URL".into()),
         },
         daemon_check(),
+        system_policy_check(),
     ]);
     let (backend, why) =
         match umbra_runtime::backend::select::choose(umbra_api::BackendChoice::Auto, umbra_bundle::Arch::host()) {

@@ -362,6 +362,24 @@ export interface DaemonInfo {
   pid: number;
   uid: number;
   socket: string;
+  /** The machine's system policy, when it has one (`docs/policy.md`). Since API 1.8. */
+  system_policy?: SystemPolicyInfo | null;
+}
+
+/**
+ * Which sources decided each field of a merged policy: those whose value is the result (for
+ * the type, the network mode and the flags), or that narrowed it (extra paths: each source
+ * that set them; ignore: each source that added patterns). Empty: no source set the field and
+ * the default applies.
+ */
+export interface DecidedBy {
+  type: PolicySource[];
+  network: PolicySource[];
+  /** Both `additional_readwrite_paths` and `additional_readonly_paths`. */
+  paths: PolicySource[];
+  block_git_writes: PolicySource[];
+  disable_tmp_write: PolicySource[];
+  ignore: PolicySource[];
 }
 
 /**
@@ -464,9 +482,10 @@ export type Encoding = "utf8" | "base64";
  * - `"unsupported"`: Not possible with this session, host or build (for example, a session without storage).
  * - `"unauthorized"`: The connecting user is not allowed to use this daemon.
  * - `"unavailable"`: umbrad is not running, or the connection to it dropped (clients report this; the daemon never sends it).
+ * - `"disabled_by_admin"`: The machine's system policy turns sessions off (`enabled: false`). Since API 1.8.
  * - `"unknown"`: A code from a newer daemon.
  */
-export type ErrorCode = "parse_error" | "invalid_request" | "method_not_found" | "invalid_params" | "internal" | "session_not_found" | "session_exists" | "invalid_state" | "not_found" | "permission_denied" | "already_exists" | "spawn_failed" | "boot_failed" | "session_lost" | "guest_error" | "timeout" | "too_large" | "busy" | "bundle_error" | "io" | "unsupported" | "unauthorized" | "unavailable" | "unknown";
+export type ErrorCode = "parse_error" | "invalid_request" | "method_not_found" | "invalid_params" | "internal" | "session_not_found" | "session_exists" | "invalid_state" | "not_found" | "permission_denied" | "already_exists" | "spawn_failed" | "boot_failed" | "session_lost" | "guest_error" | "timeout" | "too_large" | "busy" | "bundle_error" | "io" | "unsupported" | "unauthorized" | "unavailable" | "disabled_by_admin" | "unknown";
 
 /** Params of `events.lost`. */
 export interface EventsLost {
@@ -763,6 +782,17 @@ export type PermissionScope = "once" | "session";
  * - `"promote"`: A warm bundle is being renamed into place instead of downloaded.
  */
 export type Phase = "done" | "manifest" | "waiting" | "download" | "retry" | "install" | "promote";
+
+/**
+ * Where a policy came from, from the widest authority to the narrowest.
+ *
+ * - `"system"`: The machine's system policy (`/etc/umbra/policy.json`), which no user can loosen.
+ * - `"admin"`: The machine's administrator (umbrad's configuration).
+ * - `"user"`: The user's own defaults.
+ * - `"session"`: The session's policy (`session.start`).
+ * - `"command"`: One command's policy (a spawn).
+ */
+export type PolicySource = "system" | "admin" | "user" | "session" | "command";
 
 /**
  * How much of the workspace a command may change. Ordered from the most restrictive
@@ -1629,6 +1659,12 @@ export interface SessionInfo {
   created_ms: number;
   /** Why the session last stopped or failed. */
   last_error?: string | null;
+  /**
+   * Which source decided each field of its sandbox policy at its start: `system` (the
+   * machine's system policy), `admin` (umbrad's configuration), `session` (the start's).
+   * Since API 1.8.
+   */
+  policy_decided_by?: DecidedBy | null;
   /** Its exposed ports. */
   ports?: PortInfo[];
   /** Its secrets: names, placeholders and hosts, never a value. */
@@ -2053,6 +2089,53 @@ export interface Subscribed {
   subscription: number;
 }
 
+/**
+ * An administrator's ceilings. Unknown fields are refused: a misspelt ceiling must not be a
+ * silently absent one.
+ */
+export type SystemPolicy = {
+  /**
+   * Command approval every session has, at least this strict (its own allow and deny lists
+   * and hooks still apply).
+   */
+  approval_mode?: ApprovalMode | null;
+  /** Git metadata (`.git`) read-only in every shared folder. */
+  block_git_writes?: boolean | null;
+  /**
+   * Where bundles may come from: URL prefixes (`https://bundles.example.com/`) that
+   * `bundle.download` and `vmctl bundle pull` may fetch from, and directories beneath which a
+   * session's `bundle` may name a bundle directory. Installed versions, `current` and the
+   * flavors this machine built are always allowed. Unset: every source.
+   */
+  bundle_sources?: string[] | null;
+  /**
+   * False: every `session.start` (and resume, and fork) is refused with `disabled_by_admin`.
+   *
+   * @defaultValue `true`
+   */
+  enabled?: boolean;
+  /** The most vCPUs a session may have. */
+  max_cpus?: number | null;
+  /** The largest session disk, in MiB. */
+  max_disk_mib?: number | null;
+  /** The most guest memory a session may have, in MiB. */
+  max_memory_mib?: number | null;
+  /** The network ceiling: what sessions may connect to, at most. */
+  network?: NetworkPolicy | null;
+  /**
+   * Only folders beneath one of these absolute directories may be shared (after symlinks
+   * are resolved). Unset: every folder.
+   */
+  trusted_roots?: string[] | null;
+};
+
+/** What `daemon.info` says of the system policy. */
+export interface SystemPolicyInfo {
+  /** The file it was read from. */
+  path: string;
+  policy: SystemPolicy;
+}
+
 /** Params of `terminal.attach`. */
 export interface TerminalAttachParams {
   session: string;
@@ -2427,5 +2510,6 @@ export const ERROR_CODES = {
   unsupported: -32018,
   unauthorized: -32019,
   unavailable: -32020,
+  disabled_by_admin: -32021,
   unknown: -32099,
 } as const;

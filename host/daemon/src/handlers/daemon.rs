@@ -23,6 +23,7 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
                     pid: std::process::id(),
                     uid: daemon.uid,
                     socket: daemon.options.socket.clone(),
+                    system_policy: manager.system_policy(),
                 })
             })
             .await

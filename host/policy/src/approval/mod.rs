@@ -87,7 +87,7 @@ impl Default for ApprovalSettings {
 
 impl ApprovalMode {
     /// Rank in strictness: ask-every-time is the strictest.
-    fn laxity(self) -> u8 {
+    pub fn laxity(self) -> u8 {
         match self {
             ApprovalMode::AskEveryTime => 0,
             ApprovalMode::Allowlist => 1,

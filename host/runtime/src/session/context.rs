@@ -22,6 +22,8 @@ pub(super) struct Context {
     pub bundles: umbra_bundle::Store,
     pub approvals: super::approval::Approvals,
     pub pool: super::pool::WarmPool,
+    /// The machine's system policy (`umbra_api::system`), when it has one.
+    pub system: RwLock<Option<umbra_api::system::SystemPolicyInfo>>,
     next_process: AtomicU64,
     /// The egress proxy's upstream TLS trust, made when first needed and again when the
     /// configuration's `trust_ca` changes.
@@ -49,7 +51,52 @@ impl Context {
             pool: super::pool::WarmPool::new(storage_root.as_ref().map(|r| r.with_file_name("pool"))),
             next_process: AtomicU64::new(1),
             upstream: Default::default(),
+            system: RwLock::new(None),
         }
+    }
+
+    /// The system policy's ceilings, if the machine has one.
+    pub fn system(&self) -> Option<umbra_api::system::SystemPolicy> {
+        self.system.read().unwrap().as_ref().map(|s| s.policy.clone())
+    }
+
+    /// Refuses when the system policy turns sessions off.
+    pub fn check_enabled(&self) -> Result<(), super::error::SessionError> {
+        match &*self.system.read().unwrap() {
+            Some(s) if !s.policy.enabled => {
+                Err(super::error::SessionError::DisabledByAdmin(s.path.display().to_string()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `settings` held to the system policy's ceilings (see `SystemPolicy::cap`).
+    pub fn cap(&self, settings: &mut umbra_api::SessionSettings) {
+        if let Some(system) = self.system() {
+            for lowered in system.cap(settings) {
+                tracing::info!("{lowered}");
+            }
+        }
+    }
+
+    /// Whether the system policy lets `folder` (canonical) be shared.
+    pub fn check_folder(&self, folder: &std::path::Path) -> Result<(), super::error::SessionError> {
+        match self.system() {
+            Some(system) => system.check_folder(folder).map_err(super::error::SessionError::SystemPolicy),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the system policy lets a session boot `bundle` (a setting's value): a bundle
+    /// directory must be beneath a listed one; versions, `current` and flavors always may.
+    pub fn check_bundle(&self, bundle: &str) -> Result<(), super::error::SessionError> {
+        let Some(system) = self.system() else { return Ok(()) };
+        if !bundle.contains('/') {
+            return Ok(());
+        }
+        let path = std::path::Path::new(bundle);
+        let shown = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        system.check_bundle_source(&shown.to_string_lossy()).map_err(super::error::SessionError::SystemPolicy)
     }
 
     /// The company proxy guest connections go out through: the configuration's, else this

@@ -61,6 +61,13 @@ pub enum SessionError {
     /// The runtime's own fault (a blocking task that panicked): nothing the caller sent.
     #[error("{0}")]
     Internal(String),
+    /// The machine's system policy turns sessions off.
+    #[error("sessions are turned off on this machine by its administrator (the system policy {0}: enabled false)")]
+    DisabledByAdmin(String),
+    /// The system policy does not allow it (a folder outside its trusted roots, a bundle
+    /// source it does not list).
+    #[error("{0}")]
+    SystemPolicy(String),
 }
 
 impl SessionError {
@@ -99,6 +106,8 @@ impl SessionError {
                 TreeError::Io { source, .. } => io_code(source),
             },
             SessionError::Internal(_) => ErrorCode::Internal,
+            SessionError::DisabledByAdmin(_) => ErrorCode::DisabledByAdmin,
+            SessionError::SystemPolicy(_) => ErrorCode::PermissionDenied,
         }
     }
 

@@ -119,7 +119,9 @@ impl SessionManager {
         persist: impl FnOnce(&DaemonConfig) -> Result<(), ApiError>,
     ) -> Result<DaemonConfig, ApiError> {
         let mut config = self.ctx.config.write().unwrap();
-        let next = config.patched(patch)?;
+        let mut next = config.patched(patch)?;
+        // What a patch asks beyond the system policy is held to it (and stored so).
+        self.ctx.cap(&mut next.session);
         persist(&next)?;
         if next.max_concurrent_boots != config.max_concurrent_boots {
             self.ctx.admission.resize(next.max_concurrent_boots as usize);
@@ -127,6 +129,22 @@ impl SessionManager {
         *config = next.clone();
         self.ctx.pool.wake();
         Ok(next)
+    }
+
+    /// The machine's system policy, when it has one: its ceilings hold for every session this
+    /// manager starts, resumes or forks, and for its configuration (`docs/policy.md`).
+    pub fn set_system_policy(&self, system: Option<umbra_api::system::SystemPolicyInfo>) {
+        *self.ctx.system.write().unwrap() = system;
+        self.ctx.cap(&mut self.ctx.config.write().unwrap().session);
+        // Sessions recorded before it (or under a looser one) are held to it too.
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().unwrap().values().cloned().collect();
+        for s in sessions {
+            s.hold_to_system_policy();
+        }
+    }
+
+    pub fn system_policy(&self) -> Option<umbra_api::system::SystemPolicyInfo> {
+        self.ctx.system.read().unwrap().clone()
     }
 
     pub fn bundles(&self) -> &umbra_bundle::Store {
@@ -163,8 +181,21 @@ impl SessionManager {
     /// is stopped or failed is an error (resume or delete it).
     pub async fn start(&self, params: StartParams) -> Result<Arc<Session>, SessionError> {
         check_name(&params.name)?;
-        let settings = start_settings(&self.config().session, &params.settings)?;
+        self.ctx.check_enabled()?;
+        let base = self.config().session;
+        let mut settings = start_settings(&base, &params.settings)?;
+        self.ctx.check_bundle(&settings.bundle)?;
+        self.ctx.cap(&mut settings);
+        let decided_by = umbra_policy::merge_sources(&[
+            (umbra_policy::PolicySource::System, self.ctx.system().map(|s| s.sandbox()).unwrap_or_default()),
+            (umbra_policy::PolicySource::Admin, base.policy.clone()),
+            (umbra_policy::PolicySource::Session, params.settings.policy.clone().unwrap_or_default()),
+        ])
+        .decided_by;
         let folders = check_folders(&params.folders)?;
+        for f in &folders {
+            self.ctx.check_folder(&f.path)?;
+        }
         let mut secrets = crate::egress::Secrets::default();
         for spec in &params.secrets {
             secrets.set(spec, |k| std::env::var(k).ok()).map_err(SessionError::InvalidArgument)?;
@@ -191,6 +222,7 @@ impl SessionManager {
                     record.secrets = secrets.bindings();
                     record.ssh_keys = ssh_keys.bindings();
                     record.ports = params.ports.clone();
+                    record.policy_decided_by = Some(decided_by);
                     let session = Session::new(self.ctx.clone(), record, Some(secrets), Some(ssh_keys));
                     sessions.insert(params.name.clone(), session.clone());
                     (session, true)
@@ -228,6 +260,7 @@ impl SessionManager {
     /// deleted first, so it boots from its disk (a snapshot this host cannot restore).
     pub async fn resume_with(&self, name: &str, discard_snapshot: bool) -> Result<Arc<Session>, SessionError> {
         let session = self.get(name)?;
+        self.ctx.check_enabled()?;
         if discard_snapshot {
             session.discard_snapshot().await?;
         }
@@ -252,6 +285,7 @@ impl SessionManager {
     /// first, so it pauses for the time of a snapshot and a restore.
     pub async fn fork(&self, source: &str, name: &str) -> Result<Arc<Session>, SessionError> {
         check_name(name)?;
+        self.ctx.check_enabled()?;
         let src = self.get(source)?;
         let dest = self
             .ctx

@@ -50,6 +50,9 @@ pub struct SessionRecord {
     /// Its exposed ports, each with the host port it got (kept again after a restart).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<umbra_api::ports::PortSpec>,
+    /// Which source decided each field of its policy when it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_decided_by: Option<umbra_policy::DecidedBy>,
     /// Suspended when idle: the next call naming it resumes it (also after a daemon restart).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspended: bool,
@@ -70,6 +73,7 @@ impl SessionRecord {
             secrets: Vec::new(),
             ssh_keys: Vec::new(),
             ports: Vec::new(),
+            policy_decided_by: None,
             suspended: false,
         }
     }

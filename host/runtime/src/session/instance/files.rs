@@ -18,6 +18,8 @@ impl Session {
     /// restart or resume.
     pub async fn mount(self: &Arc<Self>, spec: FolderSpec) -> Result<FolderInfo, SessionError> {
         self.touch();
+        let canonical = spec.path.canonicalize().map_err(SessionError::io(format!("share {}", spec.path.display())))?;
+        self.ctx.check_folder(&canonical)?;
         let inc = self.running("mount a folder").await?;
         let mut machine = inc.machine.lock().await;
         let machine = &mut *machine;

@@ -98,6 +98,7 @@ impl Session {
             }
             return Ok(());
         }
+        self.ctx.check_enabled()?;
         tracing::info!(session = %self.name, "resuming the suspended session for a call naming it");
         if self.begin_resume()? {
             self.boot().await
@@ -109,11 +110,17 @@ impl Session {
     /// Boots the session's next VM, or restores its snapshot if it was paused by one (or is a
     /// fork not yet started): the restore is used once, and later VMs of the session boot.
     pub(super) async fn boot_incarnation(self: &Arc<Self>) -> Result<Arc<Incarnation>, SessionError> {
-        let (settings, folders, resumes, pins) = {
+        let (mut settings, folders, resumes, pins) = {
             let state = self.state.lock().unwrap();
             let resumes = state.record.snapshot.as_ref().is_some_and(|s| s.resumes);
             (state.record.settings.clone(), state.record.folders.clone(), resumes, state.record.pinned.clone())
         };
+        // Within the system policy, whatever the record says (a restore takes its memory and
+        // vCPUs from the snapshot, which was taken within it).
+        self.ctx.cap(&mut settings);
+        for f in &folders {
+            self.ctx.check_folder(&f.path)?;
+        }
         let plan = BootPlan {
             session: self.name.clone(),
             settings,

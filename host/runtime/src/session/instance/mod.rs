@@ -263,6 +263,7 @@ impl Session {
             last_error: state.record.last_error.clone(),
             snapshot: state.record.snapshot.clone(),
             suspended: state.record.suspended,
+            policy_decided_by: state.record.policy_decided_by.clone(),
             secrets: self.secrets.read().unwrap().infos(),
             ssh_keys: self.ssh_keys.read().unwrap().infos(),
             ports: self.ports_info(&state.record.ports),

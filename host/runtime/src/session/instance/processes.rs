@@ -137,6 +137,19 @@ impl Session {
         Ok(inc.agent.kill_all(signal).await?)
     }
 
+    /// Holds the recorded settings (and the network policy in force) to the system policy.
+    pub(in crate::session) fn hold_to_system_policy(&self) {
+        let mut state = self.state.lock().unwrap();
+        let before = state.record.settings.clone();
+        self.ctx.cap(&mut state.record.settings);
+        if state.record.settings == before {
+            return;
+        }
+        *self.network.write().unwrap() = crate::egress::Policy::new(&state.record.settings.network);
+        drop(state);
+        self.persist();
+    }
+
     /// Replaces the network policy: new connections of the running VM follow it at once (open
     /// ones are not cut), and it is kept for restarts and resumes. It can only move within the
     /// session's merged policy (the daemon's configuration merged with the start's): when that
