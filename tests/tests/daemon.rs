@@ -940,3 +940,95 @@ async fn a_system_policy_is_a_ceiling_no_client_can_loosen() {
     );
     assert!(!dir.0.join("refused.sock").exists(), "it never listened");
 }
+
+/// `session.update` on a running session, and configuration edits on disk announced and in
+/// force without a restart (issue: settings that change on a live session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_change_on_a_live_session_and_edited_files_take_effect() {
+    let daemon = TestDaemon::start("daemon-update", serde_json::json!({}));
+    let (client, mut notes) = daemon.client().await;
+    client.call::<EventsSubscribe>(SubscribeParams { session: None }).await.unwrap();
+    client.call::<SessionStart>(StartParams { name: "u".into(), ..Default::default() }).await.unwrap();
+
+    let deny_echo = umbra_policy::approval::ApprovalSettings {
+        mode: umbra_policy::approval::ApprovalMode::RunEverything,
+        deny: vec!["echo".into()],
+        ..Default::default()
+    };
+    let allowlist = umbra_api::session::NetworkPolicy {
+        mode: umbra_api::session::NetworkMode::Allowlist,
+        allow_domains: vec!["example.com".into()],
+        ..Default::default()
+    };
+    let update = UpdateParams {
+        name: "u".into(),
+        settings: SettingsPatch {
+            approval: Some(deny_echo),
+            network: Some(allowlist),
+            idle_timeout_secs: Some(600),
+            memory_mib: Some(300),
+            ..Default::default()
+        },
+    };
+    let updated = client.call::<SessionUpdate>(update).await.unwrap();
+    assert_eq!(updated.applied, ["approval", "network", "idle_timeout_secs"], "{updated:?}");
+    assert_eq!(updated.next_boot, ["memory_mib"]);
+    let s = &updated.session.settings;
+    assert_eq!((s.memory_mib, s.idle_timeout_secs), (300, 600));
+    assert_eq!(
+        updated.session.vm.as_ref().map(|_| updated.session.status),
+        Some(SessionStatus::Ready),
+        "still running"
+    );
+    // The approval rules are in force at once, on the same VM.
+    let e = client.call::<ProcessSpawn>(sh("u", "echo refused")).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied, "{e:?}");
+    let p = client.call::<ProcessSpawn>(sh("u", "true")).await.unwrap();
+    let (_, _, exit) = process_output(&client, &mut notes, "u", p.process, RUN).await;
+    assert_eq!(exit.code, Some(0));
+    let e = client
+        .call::<SessionUpdate>(UpdateParams {
+            name: "nope".into(),
+            settings: SettingsPatch { cpus: Some(2), ..Default::default() },
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::SessionNotFound);
+
+    // The configuration file edited by hand: in force, and announced.
+    let path = daemon.dir.0.join("config/umbra/umbrad.json");
+    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["memory_mib"] = serde_json::json!(320);
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let changed = wait_event(
+        &mut notes,
+        Duration::from_secs(20),
+        "config_changed",
+        |e| matches!(&e.kind, EventKind::ConfigChanged { what, .. } if what == "configuration"),
+    )
+    .await;
+    assert!(matches!(changed.kind, EventKind::ConfigChanged { path: p, .. } if p == path));
+    assert_eq!(client.call::<ConfigGet>(NoParams {}).await.unwrap().session.memory_mib, 320);
+    // A broken edit is not used: the configuration in force stays.
+    std::fs::write(&path, b"{\"memory_mib\": \"lots\"}").unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(client.call::<ConfigGet>(NoParams {}).await.unwrap().session.memory_mib, 320);
+
+    // The system policy appearing (as root, who alone may write one) holds the configuration.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        umbra_tests::daemon::write_system_policy(&daemon.dir.0, &serde_json::json!({"max_memory_mib": 256}));
+        wait_event(
+            &mut notes,
+            Duration::from_secs(20),
+            "config_changed",
+            |e| matches!(&e.kind, EventKind::ConfigChanged { what, .. } if what == "system_policy"),
+        )
+        .await;
+        let info = client.call::<DaemonInfoMethod>(NoParams {}).await.unwrap();
+        assert_eq!(info.system_policy.map(|s| s.policy.max_memory_mib), Some(Some(256)));
+        assert_eq!(client.call::<ConfigGet>(NoParams {}).await.unwrap().session.memory_mib, 256);
+        let info = client.call::<SessionGet>(SessionRef { name: "u".into() }).await.unwrap();
+        assert_eq!(info.settings.memory_mib, 256, "the session's record is held to it too");
+    }
+}

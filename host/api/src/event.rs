@@ -102,6 +102,13 @@ pub enum EventKind {
     IdleSuspend {
         idle_secs: u64,
     },
+    /// umbrad's configuration or the machine's system policy changed: `what` is
+    /// `configuration` (by `config.set`, or its file edited) or `system_policy` (its file
+    /// edited); `path` is the file. Host event. Since API 1.8.
+    ConfigChanged {
+        what: String,
+        path: PathBuf,
+    },
     /// A folder is shared (at start, after a restart or resume, or by `folder.mount`).
     FolderMounted {
         name: String,
@@ -317,6 +324,7 @@ impl EventKind {
             EventKind::Failed { .. } => "failed",
             EventKind::IdleStop { .. } => "idle_stop",
             EventKind::IdleSuspend { .. } => "idle_suspend",
+            EventKind::ConfigChanged { .. } => "config_changed",
             EventKind::FolderMounted { .. } => "folder_mounted",
             EventKind::FolderUnmounted { .. } => "folder_unmounted",
             EventKind::ShadowExported { .. } => "shadow_exported",

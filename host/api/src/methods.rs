@@ -179,6 +179,26 @@ pub struct SetNetworkParams {
     pub network: crate::session::NetworkPolicy,
 }
 
+/// Params of `session.update`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct UpdateParams {
+    pub name: String,
+    /// The settings to change (only those given), as `session.start` takes them.
+    pub settings: crate::session::SettingsPatch,
+}
+
+/// What `session.update` changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Updated {
+    pub session: SessionInfo,
+    /// Fields in force at once on the running session (`approval`, `network`,
+    /// `idle_timeout_secs`, `idle_action`, `auto_expose`).
+    pub applied: Vec<String>,
+    /// Fields recorded that take effect at its next boot (stop and resume): the VM's size,
+    /// heartbeat, bundle, backend and sandbox policy (its folders' modes are set at a boot).
+    pub next_boot: Vec<String>,
+}
+
 /// Params of `session.set_secret`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SetSecretParams {
@@ -559,6 +579,10 @@ methods! {
     /// Replaces a session's network policy; new connections follow it at once (open ones are
     /// not cut), and restarts and resumes keep it.
     SessionSetNetwork = "session.set_network" (SetNetworkParams) -> SessionInfo;
+    /// Changes a session's settings, running or not: approval, network (within its policy's
+    /// ceiling), the idle timeout and action and `auto_expose` take effect at once; the rest
+    /// at its next boot, as the answer says. Since API 1.8.
+    SessionUpdate = "session.update" (UpdateParams) -> Updated;
     /// Adds a secret to a session or gives one a new value (rotation), effective for the next
     /// request through the proxy; the value is never sent to the guest.
     SessionSetSecret = "session.set_secret" (SetSecretParams) -> SessionInfo;

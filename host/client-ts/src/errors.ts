@@ -162,6 +162,11 @@ export class UnavailableError extends UmbraError {
   static override readonly code = "unavailable";
   declare readonly code: "unavailable";
 }
+/** The machine's system policy turns sessions off (`enabled: false`). */
+export class DisabledByAdminError extends UmbraError {
+  static override readonly code = "disabled_by_admin";
+  declare readonly code: "disabled_by_admin";
+}
 /** A code this client does not know (from a newer daemon): see `daemonCode`. */
 export class UnknownError extends UmbraError {
   static override readonly code = "unknown";
@@ -201,6 +206,7 @@ export const ERROR_CLASSES: { readonly [K in ErrorCode]: UmbraErrorClass } = {
   unsupported: UnsupportedError,
   unauthorized: UnauthorizedError,
   unavailable: UnavailableError,
+  disabled_by_admin: DisabledByAdminError,
   unknown: UnknownError,
 };
 

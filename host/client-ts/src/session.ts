@@ -3,7 +3,7 @@
  * handle by name (cheap to make, nothing is held open); `info` is the state last fetched.
  */
 
-import type { CallOptions } from "./options";
+import { type CallOptions, type CamelCased, toWire } from "./options";
 import { AbortError, throwIfAborted } from "./errors";
 import type {
   DirList,
@@ -24,6 +24,8 @@ import type {
   SessionInfo,
   SessionLogs,
   SessionStatus,
+  SettingsPatch,
+  Updated,
   WriteParams,
   ShadowApplyReport,
   ShadowDiffResult,
@@ -453,6 +455,25 @@ export class Session {
   async setNetwork(network: NetworkPolicy): Promise<SessionInfo> {
     this.current = await this.client.call("session.set_network", { name: this.name, network });
     return this.current;
+  }
+
+  /**
+   * Changes its settings, running or not (camelCase, as `sessions.start` takes them):
+   * `approval`, `network` (within its policy's ceiling), `idleTimeoutSecs`, `idleAction` and
+   * `autoExpose` take effect at once; the rest at its next boot. Resolves with what went
+   * where (`applied`, `next_boot`) and the session's info.
+   *
+   * ```ts
+   * const { applied, next_boot } = await session.update({ idleTimeoutSecs: 3600, memoryMiB: 2048 });
+   * ```
+   */
+  async update(settings: CamelCased<SettingsPatch>): Promise<Updated> {
+    const updated = await this.client.call("session.update", {
+      name: this.name,
+      settings: toWire(settings) as SettingsPatch,
+    });
+    this.current = updated.session;
+    return updated;
   }
 
   /**

@@ -364,6 +364,16 @@ test("network: the policy is set on a running session and kept; bad ones are ref
   await session.setNetwork({ mode: "none" });
 });
 
+test("update: what a running session takes at once, and what waits for its next boot", async () => {
+  const updated = await session.update({ idleTimeoutSecs: 3600, idleAction: "suspend", memoryMiB: 300 });
+  assert.deepEqual(updated.applied, ["idle_timeout_secs", "idle_action"]);
+  assert.deepEqual(updated.next_boot, ["memory_mib"]);
+  assert.equal(session.info.settings.idle_timeout_secs, 3600, "the handle's info follows");
+  assert.equal(session.info.status, "ready", "still running");
+  await assert.rejects(session.update({ cpus: 0 }), InvalidParamsError);
+  await session.update({ idleTimeoutSecs: 0, idleAction: "stop", memoryMiB: session.info.settings.memory_mib });
+});
+
 test("secrets: the guest sees a placeholder, a rotation keeps it, the value is never reported", async () => {
   const value = `value-${randomBytes(8).toString("hex")}`;
   const secrets = client.sessions.start({

@@ -19,6 +19,7 @@ mod processes;
 mod server;
 mod settings;
 mod state;
+mod watch;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -116,6 +117,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let socket = options.socket.clone();
     let daemon = Arc::new(Daemon::new(manager, options));
     bundles::warm_in_background(daemon.clone());
+    watch::start(daemon.clone(), args.system_policy.clone());
 
     let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;

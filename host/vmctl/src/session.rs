@@ -52,6 +52,30 @@ pub enum SessionCommand {
     /// A session's processes: running ones, and detached ones and terminals (also for a while
     /// after they ended).
     Ps(crate::attach::PsArgs),
+    /// Change a session's settings, running or not: approval, network, the idle timeout and
+    /// action take effect at once, the rest at its next boot (it says which).
+    Update(UpdateArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct UpdateArgs {
+    name: String,
+    /// Stop (or suspend) it after this many idle seconds (0: never).
+    #[arg(long)]
+    idle_timeout: Option<u64>,
+    /// At the idle timeout: stop, or suspend (the kvm backend).
+    #[arg(long, value_enum)]
+    idle_action: Option<IdleActionArg>,
+    /// Guest memory in MiB, from its next boot.
+    #[arg(long)]
+    memory: Option<u32>,
+    /// Guest vCPUs, from its next boot.
+    #[arg(long)]
+    cpus: Option<u32>,
+    /// Any other settings, as `session.update`'s JSON (`{"approval": {...}, "network": {...}}`);
+    /// the options above win.
+    #[arg(long)]
+    settings: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -199,6 +223,7 @@ pub async fn run(command: SessionCommand) -> i32 {
         SessionCommand::Expose(args) => expose(args).await,
         SessionCommand::Unexpose(a) => unexpose(a).await,
         SessionCommand::Ports(args) => ports(args).await,
+        SessionCommand::Update(args) => update(args).await,
     };
     match result {
         Ok(()) => 0,
@@ -233,6 +258,30 @@ async fn simple<M: Method<Result = SessionInfo>>(params: M::Params, word: &str) 
         ),
         _ => eprintln!("vmctl: session {} {word} ({})", info.name, info.status),
     }
+    Ok(())
+}
+
+async fn update(args: UpdateArgs) -> Result<(), ApiError> {
+    let mut settings: umbra_api::session::SettingsPatch = match &args.settings {
+        Some(json) => serde_json::from_str(json).map_err(|e| ApiError::invalid_params(format!("--settings: {e}")))?,
+        None => Default::default(),
+    };
+    settings.idle_timeout_secs = args.idle_timeout.or(settings.idle_timeout_secs);
+    settings.idle_action = args.idle_action.map(IdleActionArg::into_api).or(settings.idle_action);
+    settings.memory_mib = args.memory.or(settings.memory_mib);
+    settings.cpus = args.cpus.or(settings.cpus);
+    let client = connect().await?;
+    let updated = client
+        .call::<umbra_api::methods::SessionUpdate>(umbra_api::methods::UpdateParams { name: args.name, settings })
+        .await?;
+    let list = |l: &[String]| if l.is_empty() { "nothing".to_string() } else { l.join(", ") };
+    eprintln!(
+        "vmctl: session {} ({}): in force now: {}; at its next boot: {}",
+        updated.session.name,
+        updated.session.status,
+        list(&updated.applied),
+        list(&updated.next_boot)
+    );
     Ok(())
 }
 

@@ -1244,6 +1244,7 @@ export type SessionEventKind =
   | FailedEvent
   | IdleStopEvent
   | IdleSuspendEvent
+  | ConfigChangedEvent
   | FolderMountedEvent
   | FolderUnmountedEvent
   | ShadowExportedEvent
@@ -1282,6 +1283,7 @@ export const SESSION_EVENT_KINDS = [
   "failed",
   "idle_stop",
   "idle_suspend",
+  "config_changed",
   "folder_mounted",
   "folder_unmounted",
   "shadow_exported",
@@ -1376,6 +1378,17 @@ export interface IdleStopEvent {
 export interface IdleSuspendEvent {
   event: "idle_suspend";
   idle_secs: number;
+}
+
+/**
+ * umbrad's configuration or the machine's system policy changed: `what` is
+ * `configuration` (by `config.set`, or its file edited) or `system_policy` (its file
+ * edited); `path` is the file. Host event. Since API 1.8.
+ */
+export interface ConfigChangedEvent {
+  event: "config_changed";
+  what: string;
+  path: string;
 }
 
 /** A folder is shared (at start, after a restart or resume, or by `folder.mount`). */
@@ -1818,6 +1831,39 @@ export interface SetSecretParams {
 }
 
 /**
+ * Session settings to change: only the fields given. `session.start` takes one (over the
+ * daemon's defaults), and so does `config.set` (the defaults themselves).
+ */
+export interface SettingsPatch {
+  /** Command approval settings. */
+  approval?: ApprovalSettings | null;
+  /** Whether ports guest programs listen on are exposed as they appear. */
+  auto_expose?: boolean | null;
+  /** The VM backend. */
+  backend?: BackendChoice | null;
+  /** The bundle to boot. */
+  bundle?: string | null;
+  /** Guest vCPUs (1 to 64). */
+  cpus?: number | null;
+  /** Size of the session disk; 0 for none. */
+  disk_size_mib?: number | null;
+  /** Seconds between heartbeats. */
+  heartbeat_interval_secs?: number | null;
+  /** Seconds a heartbeat may take. */
+  heartbeat_timeout_secs?: number | null;
+  /** What the idle timeout does: `stop` or `suspend`. */
+  idle_action?: IdleAction | null;
+  /** Idle seconds before the session stops; 0 never. */
+  idle_timeout_secs?: number | null;
+  /** Guest memory (64 to 65536). */
+  memory_mib?: number | null;
+  /** The network policy (replaces the whole policy). */
+  network?: NetworkPolicy | null;
+  /** The sandbox policy, as JSON: `{"type": "workspace_readonly", "ignore": [".env"]}`. */
+  policy?: SandboxPolicy | null;
+}
+
+/**
  * When `shadow.apply` writes an entry.
  *
  * - `"by_default"`: Applied unless `paths` leaves it out.
@@ -2238,6 +2284,28 @@ export interface UnsubscribeParams {
   subscription: number;
 }
 
+/** Params of `session.update`. */
+export interface UpdateParams {
+  name: string;
+  /** The settings to change (only those given), as `session.start` takes them. */
+  settings: SettingsPatch;
+}
+
+/** What `session.update` changed. */
+export interface Updated {
+  session: SessionInfo;
+  /**
+   * Fields in force at once on the running session (`approval`, `network`,
+   * `idle_timeout_secs`, `idle_action`, `auto_expose`).
+   */
+  applied: string[];
+  /**
+   * Fields recorded that take effect at its next boot (stop and resume): the VM's size,
+   * heartbeat, bundle, backend and sandbox policy (its folders' modes are set at a boot).
+   */
+  next_boot: string[];
+}
+
 /** The answer; `Ord` is the order of strictness (`Deny` strictest). */
 export type Verdict = "allow" | "ask" | "deny";
 
@@ -2340,6 +2408,10 @@ export interface Methods {
    */
   "session.set_network": { params: SetNetworkParams; result: SessionInfo };
   /**
+   * Changes a session's settings, running or not: approval, network (within its policy's ceiling), the idle timeout and action and `auto_expose` take effect at once; the rest at its next boot, as the answer says. Since API 1.8.
+   */
+  "session.update": { params: UpdateParams; result: Updated };
+  /**
    * Adds a secret to a session or gives one a new value (rotation), effective for the next request through the proxy; the value is never sent to the guest.
    */
   "session.set_secret": { params: SetSecretParams; result: SessionInfo };
@@ -2438,6 +2510,7 @@ export const METHOD_NAMES = [
   "session.fork",
   "session.delete",
   "session.set_network",
+  "session.update",
   "session.set_secret",
   "session.expose",
   "session.unexpose",

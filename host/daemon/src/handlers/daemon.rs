@@ -38,6 +38,7 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
                         ApiError::new(ErrorCode::Io, format!("cannot save the settings to {}: {e}", path.display()))
                     })
                 })?;
+                crate::watch::changed(daemon, "configuration", path);
                 if patch.auto_download == Some(true) || (patch.bundle_url.is_some() && config.auto_download) {
                     crate::bundles::warm_in_background(daemon.clone());
                 }

@@ -7,7 +7,7 @@ use serde_json::Value;
 use umbra_api::methods::{
     Done, Method, PermissionRespond, SessionDelete, SessionExpose, SessionFork, SessionGet, SessionList,
     SessionListMethod, SessionLogs, SessionLogsMethod, SessionPorts, SessionResume, SessionSetNetwork,
-    SessionSetSecret, SessionSnapshot, SessionStart, SessionStop, SessionUnexpose,
+    SessionSetSecret, SessionSnapshot, SessionStart, SessionStop, SessionUnexpose, SessionUpdate,
 };
 
 use super::common::{call, Outcome};
@@ -48,6 +48,18 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
                 let s = manager.get(&p.name)?;
                 s.set_network(p.network)?;
                 Ok(s.info())
+            })
+            .await
+        }
+        SessionUpdate::NAME => {
+            call::<SessionUpdate, _, _>(params, |p| async move {
+                let s = manager.get(&p.name)?;
+                let change = s.update(&p.settings, &manager.config().session)?;
+                Ok(umbra_api::methods::Updated {
+                    session: s.info(),
+                    applied: change.applied,
+                    next_boot: change.next_boot,
+                })
             })
             .await
         }

@@ -131,6 +131,24 @@ impl SessionManager {
         Ok(next)
     }
 
+    /// Replaces the whole configuration (its file changed on disk): checked, held to the
+    /// system policy, and in force as `config.set`'s changes are. False when it is the same.
+    pub fn replace_config(&self, mut next: DaemonConfig) -> Result<bool, ApiError> {
+        next.validate()?;
+        self.ctx.cap(&mut next.session);
+        let mut config = self.ctx.config.write().unwrap();
+        if *config == next {
+            return Ok(false);
+        }
+        if next.max_concurrent_boots != config.max_concurrent_boots {
+            self.ctx.admission.resize(next.max_concurrent_boots as usize);
+        }
+        *config = next;
+        drop(config);
+        self.ctx.pool.wake();
+        Ok(true)
+    }
+
     /// The machine's system policy, when it has one: its ceilings hold for every session this
     /// manager starts, resumes or forks, and for its configuration (`docs/policy.md`).
     pub fn set_system_policy(&self, system: Option<umbra_api::system::SystemPolicyInfo>) {

@@ -44,6 +44,6 @@ pub use error::SessionError;
 pub use events::EventBus;
 pub use exec::{Exec, ExecControl, ExecOutput, ExecRequest, KILL_GRACE};
 pub use incarnation::DISK_FILE;
-pub use instance::{Session, StopReason};
+pub use instance::{Session, SettingsChange, StopReason};
 pub use kept::{Kept, KeptEvent, KeptReader, TerminalRequest};
 pub use manager::{ManagerOptions, SessionManager};

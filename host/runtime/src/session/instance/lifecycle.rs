@@ -203,10 +203,9 @@ impl Session {
     pub(super) async fn supervise(self: Arc<Self>, inc: Arc<Incarnation>, cancel: CancellationToken) {
         let settings = self.settings();
         let heartbeat_timeout = Duration::from_secs(settings.heartbeat_timeout_secs);
-        let idle_timeout = Duration::from_secs(settings.idle_timeout_secs);
-        // Suspending (a snapshot), kept processes and terminals do not keep it awake: they run
-        // on after the restore.
-        let suspends = settings.idle_action == umbra_api::IdleAction::Suspend && self.can_suspend(&inc).await;
+        // Whether this VM could be suspended; the idle settings themselves are read at each
+        // check (`session.update` changes them live).
+        let can_suspend = self.can_suspend(&inc).await;
         let mut alive = tokio::time::interval(ALIVE_EVERY);
         let mut heartbeat = tokio::time::interval(Duration::from_secs(settings.heartbeat_interval_secs));
         // The first tick is immediate; the boot just proved the agent.
@@ -247,6 +246,11 @@ impl Session {
                     if let Err(f) = inc.check_alive() {
                         break f;
                     }
+                    let idle = self.settings();
+                    let idle_timeout = Duration::from_secs(idle.idle_timeout_secs);
+                    // Suspending (a snapshot), kept processes and terminals do not keep it
+                    // awake: they run on after the restore.
+                    let suspends = can_suspend && idle.idle_action == umbra_api::IdleAction::Suspend;
                     if !idle_timeout.is_zero() && self.idle_for(suspends) >= idle_timeout {
                         let idle_secs = idle_timeout.as_secs();
                         let me = self.clone();

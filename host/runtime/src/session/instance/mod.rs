@@ -35,7 +35,10 @@ mod kept;
 mod lifecycle;
 mod ports;
 mod processes;
+mod settings;
 mod snapshots;
+
+pub use settings::SettingsChange;
 #[cfg(test)]
 mod test_support;
 
