@@ -19,8 +19,9 @@ fuzz_target!(|data: &[u8]| {
         workspace: vec!["/sessions/s/mnt/work".into()],
         session: None,
         env: Default::default(),
+        contained: None,
     };
-    for mode in [ApprovalMode::AskEveryTime, ApprovalMode::Allowlist, ApprovalMode::RunEverything] {
+    for mode in [ApprovalMode::AskEveryTime, ApprovalMode::Allowlist, ApprovalMode::Auto, ApprovalMode::RunEverything] {
         let settings = ApprovalSettings {
             mode,
             allow: vec!["ls".into(), "git status".into(), "sh -c".into()],

@@ -85,6 +85,7 @@ async fn commands_needing_approval_wait_for_an_answer_and_silence_denies() {
                 request_id: id,
                 approved: true,
                 scope: Default::default(),
+                decision: None,
             })
             .await
             .unwrap();
@@ -103,6 +104,7 @@ async fn commands_needing_approval_wait_for_an_answer_and_silence_denies() {
                 request_id: id,
                 approved: false,
                 scope: Default::default(),
+                decision: None,
             })
             .await
             .unwrap();
@@ -139,6 +141,7 @@ async fn commands_needing_approval_wait_for_an_answer_and_silence_denies() {
             request_id: id,
             approved: true,
             scope: Default::default(),
+            decision: None,
         })
         .await;
     assert_eq!(late.unwrap_err().code, ErrorCode::NotFound);
@@ -203,6 +206,7 @@ async fn variables_that_change_what_runs_need_a_rule_that_names_them() {
                 request_id,
                 approved: false,
                 scope: Default::default(),
+                decision: None,
             })
             .await
             .unwrap();
@@ -224,6 +228,7 @@ async fn variables_that_change_what_runs_need_a_rule_that_names_them() {
                 request_id: id,
                 approved: false,
                 scope: Default::default(),
+                decision: None,
             })
             .await
             .unwrap();
@@ -290,7 +295,7 @@ async fn network_ask_mode_holds_a_connection_until_the_user_answers() {
         let client = &client;
         move |id: String| async move {
             client
-                .call::<PermissionRespond>(RespondPermissionParams { request_id: id, approved, scope })
+                .call::<PermissionRespond>(RespondPermissionParams { request_id: id, approved, scope, decision: None })
                 .await
                 .unwrap();
         }
@@ -377,4 +382,61 @@ async fn network_ask_mode_holds_a_connection_until_the_user_answers() {
 
     client.call::<SessionDelete>(SessionRef { name: "ask".into() }).await.unwrap();
     server.abort();
+}
+
+/// `allow_always` grows the session's allow list; mode `auto` runs what the sandbox contains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_always_remembers_and_auto_runs_what_the_sandbox_contains() {
+    let daemon = TestDaemon::start("daemon-approval-always", serde_json::json!({}));
+    let approval = serde_json::from_value(serde_json::json!({"mode": "allowlist", "timeout_secs": 30})).unwrap();
+    let (client, mut inbox) = start_under(&daemon, "al", approval).await;
+    let run = Duration::from_secs(60);
+    let always = |id: String| RespondPermissionParams {
+        request_id: id,
+        approved: false,
+        scope: Default::default(),
+        decision: Some(umbra_api::event::PermissionDecision::AllowAlways),
+    };
+    let spawn = client.call::<ProcessSpawn>(argv("al", &["sh", "-c", "uname -s && ls /sessions"]));
+    let answer = async {
+        let (id, command, _) = next_request(&mut inbox).await;
+        assert_eq!(command, "sh -c 'uname -s && ls /sessions'");
+        client.call::<PermissionRespond>(always(id)).await.unwrap();
+    };
+    let (spawned, ()) = tokio::join!(spawn, answer);
+    let p = spawned.expect("allowed (the decision wins over `approved`)");
+    let (out, _, _) = process_output(&client, &mut inbox, "al", p.process, run).await;
+    assert!(String::from_utf8_lossy(&out).starts_with("Linux\n"));
+    let info = client.call::<SessionGet>(SessionRef { name: "al".into() }).await.unwrap();
+    let allow = info.settings.approval.expect("approval").allow;
+    assert_eq!(allow, ["uname -s", "ls /sessions"], "the line's simple commands, not the shell running them");
+    // Those run without a request now (one would wait 30 s, then be refused).
+    let p = client.call::<ProcessSpawn>(argv("al", &["uname", "-s"])).await.unwrap();
+    let (out, _, _) = process_output(&client, &mut inbox, "al", p.process, run).await;
+    assert_eq!(out, b"Linux\n");
+    drop((client, inbox));
+
+    // Mode auto: contained (no network, .git read-only, the folder shadow), anything runs and
+    // the decision says why; with a read-write folder it asks.
+    let work = daemon.dir.0.join("work");
+    std::fs::create_dir_all(work.join(".git")).unwrap();
+    let start_auto = |name: &str, mode: umbra_proto::ShareMode| StartParams {
+        name: name.into(),
+        folders: vec![umbra_api::FolderSpec { path: work.clone(), name: Some("work".into()), mode }],
+        settings: SettingsPatch {
+            approval: Some(serde_json::from_value(serde_json::json!({"mode": "auto", "timeout_secs": 2})).unwrap()),
+            policy: Some(serde_json::from_value(serde_json::json!({"block_git_writes": true})).unwrap()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (client, mut inbox) = daemon.client().await;
+    client.call::<EventsSubscribe>(SubscribeParams { session: None }).await.unwrap();
+    client.call::<SessionStart>(start_auto("contained", umbra_proto::ShareMode::Shadow)).await.unwrap();
+    let p = client.call::<ProcessSpawn>(argv("contained", &["sh", "-c", "echo in-the-sandbox"])).await.unwrap();
+    let (out, _, _) = process_output(&client, &mut inbox, "contained", p.process, run).await;
+    assert_eq!(out, b"in-the-sandbox\n");
+    client.call::<SessionStart>(start_auto("writable", umbra_proto::ShareMode::Rw)).await.unwrap();
+    let e = client.call::<ProcessSpawn>(argv("writable", &["sh", "-c", "echo asked"])).await.unwrap_err();
+    assert!(e.message.contains("no answer within 2 s") && e.message.contains("matches no allow pattern"), "{e:?}");
 }

@@ -376,6 +376,32 @@ pub enum PermissionScope {
     /// A network request: the name for the rest of the session in this umbrad; later
     /// connections to it are not asked again. (For a command, the same as `once`.)
     Session,
+    /// A command: it runs, and its commands (the request's `decision.parts`) join the
+    /// session's allow list, so they run without asking from now on. A network request: as
+    /// `session`. Since API 1.8.
+    Always,
+}
+
+/// An answer to a `permission_request`, as one word (`permission.respond`'s `decision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionDecision {
+    /// Approved, this request only.
+    AllowOnce,
+    /// Approved, and allowed from now on (scope `always`).
+    AllowAlways,
+    Deny,
+}
+
+impl PermissionDecision {
+    /// As `approved` and `scope`.
+    pub fn answer(self) -> (bool, PermissionScope) {
+        match self {
+            PermissionDecision::AllowOnce => (true, PermissionScope::Once),
+            PermissionDecision::AllowAlways => (true, PermissionScope::Always),
+            PermissionDecision::Deny => (false, PermissionScope::Once),
+        }
+    }
 }
 
 impl PermissionScope {

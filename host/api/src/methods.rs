@@ -335,7 +335,13 @@ pub const OUTPUT_WINDOW: u64 = 1024 * 1024;
 pub struct RespondPermissionParams {
     /// The `request_id` of a `permission_request` event.
     pub request_id: String,
+    /// Whether it may run (or connect); `decision`, when given, says it instead.
+    #[serde(default)]
     pub approved: bool,
+    /// `allow_once`, `allow_always` (its commands join the session's allow list) or `deny`:
+    /// `approved` and `scope` in one word. Since API 1.8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<crate::event::PermissionDecision>,
     /// How far an approval reaches: `once` (the default) or `session` (a network name for the
     /// rest of the session).
     #[serde(default, skip_serializing_if = "crate::event::PermissionScope::is_once")]

@@ -346,6 +346,8 @@ export class Umbra extends EventEmitter<UmbraEvents> {
    * `spawn`/`exec` rejects with a `PermissionDeniedError` naming the rule. For a connection
    * (`kind: "network"`, a session in network mode `ask`: `host`, `port`), the guest's connection
    * goes ahead or is refused; `scope: "session"` allows the name for the rest of the session.
+   * For a command, `scope: "always"` also adds the line's simple commands to the session's allow
+   * list, so they run without asking from then on.
    * Rejects with a `NotFoundError` when the request is no longer waiting (answered, or timed
    * out: silence denies).
    *

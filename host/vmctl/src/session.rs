@@ -579,7 +579,7 @@ impl Prompts {
                 "s" | "session" => (true, umbra_api::event::PermissionScope::Session),
                 _ => (false, umbra_api::event::PermissionScope::Once),
             };
-            let answer = RespondPermissionParams { request_id, approved, scope };
+            let answer = RespondPermissionParams { request_id, approved, scope, decision: None };
             if let Err(e) = client.call::<PermissionRespond>(answer).await {
                 eprintln!("vmctl: cannot answer: {}", e.message);
             }

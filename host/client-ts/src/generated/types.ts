@@ -35,9 +35,10 @@ export interface ApiError {
  *
  * - `"ask_every_time"`: Every command waits for a person.
  * - `"allowlist"`: Commands whose every part matches the allow list run; others wait.
+ * - `"auto"`: As `allowlist`, and a command it does not allow runs all the same when the session's sandbox makes it harmless (no network, `.git` read-only, every workspace folder read-only or shadow: `CommandRequest.contained`); the decision says so. The protections (`sudo`, `rm` outside the workspace, …) still ask.
  * - `"run_everything"`: Everything runs, except what the deny list, the protections or a hook stop.
  */
-export type ApprovalMode = "ask_every_time" | "allowlist" | "run_everything";
+export type ApprovalMode = "ask_every_time" | "allowlist" | "auto" | "run_everything";
 
 /** The approval settings of a session (merged from wherever they come from by the caller). */
 export type ApprovalSettings = {
@@ -758,6 +759,14 @@ export interface PathParams {
 }
 
 /**
+ * An answer to a `permission_request`, as one word (`permission.respond`'s `decision`).
+ *
+ * - `"allow_once"`: Approved, this request only.
+ * - `"allow_always"`: Approved, and allowed from now on (scope `always`).
+ */
+export type PermissionDecision = "deny" | "allow_once" | "allow_always";
+
+/**
  * What a `permission_request` asks for.
  *
  * - `"command"`: A command, before it runs.
@@ -770,8 +779,9 @@ export type PermissionKind = "command" | "network";
  *
  * - `"once"`: This request only (every connection waiting on it).
  * - `"session"`: A network request: the name for the rest of the session in this umbrad; later connections to it are not asked again. (For a command, the same as `once`.)
+ * - `"always"`: A command: it runs, and its commands (the request's `decision.parts`) join the session's allow list, so they run without asking from now on. A network request: as `session`. Since API 1.8.
  */
-export type PermissionScope = "once" | "session";
+export type PermissionScope = "once" | "session" | "always";
 
 /**
  * - `"manifest"`: Fetching and checking `manifest.json`.
@@ -984,6 +994,7 @@ export type ReasonKind =
   | EnvNotAllowedReason
   | AllowlistedReason
   | RunEverythingReason
+  | ContainedReason
   | HookReason
   | HookFailedReason;
 
@@ -1002,6 +1013,7 @@ export const REASON_KINDS = [
   "env_not_allowed",
   "allowlisted",
   "run_everything",
+  "contained",
   "hook",
   "hook_failed",
 ] as const;
@@ -1090,6 +1102,16 @@ export interface RunEverythingReason {
   rule: "run_everything";
 }
 
+/**
+ * Mode `auto`: `part` matched no allow pattern, and runs because the sandbox contains it
+ * (`how`).
+ */
+export interface ContainedReason {
+  rule: "contained";
+  how: string;
+  part: string;
+}
+
 /** A hook answered. */
 export interface HookReason {
   rule: "hook";
@@ -1125,7 +1147,17 @@ export interface ResizeParams {
 export interface RespondPermissionParams {
   /** The `request_id` of a `permission_request` event. */
   request_id: string;
-  approved: boolean;
+  /**
+   * Whether it may run (or connect); `decision`, when given, says it instead.
+   *
+   * @defaultValue `false`
+   */
+  approved?: boolean;
+  /**
+   * `allow_once`, `allow_always` (its commands join the session's allow list) or `deny`:
+   * `approved` and `scope` in one word. Since API 1.8.
+   */
+  decision?: PermissionDecision | null;
   /**
    * How far an approval reaches: `once` (the default) or `session` (a network name for the
    * rest of the session).

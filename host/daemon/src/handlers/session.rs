@@ -90,7 +90,8 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
         }
         PermissionRespond::NAME => {
             call::<PermissionRespond, _, _>(params, |p| async move {
-                manager.respond_permission(&p.request_id, p.approved, p.scope)?;
+                let (approved, scope) = p.decision.map(|d| d.answer()).unwrap_or((p.approved, p.scope));
+                manager.respond_permission(&p.request_id, approved, scope)?;
                 Ok(Done {})
             })
             .await

@@ -25,6 +25,10 @@ pub struct CommandRequest {
     /// The variables it gets on top of the guest's defaults (the spawn's `env`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// When the session's sandbox makes any command harmless, how (mode `auto`): no network,
+    /// `.git` read-only, every workspace folder read-only or shadow. `None`: it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contained: Option<String>,
 }
 
 /// The answer; `Ord` is the order of strictness (`Deny` strictest).
@@ -67,6 +71,9 @@ pub enum Reason {
     Allowlisted { patterns: Vec<String> },
     /// The mode is run-everything.
     RunEverything,
+    /// Mode `auto`: `part` matched no allow pattern, and runs because the sandbox contains it
+    /// (`how`).
+    Contained { how: String, part: String },
     /// A hook answered.
     Hook { hook: String, permission: Verdict, message: Option<String> },
     /// A hook failed or did not answer in time; a person decides instead.
@@ -93,6 +100,9 @@ impl std::fmt::Display for Reason {
             }
             Reason::Allowlisted { patterns } => write!(f, "allowed by {}", patterns.join(", ")),
             Reason::RunEverything => write!(f, "the approval mode is run-everything"),
+            Reason::Contained { how, part } => {
+                write!(f, "`{part}` matches no allow pattern and runs because the sandbox contains it ({how})")
+            }
             Reason::Hook { hook, permission, message } => {
                 write!(f, "hook {hook} answered {permission:?}")?;
                 match message {

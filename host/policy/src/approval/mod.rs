@@ -44,6 +44,11 @@ pub enum ApprovalMode {
     AskEveryTime,
     /// Commands whose every part matches the allow list run; others wait.
     Allowlist,
+    /// As `allowlist`, and a command it does not allow runs all the same when the session's
+    /// sandbox makes it harmless (no network, `.git` read-only, every workspace folder
+    /// read-only or shadow: [`CommandRequest::contained`]); the decision says so. The
+    /// protections (`sudo`, `rm` outside the workspace, …) still ask.
+    Auto,
     /// Everything runs, except what the deny list, the protections or a hook stop.
     RunEverything,
 }
@@ -91,7 +96,8 @@ impl ApprovalMode {
         match self {
             ApprovalMode::AskEveryTime => 0,
             ApprovalMode::Allowlist => 1,
-            ApprovalMode::RunEverything => 2,
+            ApprovalMode::Auto => 2,
+            ApprovalMode::RunEverything => 3,
         }
     }
 }
@@ -235,7 +241,7 @@ pub fn evaluate(settings: &ApprovalSettings, request: &CommandRequest) -> Decisi
     match settings.mode {
         ApprovalMode::AskEveryTime => Decision::new(Verdict::Ask, Reason::AskEveryTime, &parts),
         ApprovalMode::RunEverything => Decision::new(Verdict::Allow, Reason::RunEverything, &parts),
-        ApprovalMode::Allowlist => {
+        ApprovalMode::Allowlist | ApprovalMode::Auto => {
             let mut matched: Vec<Option<&String>> = Vec::with_capacity(parts.len());
             for part in &parts {
                 let own = settings.allow.iter().find(|p| allow_matches(part, p));
@@ -262,6 +268,10 @@ pub fn evaluate(settings: &ApprovalSettings, request: &CommandRequest) -> Decisi
                             }
                             None => Reason::NotAllowlisted { part: text(part) },
                         };
+                        if let (ApprovalMode::Auto, Some(how)) = (settings.mode, &request.contained) {
+                            let reason = Reason::Contained { how: how.clone(), part: text(part) };
+                            return Decision::new(Verdict::Allow, reason, &parts);
+                        }
                         return Decision::new(Verdict::Ask, reason, &parts);
                     }
                 }

@@ -22,6 +22,7 @@ fn request(command: &str) -> CommandRequest {
         workspace: vec![PathBuf::from(WS)],
         session: None,
         env: Default::default(),
+        contained: None,
     }
 }
 
@@ -363,4 +364,34 @@ fn an_empty_heredoc_delimiter_is_refused_before_the_parser_allocates_without_bou
     assert_eq!(d.verdict, Verdict::Allow, "{d:?}");
     let d = evaluate(&settings(ApprovalMode::Allowlist, &["cat"], &[]), &request("cat <<<\"\""));
     assert_eq!(d.verdict, Verdict::Allow, "{d:?}");
+}
+
+#[test]
+fn auto_runs_what_the_sandbox_contains_and_still_asks_for_the_protections() {
+    let auto = settings(ApprovalMode::Auto, &["git status"], &["curl"]);
+    let contained = |command: &str| CommandRequest {
+        contained: Some("no network, .git read-only, every workspace folder read-only or shadow".into()),
+        ..request(command)
+    };
+    // Allowlisted as in allowlist mode; anything else runs because the sandbox contains it.
+    let d = evaluate(&auto, &contained("git status"));
+    assert_eq!((d.verdict, rule(&d.reason).as_str()), (Verdict::Allow, "allowlisted"));
+    let d = evaluate(&auto, &contained("make test && ./build/run"));
+    assert_eq!((d.verdict, rule(&d.reason).as_str()), (Verdict::Allow, "contained"), "{d:?}");
+    assert!(d.reason.to_string().contains("runs because the sandbox contains it (no network"), "{}", d.reason);
+    // Not contained (a writable folder, or network): it asks, as allowlist mode does.
+    let d = evaluate(&auto, &request("make test"));
+    assert_eq!((d.verdict, rule(&d.reason).as_str()), (Verdict::Ask, "not_allowlisted"));
+    // The deny list and the protections hold whatever the sandbox.
+    let d = evaluate(&auto, &contained("curl http://example.com"));
+    assert_eq!(d.verdict, Verdict::Deny);
+    let d = evaluate(&auto, &contained("sudo make install"));
+    assert_eq!((d.verdict, rule(&d.reason).as_str()), (Verdict::Ask, "privilege"));
+    let d = evaluate(&auto, &contained("rm -rf /"));
+    assert_eq!(d.verdict, Verdict::Ask, "{d:?}");
+    // Stricter than run-everything, laxer than allowlist, when merged.
+    let merged = settings(ApprovalMode::RunEverything, &[], &[]).merged_onto(&auto);
+    assert_eq!(merged.mode, ApprovalMode::Auto);
+    let merged = auto.merged_onto(&settings(ApprovalMode::Allowlist, &[], &[]));
+    assert_eq!(merged.mode, ApprovalMode::Allowlist);
 }

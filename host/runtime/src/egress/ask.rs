@@ -76,7 +76,7 @@ impl AskGate {
             // This connection asks; if it goes away meanwhile, the others hear "dropped".
             let _done = Forget { gate: self, host };
             let answer = (self.asker)(question.clone(), timeout).await;
-            if answer == Ok(PermissionScope::Session) {
+            if matches!(answer, Ok(PermissionScope::Session | PermissionScope::Always)) {
                 self.approved.lock().unwrap().insert(host.to_string());
             }
             let answer = answer.map(drop);

@@ -68,14 +68,14 @@ impl Approvals {
         let answer = tokio::time::timeout(timeout, rx).await;
         self.pending.lock().unwrap().remove(&request_id);
         let outcome = match answer {
-            Ok(Ok((true, PermissionScope::Session))) => Ok(PermissionScope::Session),
-            Ok(Ok((true, PermissionScope::Once))) => Ok(PermissionScope::Once),
+            Ok(Ok((true, scope))) => Ok(scope),
             Ok(Ok((false, _))) => Err("denied by the user".to_string()),
             Ok(Err(_)) => Err("the request was dropped".to_string()),
             Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
         };
         let reason = match &outcome {
             Ok(PermissionScope::Session) => "approved for the session".to_string(),
+            Ok(PermissionScope::Always) => "approved, and allowed from now on".to_string(),
             Ok(PermissionScope::Once) => "approved".to_string(),
             Err(why) => why.clone(),
         };
@@ -109,18 +109,20 @@ impl Approvals {
         self.wait(request_id, rx, timeout, emit).await
     }
 
-    /// Decides on `argv`: returns when it may run, or the refusal naming the rule (or the
-    /// person, or the timeout). `emit` publishes the request and its resolution.
+    /// Decides on `argv`: returns when it may run — with the allow patterns to add to the
+    /// session's list when the person said `allow_always` — or the refusal naming the rule (or
+    /// the person, or the timeout). `emit` publishes the request and its resolution.
     pub async fn check(
         &self,
         settings: &ApprovalSettings,
         request: CommandRequest,
         emit: impl Fn(EventKind),
-    ) -> Result<(), SessionError> {
+    ) -> Result<Vec<String>, SessionError> {
         let decision = umbra_policy::approval::decide(settings, &request).await;
         let command = request.command.clone();
+        let patterns: Vec<String> = decision.parts.iter().filter_map(|argv| allow_pattern(argv)).collect();
         match decision.verdict {
-            Verdict::Allow => return Ok(()),
+            Verdict::Allow => return Ok(Vec::new()),
             Verdict::Deny => return Err(SessionError::CommandRefused { command, reason: decision.reason.to_string() }),
             Verdict::Ask => {}
         }
@@ -142,12 +144,22 @@ impl Approvals {
             timeout_secs: settings.timeout_secs,
         });
         match self.wait(request_id, rx, timeout, &emit).await {
-            Ok(_) => Ok(()),
+            Ok(PermissionScope::Always) => Ok(patterns),
+            Ok(_) => Ok(Vec::new()),
             Err(reason) => {
                 Err(SessionError::CommandRefused { command, reason: format!("{reason} (it needed approval: {rule})") })
             }
         }
     }
+}
+
+/// The allow pattern `allow_always` adds for one simple command of a line: its words, when
+/// each is a plain word. A part with a word that is not (a shell's script, a quoted argument)
+/// is left out: allow patterns are words, and a pattern for its program alone (`sh -c`) would
+/// allow whatever it runs.
+fn allow_pattern(argv: &[String]) -> Option<String> {
+    let plain = |w: &String| !w.is_empty() && shlex::try_quote(w).is_ok_and(|q| q == w.as_str());
+    (!argv.is_empty() && argv.iter().all(plain)).then(|| argv.join(" "))
 }
 
 /// The command line the rules see for an argv: shell-quoted words (`sh -c 'a && b'` keeps its

@@ -105,23 +105,52 @@ impl Session {
         let approval = self.state.lock().unwrap().record.settings.approval.clone();
         let Some(settings) = approval else { return Ok(()) };
         let inc = self.running("run a process").await?;
-        let workspace = inc
-            .folder_infos
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|f| f.name != crate::share::paths::UPLOADS)
-            .map(|f| std::path::PathBuf::from(&f.guest_path))
-            .collect();
+        let (workspace, contained) = {
+            let folders = inc.folder_infos.lock().unwrap();
+            let workspace = folders
+                .iter()
+                .filter(|f| f.name != crate::share::paths::UPLOADS)
+                .map(|f| std::path::PathBuf::from(&f.guest_path))
+                .collect();
+            (workspace, self.contained(&folders))
+        };
         let request = umbra_policy::approval::CommandRequest {
             command,
             cwd: cwd.unwrap_or("/").into(),
             workspace,
             session: Some(self.name.clone()),
             env: env.clone(),
+            contained,
         };
-        self.ctx.approvals.check(&settings, request, |kind| self.emit(kind)).await?;
+        let allow_from_now = self.ctx.approvals.check(&settings, request, |kind| self.emit(kind)).await?;
+        if !allow_from_now.is_empty() {
+            // `allow_always`: the session's allow list grows (kept in its record).
+            let mut state = self.state.lock().unwrap();
+            if let Some(approval) = &mut state.record.settings.approval {
+                for pattern in allow_from_now {
+                    if !approval.allow.contains(&pattern) && approval.allow.len() < umbra_policy::approval::MAX_RULES {
+                        approval.allow.push(pattern);
+                    }
+                }
+            }
+            drop(state);
+            self.persist();
+        }
         Ok(())
+    }
+
+    /// How the session's sandbox contains any command, if it does (approval mode `auto`): no
+    /// network, `.git` read-only, and every folder of the user's read-only or shadow (a host
+    /// folder a command can change directly is not contained).
+    fn contained(&self, folders: &[umbra_api::FolderInfo]) -> Option<String> {
+        use umbra_proto::ShareMode;
+        let settings = self.settings();
+        let user =
+            folders.iter().filter(|f| f.name != crate::share::paths::UPLOADS && f.name != crate::share::paths::OUTPUTS);
+        let contained = settings.network.mode == umbra_api::session::NetworkMode::None
+            && settings.policy.effective().block_git_writes
+            && user.clone().all(|f| matches!(f.mode, ShareMode::Ro | ShareMode::Shadow));
+        contained.then(|| "no network, .git read-only, every workspace folder read-only or shadow".to_string())
     }
 
     /// A running process of this session.
