@@ -14,6 +14,7 @@
 //! daemon's approval flow are built on top of this crate; `docs/policy.md` says what is done.
 
 pub mod approval;
+mod cursor;
 mod ignore_set;
 pub(crate) mod lattice;
 mod merge;

@@ -28,9 +28,8 @@ impl PolicyArgs {
             return Err(format!("--policy {shown}: {} bytes is too large for a policy", meta.len()));
         }
         let text = std::fs::read_to_string(path).map_err(|e| format!("--policy {shown}: {e}"))?;
-        let policy: SandboxPolicy =
-            serde_json::from_str(&text).map_err(|e| format!("--policy {shown}: not a sandbox policy: {e}"))?;
-        policy.validate().map_err(|e| format!("--policy {shown}: {e}"))?;
+        // Umbra's shape, or Cursor's (its field names), checked either way.
+        let policy = SandboxPolicy::from_json(&text).map_err(|e| format!("--policy {shown}: {e}"))?;
         if network_flags && policy.network.is_some() {
             return Err(format!(
                 "--policy {shown} sets the network and so do --network/--allow-* flags: give it in one place"
