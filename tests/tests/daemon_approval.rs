@@ -414,6 +414,16 @@ async fn allow_always_remembers_and_auto_runs_what_the_sandbox_contains() {
     let p = client.call::<ProcessSpawn>(argv("al", &["uname", "-s"])).await.unwrap();
     let (out, _, _) = process_output(&client, &mut inbox, "al", p.process, run).await;
     assert_eq!(out, b"Linux\n");
+
+    // `vmctl session exec` on a terminal asks the person running it, and `a` allows always.
+    let vmctl = umbra_tests::workspace_bin("vmctl");
+    let env = [("UMBRA_SOCKET", daemon.socket.to_str().unwrap())];
+    let args = ["session", "exec", "al", "--", "uname", "-m"];
+    let (typed, _) = umbra_tests::pty::on_a_terminal(&vmctl, &args, &env, &[("[a]lways, or [d]eny?", "a\n")]).await;
+    assert!(typed.contains("\"uname -m\" needs approval (`uname -m` matches no allow pattern)"), "{typed}");
+    assert!(typed.contains(std::env::consts::ARCH), "it ran: {typed}");
+    let info = client.call::<SessionGet>(SessionRef { name: "al".into() }).await.unwrap();
+    assert!(info.settings.approval.expect("approval").allow.contains(&"uname -m".to_string()));
     drop((client, inbox));
 
     // Mode auto: contained (no network, .git read-only, the folder shadow), anything runs and

@@ -510,7 +510,44 @@ async fn exec_inner(args: ExecArgs) -> anyhow::Result<i32> {
         timeout_secs: args.timeout,
         detach: false,
     };
-    let spawned = match client.call::<ProcessSpawn>(params).await {
+    // Read from the start: a line typed while a command waits for approval answers it, and
+    // anything else typed meanwhile is the command's, sent once it runs.
+    let mut host_stdin = crate::run::host_stdin_reader();
+    let mut early_input = Vec::new();
+    let mut stdin_open = true;
+    let spawning = client.call::<ProcessSpawn>(params);
+    tokio::pin!(spawning);
+    let spawned = loop {
+        let Some(prompts) = &prompts else { break spawning.await };
+        tokio::select! {
+            r = &mut spawning => break r,
+            n = notes.recv() => {
+                let Some(n) = n else { break spawning.await };
+                if n.method != NOTIFY_EVENT {
+                    continue;
+                }
+                let Ok(ev) = serde_json::from_value::<SessionEvent>(n.params) else { continue };
+                if let EventKind::PermissionRequest {
+                    request_id, kind: umbra_api::event::PermissionKind::Command, command, decision, timeout_secs, ..
+                } = ev.kind
+                {
+                    let why = decision.map(|d| d.reason.to_string()).unwrap_or_default();
+                    prompts.ask_command(&client, request_id, &command, &why, timeout_secs);
+                }
+            }
+            chunk = host_stdin.recv(), if stdin_open => {
+                // `None`: end of input (once), then the reader is gone.
+                let chunk = chunk.flatten();
+                stdin_open = chunk.is_some();
+                let answer = chunk.as_ref().and_then(|_| prompts.0.lock().unwrap().take());
+                match (answer, chunk) {
+                    (Some(tx), Some(bytes)) => drop(tx.send(bytes.to_vec())),
+                    (_, chunk) => early_input.push(chunk),
+                }
+            }
+        }
+    };
+    let spawned = match spawned {
         Ok(s) => s,
         Err(e) => {
             drop(raw);
@@ -521,10 +558,13 @@ async fn exec_inner(args: ExecArgs) -> anyhow::Result<i32> {
     let process = ProcessRef { session: args.name.clone(), process: spawned.process };
     let stdin_client = client.clone();
     let stdin_process = process.clone();
-    let mut host_stdin = crate::run::host_stdin_reader();
     let answers = prompts.clone();
     let stdin_task = tokio::spawn(async move {
-        while let Some(chunk) = host_stdin.recv().await {
+        let mut early = early_input.into_iter();
+        while let Some(chunk) = match early.next() {
+            Some(chunk) => Some(chunk),
+            None => host_stdin.recv().await,
+        } {
             // A line typed while a question is open answers it, and is not the command's.
             if let (Some(bytes), Some(answers)) = (&chunk, &answers) {
                 if let Some(tx) = answers.0.lock().unwrap().take() {
@@ -557,6 +597,41 @@ async fn exec_inner(args: ExecArgs) -> anyhow::Result<i32> {
 struct Prompts(std::sync::Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Vec<u8>>>>>);
 
 impl Prompts {
+    /// Asks on the terminal whether a command that needs approval may run: `o`nce, `a`lways
+    /// (its commands join the session's allow list), anything else denies; no answer before the
+    /// request's timeout leaves it to time out (denied).
+    fn ask_command(&self, client: &Client, request_id: String, command: &str, why: &str, timeout_secs: u64) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        *self.0.lock().unwrap() = Some(tx);
+        // The command line is the client's own; the rule may quote it. Shown as text.
+        eprint!("vmctl: {command:?} needs approval ({why}). Allow [o]nce, [a]lways, or [d]eny? ");
+        let _ = std::io::stderr().flush();
+        let (client, slot) = (client.clone(), self.0.clone());
+        tokio::spawn(async move {
+            let typed = tokio::time::timeout(Duration::from_secs(timeout_secs), rx).await;
+            slot.lock().unwrap().take();
+            let Ok(Ok(line)) = typed else {
+                eprintln!("\nvmctl: no answer: the command is refused");
+                return;
+            };
+            use umbra_api::event::PermissionDecision as D;
+            let decision = match String::from_utf8_lossy(&line).trim().to_ascii_lowercase().as_str() {
+                "o" | "once" | "y" | "yes" => D::AllowOnce,
+                "a" | "always" => D::AllowAlways,
+                _ => D::Deny,
+            };
+            let answer = RespondPermissionParams {
+                request_id,
+                approved: false,
+                scope: Default::default(),
+                decision: Some(decision),
+            };
+            if let Err(e) = client.call::<PermissionRespond>(answer).await {
+                eprintln!("vmctl: cannot answer: {}", e.message);
+            }
+        });
+    }
+
     /// Asks about a connection on the terminal and answers umbrad with what is typed: `o`nce,
     /// `s`ession, anything else denies; no answer before the request's timeout leaves it to
     /// time out (denied).
