@@ -598,62 +598,55 @@ struct Prompts(std::sync::Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Send
 
 impl Prompts {
     /// Asks on the terminal whether a command that needs approval may run: `o`nce, `a`lways
-    /// (its commands join the session's allow list), anything else denies; no answer before the
-    /// request's timeout leaves it to time out (denied).
+    /// (its commands join the session's allow list), anything else denies.
     fn ask_command(&self, client: &Client, request_id: String, command: &str, why: &str, timeout_secs: u64) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        *self.0.lock().unwrap() = Some(tx);
+        use umbra_api::event::PermissionScope;
         // The command line is the client's own; the rule may quote it. Shown as text.
-        eprint!("vmctl: {command:?} needs approval ({why}). Allow [o]nce, [a]lways, or [d]eny? ");
-        let _ = std::io::stderr().flush();
-        let (client, slot) = (client.clone(), self.0.clone());
-        tokio::spawn(async move {
-            let typed = tokio::time::timeout(Duration::from_secs(timeout_secs), rx).await;
-            slot.lock().unwrap().take();
-            let Ok(Ok(line)) = typed else {
-                eprintln!("\nvmctl: no answer: the command is refused");
-                return;
-            };
-            use umbra_api::event::PermissionDecision as D;
-            let decision = match String::from_utf8_lossy(&line).trim().to_ascii_lowercase().as_str() {
-                "o" | "once" | "y" | "yes" => D::AllowOnce,
-                "a" | "always" => D::AllowAlways,
-                _ => D::Deny,
-            };
-            let answer = RespondPermissionParams {
-                request_id,
-                approved: false,
-                scope: Default::default(),
-                decision: Some(decision),
-            };
-            if let Err(e) = client.call::<PermissionRespond>(answer).await {
-                eprintln!("vmctl: cannot answer: {}", e.message);
-            }
+        let question = format!("{command:?} needs approval ({why}). Allow [o]nce, [a]lways, or [d]eny?");
+        self.put(client, request_id, question, "the command is refused".into(), timeout_secs, |typed| match typed {
+            "o" | "once" | "y" | "yes" => (true, PermissionScope::Once),
+            "a" | "always" => (true, PermissionScope::Always),
+            _ => (false, PermissionScope::Once),
         });
     }
 
-    /// Asks about a connection on the terminal and answers umbrad with what is typed: `o`nce,
-    /// `s`ession, anything else denies; no answer before the request's timeout leaves it to
-    /// time out (denied).
+    /// Asks about a connection: `o`nce, `s`ession, anything else denies.
     fn ask(&self, client: &Client, request_id: String, what: String, timeout_secs: u64) {
+        use umbra_api::event::PermissionScope;
+        let question = format!("the guest wants to connect to {what}. Allow [o]nce, for the [s]ession, or [d]eny?");
+        let refused = format!("the connection to {what} is denied");
+        self.put(client, request_id, question, refused, timeout_secs, |typed| match typed {
+            "o" | "once" | "y" | "yes" => (true, PermissionScope::Once),
+            "s" | "session" => (true, PermissionScope::Session),
+            _ => (false, PermissionScope::Once),
+        });
+    }
+
+    /// Puts `question` on the terminal and answers umbrad with what the next line typed means
+    /// (`answer`: approved, and how far); no line before the request's timeout leaves it to time
+    /// out (`refused`).
+    fn put(
+        &self,
+        client: &Client,
+        request_id: String,
+        question: String,
+        refused: String,
+        timeout_secs: u64,
+        answer: fn(&str) -> (bool, umbra_api::event::PermissionScope),
+    ) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         *self.0.lock().unwrap() = Some(tx);
-        eprint!("vmctl: the guest wants to connect to {what}. Allow [o]nce, for the [s]ession, or [d]eny? ");
+        eprint!("vmctl: {question} ");
         let _ = std::io::stderr().flush();
         let (client, slot) = (client.clone(), self.0.clone());
         tokio::spawn(async move {
             let typed = tokio::time::timeout(Duration::from_secs(timeout_secs), rx).await;
             slot.lock().unwrap().take();
             let Ok(Ok(line)) = typed else {
-                eprintln!("\nvmctl: no answer: the connection to {what} is denied");
+                eprintln!("\nvmctl: no answer: {refused}");
                 return;
             };
-            let typed = String::from_utf8_lossy(&line).trim().to_ascii_lowercase();
-            let (approved, scope) = match typed.as_str() {
-                "o" | "once" | "y" | "yes" => (true, umbra_api::event::PermissionScope::Once),
-                "s" | "session" => (true, umbra_api::event::PermissionScope::Session),
-                _ => (false, umbra_api::event::PermissionScope::Once),
-            };
+            let (approved, scope) = answer(String::from_utf8_lossy(&line).trim().to_ascii_lowercase().as_str());
             let answer = RespondPermissionParams { request_id, approved, scope, decision: None };
             if let Err(e) = client.call::<PermissionRespond>(answer).await {
                 eprintln!("vmctl: cannot answer: {}", e.message);

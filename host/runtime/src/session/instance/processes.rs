@@ -212,7 +212,6 @@ mod tests {
     use super::*;
     use crate::session::instance::test_support::stopped_session;
     use umbra_api::session::{NetworkMode, NetworkPolicy};
-    use umbra_api::SessionSettings;
 
     fn exec(argv: &[&str]) -> ExecRequest {
         ExecRequest { argv: argv.iter().map(|a| a.to_string()).collect(), ..Default::default() }
@@ -235,13 +234,7 @@ mod tests {
     #[test]
     fn the_network_moves_only_within_the_policys_ceiling() {
         let dir = tempfile::tempdir().unwrap();
-        let mut settings = SessionSettings::default();
-        let ceiling = NetworkPolicy {
-            mode: NetworkMode::Allowlist,
-            allow_domains: vec!["example.com".into()],
-            ..Default::default()
-        };
-        settings.policy.network = Some(ceiling.clone());
+        let (settings, ceiling) = crate::session::instance::test_support::example_com_ceiling();
         let session = stopped_session(dir.path(), "s", settings, Vec::new());
 
         let wider = NetworkPolicy { mode: NetworkMode::Any, ..Default::default() };

@@ -87,14 +87,8 @@ mod tests {
     #[test]
     fn an_update_says_what_takes_effect_now_and_what_at_the_next_boot() {
         let dir = tempfile::tempdir().unwrap();
-        let mut settings = SessionSettings::default();
-        let ceiling = NetworkPolicy {
-            mode: NetworkMode::Allowlist,
-            allow_domains: vec!["example.com".into()],
-            ..Default::default()
-        };
-        settings.policy.network = Some(ceiling.clone());
-        settings.network = ceiling.clone();
+        let (mut settings, ceiling) = crate::session::instance::test_support::example_com_ceiling();
+        settings.network = ceiling;
         let session = stopped_session(dir.path(), "s", settings, Vec::new());
         let base = SessionSettings::default();
 

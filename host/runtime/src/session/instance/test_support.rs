@@ -31,3 +31,15 @@ pub fn stopped_session(
     record.status = SessionStatus::Stopped;
     Session::new(ctx, record, None, None)
 }
+
+/// Settings whose policy's network ceiling is an allowlist of `example.com`, and that ceiling.
+pub fn example_com_ceiling() -> (SessionSettings, umbra_api::session::NetworkPolicy) {
+    let ceiling = umbra_api::session::NetworkPolicy {
+        mode: umbra_api::session::NetworkMode::Allowlist,
+        allow_domains: vec!["example.com".into()],
+        ..Default::default()
+    };
+    let mut settings = SessionSettings::default();
+    settings.policy.network = Some(ceiling.clone());
+    (settings, ceiling)
+}
