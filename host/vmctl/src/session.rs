@@ -519,20 +519,19 @@ async fn exec_inner(args: ExecArgs) -> anyhow::Result<i32> {
     tokio::pin!(spawning);
     let spawned = loop {
         let Some(prompts) = &prompts else { break spawning.await };
+        // The answer first: umbrad sends the process's events after it, and a notification
+        // taken here would be lost to `drive` (a quick command's output).
         tokio::select! {
+            biased;
             r = &mut spawning => break r,
             n = notes.recv() => {
                 let Some(n) = n else { break spawning.await };
                 if n.method != NOTIFY_EVENT {
+                    // Nothing of the process comes before its answer (see above).
                     continue;
                 }
-                let Ok(ev) = serde_json::from_value::<SessionEvent>(n.params) else { continue };
-                if let EventKind::PermissionRequest {
-                    request_id, kind: umbra_api::event::PermissionKind::Command, command, decision, timeout_secs, ..
-                } = ev.kind
-                {
-                    let why = decision.map(|d| d.reason.to_string()).unwrap_or_default();
-                    prompts.ask_command(&client, request_id, &command, &why, timeout_secs);
+                if let Ok(ev) = serde_json::from_value::<SessionEvent>(n.params) {
+                    prompts.on_event(&client, ev);
                 }
             }
             chunk = host_stdin.recv(), if stdin_open => {
@@ -597,6 +596,32 @@ async fn exec_inner(args: ExecArgs) -> anyhow::Result<i32> {
 struct Prompts(std::sync::Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Vec<u8>>>>>);
 
 impl Prompts {
+    /// Puts a `permission_request` (a command's, or a connection's) to the person.
+    fn on_event(&self, client: &Client, ev: SessionEvent) {
+        use umbra_api::event::PermissionKind;
+        let EventKind::PermissionRequest {
+            request_id, kind, command, decision, host, port, process, timeout_secs, ..
+        } = ev.kind
+        else {
+            return;
+        };
+        match (kind, host, port) {
+            (PermissionKind::Command, _, _) => {
+                let why = decision.map(|d| d.reason.to_string()).unwrap_or_default();
+                self.ask_command(client, request_id, &command, &why, timeout_secs);
+            }
+            (PermissionKind::Network, Some(host), Some(port)) => {
+                // umbrad tidied what the guest claims; tidy it again before a terminal shows it.
+                let by = process.map(|p| p.tidy()).map_or_else(String::new, |p| match p.pid {
+                    Some(pid) => format!(" (process {pid}: {})", p.command),
+                    None => format!(" ({})", p.command),
+                });
+                self.ask(client, request_id, format!("{host}:{port}{by}"), timeout_secs);
+            }
+            _ => {}
+        }
+    }
+
     /// Asks on the terminal whether a command that needs approval may run: `o`nce, `a`lways
     /// (its commands join the session's allow list), anything else denies.
     fn ask_command(&self, client: &Client, request_id: String, command: &str, why: &str, timeout_secs: u64) {
@@ -684,23 +709,7 @@ async fn drive(
                 }
                 if n.method == NOTIFY_EVENT {
                     if let (Some(prompts), Ok(ev)) = (prompts, serde_json::from_value::<SessionEvent>(n.params)) {
-                        if let EventKind::PermissionRequest {
-                            request_id,
-                            kind: umbra_api::event::PermissionKind::Network,
-                            host: Some(host),
-                            port: Some(port),
-                            process: asker,
-                            timeout_secs,
-                            ..
-                        } = ev.kind
-                        {
-                            // umbrad tidied what the guest claims; tidy it again before a terminal shows it.
-                            let by = asker.map(|p| p.tidy()).map_or_else(String::new, |p| match p.pid {
-                                Some(pid) => format!(" (process {pid}: {})", p.command),
-                                None => format!(" ({})", p.command),
-                            });
-                            prompts.ask(client, request_id, format!("{host}:{port}{by}"), timeout_secs);
-                        }
+                        prompts.on_event(client, ev);
                     }
                     continue;
                 }
