@@ -86,6 +86,7 @@ async fn commands_needing_approval_wait_for_an_answer_and_silence_denies() {
                 approved: true,
                 scope: Default::default(),
                 decision: None,
+                remember: false,
             })
             .await
             .unwrap();
@@ -105,6 +106,7 @@ async fn commands_needing_approval_wait_for_an_answer_and_silence_denies() {
                 approved: false,
                 scope: Default::default(),
                 decision: None,
+                remember: false,
             })
             .await
             .unwrap();
@@ -142,6 +144,7 @@ async fn commands_needing_approval_wait_for_an_answer_and_silence_denies() {
             approved: true,
             scope: Default::default(),
             decision: None,
+            remember: false,
         })
         .await;
     assert_eq!(late.unwrap_err().code, ErrorCode::NotFound);
@@ -207,6 +210,7 @@ async fn variables_that_change_what_runs_need_a_rule_that_names_them() {
                 approved: false,
                 scope: Default::default(),
                 decision: None,
+                remember: false,
             })
             .await
             .unwrap();
@@ -229,6 +233,7 @@ async fn variables_that_change_what_runs_need_a_rule_that_names_them() {
                 approved: false,
                 scope: Default::default(),
                 decision: None,
+                remember: false,
             })
             .await
             .unwrap();
@@ -295,7 +300,13 @@ async fn network_ask_mode_holds_a_connection_until_the_user_answers() {
         let client = &client;
         move |id: String| async move {
             client
-                .call::<PermissionRespond>(RespondPermissionParams { request_id: id, approved, scope, decision: None })
+                .call::<PermissionRespond>(RespondPermissionParams {
+                    request_id: id,
+                    approved,
+                    scope,
+                    decision: None,
+                    remember: false,
+                })
                 .await
                 .unwrap();
         }
@@ -396,6 +407,7 @@ async fn allow_always_remembers_and_auto_runs_what_the_sandbox_contains() {
         approved: false,
         scope: Default::default(),
         decision: Some(umbra_api::event::PermissionDecision::AllowAlways),
+        remember: false,
     };
     let spawn = client.call::<ProcessSpawn>(argv("al", &["sh", "-c", "uname -s && ls /sessions"]));
     let answer = async {
@@ -449,4 +461,56 @@ async fn allow_always_remembers_and_auto_runs_what_the_sandbox_contains() {
     client.call::<SessionStart>(start_auto("writable", umbra_proto::ShareMode::Rw)).await.unwrap();
     let e = client.call::<ProcessSpawn>(argv("writable", &["sh", "-c", "echo asked"])).await.unwrap_err();
     assert!(e.message.contains("no answer within 2 s") && e.message.contains("matches no allow pattern"), "{e:?}");
+}
+
+/// `allow_always` with `remember`: the commands join umbrad's configuration, so a new session
+/// allows them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remember_puts_the_commands_in_umbrads_configuration() {
+    let config = serde_json::json!({"approval": {"mode": "allowlist", "timeout_secs": 30}});
+    let daemon = TestDaemon::start("daemon-approval-remember", config);
+    let (client, mut inbox) = daemon.client().await;
+    client.call::<EventsSubscribe>(SubscribeParams { session: None }).await.unwrap();
+    client.call::<SessionStart>(StartParams { name: "r1".into(), ..Default::default() }).await.unwrap();
+    let spawn = client.call::<ProcessSpawn>(argv("r1", &["uname", "-s"]));
+    let answer = async {
+        let (id, _, _) = next_request(&mut inbox).await;
+        let respond = |decision, remember| RespondPermissionParams {
+            request_id: id.clone(),
+            approved: false,
+            scope: Default::default(),
+            decision: Some(decision),
+            remember,
+        };
+        // Remembering an answer for this request only is refused, and the request still waits.
+        let e = client
+            .call::<PermissionRespond>(respond(umbra_api::event::PermissionDecision::AllowOnce, true))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidParams, "{e:?}");
+        client
+            .call::<PermissionRespond>(respond(umbra_api::event::PermissionDecision::AllowAlways, true))
+            .await
+            .unwrap();
+    };
+    let (spawned, ()) = tokio::join!(spawn, answer);
+    let p = spawned.unwrap();
+    let (out, _, _) = process_output(&client, &mut inbox, "r1", p.process, Duration::from_secs(60)).await;
+    assert_eq!(out, b"Linux\n");
+    let config = client.call::<ConfigGet>(NoParams {}).await.unwrap();
+    assert_eq!(config.session.approval.expect("approval").allow, ["uname -s"]);
+    wait_event(
+        &mut inbox,
+        Duration::from_secs(10),
+        "config_changed",
+        |e| matches!(&e.kind, EventKind::ConfigChanged { what, .. } if what == "configuration"),
+    )
+    .await;
+    // Saved (a new umbrad would have it), and a session started from now on allows it.
+    let saved = std::fs::read_to_string(daemon.dir.0.join("config/umbra/umbrad.json")).unwrap();
+    assert!(saved.contains("uname -s"), "{saved}");
+    client.call::<SessionStart>(StartParams { name: "r3".into(), ..Default::default() }).await.unwrap();
+    let p = client.call::<ProcessSpawn>(argv("r3", &["uname", "-s"])).await.unwrap();
+    let (out, _, _) = process_output(&client, &mut inbox, "r3", p.process, Duration::from_secs(60)).await;
+    assert_eq!(out, b"Linux\n");
 }

@@ -342,6 +342,11 @@ pub struct RespondPermissionParams {
     /// `approved` and `scope` in one word. Since API 1.8.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<crate::event::PermissionDecision>,
+    /// With `allow_always`: the commands also join the allow list of umbrad's configuration,
+    /// so every new session allows them (the configuration must have approval settings).
+    /// Since API 1.8.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub remember: bool,
     /// How far an approval reaches: `once` (the default) or `session` (a network name for the
     /// rest of the session).
     #[serde(default, skip_serializing_if = "crate::event::PermissionScope::is_once")]

@@ -672,7 +672,7 @@ impl Prompts {
                 return;
             };
             let (approved, scope) = answer(String::from_utf8_lossy(&line).trim().to_ascii_lowercase().as_str());
-            let answer = RespondPermissionParams { request_id, approved, scope, decision: None };
+            let answer = RespondPermissionParams { request_id, approved, scope, decision: None, remember: false };
             if let Err(e) = client.call::<PermissionRespond>(answer).await {
                 eprintln!("vmctl: cannot answer: {}", e.message);
             }

@@ -1159,6 +1159,12 @@ export interface RespondPermissionParams {
    */
   decision?: PermissionDecision | null;
   /**
+   * With `allow_always`: the commands also join the allow list of umbrad's configuration,
+   * so every new session allows them (the configuration must have approval settings).
+   * Since API 1.8.
+   */
+  remember?: boolean;
+  /**
    * How far an approval reaches: `once` (the default) or `session` (a network name for the
    * rest of the session).
    */

@@ -12,6 +12,7 @@ use umbra_api::methods::{
 
 use super::common::{call, Outcome};
 use crate::client::Connection;
+use umbra_api::{ApiError, ErrorCode};
 
 /// Handles this module's methods; `None` for any other.
 pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>) -> Option<Outcome> {
@@ -91,7 +92,34 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
         PermissionRespond::NAME => {
             call::<PermissionRespond, _, _>(params, |p| async move {
                 let (approved, scope) = p.decision.map(|d| d.answer()).unwrap_or((p.approved, p.scope));
-                manager.respond_permission(&p.request_id, approved, scope)?;
+                let always = approved && scope == umbra_api::event::PermissionScope::Always;
+                // Checked before the answer takes effect: a remember that cannot be kept fails whole.
+                let config_approval = manager.config().session.approval;
+                if p.remember && (!always || config_approval.is_none()) {
+                    return Err(ApiError::invalid_params(
+                        "remember needs allow_always and approval settings in umbrad's configuration \
+                         (config.set {\"approval\": …})",
+                    ));
+                }
+                let patterns = manager.respond_permission(&p.request_id, approved, scope)?;
+                if let (true, Some(mut approval)) = (p.remember && !patterns.is_empty(), config_approval) {
+                    for pattern in patterns {
+                        if !approval.allow.contains(&pattern) {
+                            approval.allow.push(pattern);
+                        }
+                    }
+                    let patch = umbra_api::ConfigPatch {
+                        session: umbra_api::session::SettingsPatch { approval: Some(approval), ..Default::default() },
+                        ..Default::default()
+                    };
+                    let path = &conn.daemon.options.config_path;
+                    manager.set_config(&patch, |next| {
+                        crate::settings::save(path, next).map_err(|e| {
+                            ApiError::new(ErrorCode::Io, format!("cannot save the settings to {}: {e}", path.display()))
+                        })
+                    })?;
+                    crate::watch::changed(&conn.daemon, "configuration", path);
+                }
                 Ok(Done {})
             })
             .await

@@ -23,8 +23,15 @@ use super::SessionError;
 /// Requests waiting for an answer, by id. One per manager: ids are unique across sessions.
 #[derive(Default)]
 pub struct Approvals {
-    pending: Mutex<HashMap<String, oneshot::Sender<(bool, PermissionScope)>>>,
+    pending: Mutex<HashMap<String, Pending>>,
     next: AtomicU64,
+}
+
+/// A request waiting for its answer.
+struct Pending {
+    answer: oneshot::Sender<(bool, PermissionScope)>,
+    /// The allow patterns `allow_always` would add (a command's; none for a connection).
+    patterns: Vec<String>,
 }
 
 /// At most this many requests wait at once; more spawns needing approval are refused as busy
@@ -32,27 +39,39 @@ pub struct Approvals {
 pub const MAX_PENDING: usize = 1024;
 
 impl Approvals {
-    /// Answers a pending request.
-    pub fn respond(&self, request_id: &str, approved: bool, scope: PermissionScope) -> Result<(), SessionError> {
-        let sender = self.pending.lock().unwrap().remove(request_id);
-        match sender {
-            Some(tx) => {
-                // The spawn may have timed out in between: then the answer is too late.
-                tx.send((approved, scope)).map_err(|_| SessionError::NoPermissionRequest(request_id.to_string()))
-            }
+    /// Answers a pending request; returns the allow patterns of a command's (what
+    /// `allow_always` adds to its session's list).
+    pub fn respond(
+        &self,
+        request_id: &str,
+        approved: bool,
+        scope: PermissionScope,
+    ) -> Result<Vec<String>, SessionError> {
+        let pending = self.pending.lock().unwrap().remove(request_id);
+        match pending {
+            // The spawn may have timed out in between: then the answer is too late.
+            Some(p) => p
+                .answer
+                .send((approved, scope))
+                .map(|()| p.patterns)
+                .map_err(|_| SessionError::NoPermissionRequest(request_id.to_string())),
             None => Err(SessionError::NoPermissionRequest(request_id.to_string())),
         }
     }
 
     /// A request id and its answer's receiver; `Busy` past [`MAX_PENDING`].
-    fn open(&self, what: &str) -> Result<(String, oneshot::Receiver<(bool, PermissionScope)>), SessionError> {
+    fn open(
+        &self,
+        what: &str,
+        patterns: Vec<String>,
+    ) -> Result<(String, oneshot::Receiver<(bool, PermissionScope)>), SessionError> {
         let request_id = format!("perm-{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
         let (tx, rx) = oneshot::channel();
         let mut pending = self.pending.lock().unwrap();
         if pending.len() >= MAX_PENDING {
             return Err(SessionError::Busy(format!("{MAX_PENDING} {what} already wait for approval")));
         }
-        pending.insert(request_id.clone(), tx);
+        pending.insert(request_id.clone(), Pending { answer: tx, patterns });
         Ok((request_id, rx))
     }
 
@@ -91,7 +110,7 @@ impl Approvals {
         timeout: Duration,
         emit: impl Fn(EventKind),
     ) -> Result<PermissionScope, String> {
-        let (request_id, rx) = self.open("connections").map_err(|e| e.to_string())?;
+        let (request_id, rx) = self.open("connections", Vec::new()).map_err(|e| e.to_string())?;
         emit(EventKind::PermissionRequest {
             request_id: request_id.clone(),
             kind: PermissionKind::Network,
@@ -126,7 +145,7 @@ impl Approvals {
             Verdict::Deny => return Err(SessionError::CommandRefused { command, reason: decision.reason.to_string() }),
             Verdict::Ask => {}
         }
-        let (request_id, rx) = self.open("commands")?;
+        let (request_id, rx) = self.open("commands", patterns.clone())?;
         let timeout = Duration::from_secs(settings.timeout_secs);
         let rule = decision.reason.to_string();
         emit(EventKind::PermissionRequest {

@@ -185,12 +185,13 @@ impl SessionManager {
     }
 
     /// Answers a `permission_request` event: the spawn waiting on it runs, or is refused.
+    /// Returns the allow patterns of a command's request (what `allow_always` adds).
     pub fn respond_permission(
         &self,
         request_id: &str,
         approved: bool,
         scope: umbra_api::event::PermissionScope,
-    ) -> Result<(), SessionError> {
+    ) -> Result<Vec<String>, SessionError> {
         self.ctx.approvals.respond(request_id, approved, scope)
     }
 
