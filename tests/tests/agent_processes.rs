@@ -280,6 +280,17 @@ async fn shutdown_of_a_host_side_agent_kills_its_processes() {
     assert!(matches!(state, None | Some('Z')), "pid {pid} outlived the agent in state {state:?}");
 }
 
+/// Reads a running process's stdout into `out` until it holds at least `n` bytes.
+async fn stdout_at_least(p: &mut umbra_runtime::agent::Process, out: &mut Vec<u8>, n: usize) {
+    while out.len() < n {
+        match p.next_event().await.unwrap() {
+            ProcessEvent::Stdout(b) => out.extend_from_slice(&b),
+            ProcessEvent::Spawned { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 /// Reads a process's stdout until it is parked (its token) or exits (`None`).
 async fn stdout_until_parked(p: &mut umbra_runtime::agent::Process, out: &mut Vec<u8>) -> Option<u64> {
     loop {
@@ -305,22 +316,10 @@ async fn a_parked_process_outlives_its_connection_and_another_adopts_it_with_not
     let mut owned = first.spawn(sh("sleep 30")).unwrap();
     let Some(ProcessEvent::Spawned { pid: owned_pid }) = owned.next_event().await else { panic!("no spawn") };
     let mut seen = Vec::new();
-    while seen.len() < 100 {
-        match counter.next_event().await.unwrap() {
-            ProcessEvent::Stdout(b) => seen.extend_from_slice(&b),
-            ProcessEvent::Spawned { .. } => {}
-            other => panic!("{other:?}"),
-        }
-    }
+    stdout_at_least(&mut counter, &mut seen, 100).await;
     cat.stdin().write(&b"before\n"[..]).await.unwrap();
     let mut cat_out = Vec::new();
-    while cat_out.len() < 7 {
-        match cat.next_event().await.unwrap() {
-            ProcessEvent::Stdout(b) => cat_out.extend_from_slice(&b),
-            ProcessEvent::Spawned { .. } => {}
-            other => panic!("{other:?}"),
-        }
-    }
+    stdout_at_least(&mut cat, &mut cat_out, 7).await;
     let parked = first.park(&[counter.id(), cat.id(), 999]).await.unwrap();
     assert_eq!(parked.len(), 2, "only running processes of the connection: {parked:?}");
     let counter_token = stdout_until_parked(&mut counter, &mut seen).await.expect("parked");

@@ -403,13 +403,7 @@ fn start_settings(
     base: &umbra_api::SessionSettings,
     patch: &umbra_api::session::SettingsPatch,
 ) -> Result<umbra_api::SessionSettings, SessionError> {
-    let mut settings = patch.applied_to(base).map_err(|e| SessionError::InvalidArgument(e.message))?;
-    if let Some(policy) = &patch.policy {
-        settings.policy = umbra_policy::merge(&base.policy, policy);
-    }
-    if let (Some(own), Some(base)) = (&patch.approval, &base.approval) {
-        settings.approval = Some(own.merged_onto(base));
-    }
+    let mut settings = super::instance::patched(base, base, patch)?;
     if settings.policy.network.is_some() {
         settings.network = settings.policy.effective().network;
     }

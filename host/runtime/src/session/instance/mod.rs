@@ -38,6 +38,7 @@ mod processes;
 mod settings;
 mod snapshots;
 
+pub(super) use settings::patched;
 pub use settings::SettingsChange;
 #[cfg(test)]
 mod test_support;

@@ -25,13 +25,7 @@ impl Session {
         self.touch();
         let mut state = self.state.lock().unwrap();
         let current = state.record.settings.clone();
-        let mut next = patch.applied_to(&current).map_err(|e| SessionError::InvalidArgument(e.message))?;
-        if let Some(policy) = &patch.policy {
-            next.policy = umbra_policy::merge(&base.policy, policy);
-        }
-        if let (Some(own), Some(base)) = (&patch.approval, &base.approval) {
-            next.approval = Some(own.merged_onto(base));
-        }
+        let mut next = patched(&current, base, patch)?;
         if patch.network.is_none() && patch.policy.is_some() && next.policy.network.is_some() {
             next.network = next.policy.effective().network;
         }
@@ -63,6 +57,23 @@ impl Session {
         self.persist();
         Ok(change)
     }
+}
+
+/// `patch` over `onto`, its policy and approval merged with the daemon's defaults (`base`), as
+/// a start's and an update's are (each then says what the network becomes).
+pub(in crate::session) fn patched(
+    onto: &SessionSettings,
+    base: &SessionSettings,
+    patch: &SettingsPatch,
+) -> Result<SessionSettings, SessionError> {
+    let mut next = patch.applied_to(onto).map_err(|e| SessionError::InvalidArgument(e.message))?;
+    if let Some(policy) = &patch.policy {
+        next.policy = umbra_policy::merge(&base.policy, policy);
+    }
+    if let (Some(own), Some(base)) = (&patch.approval, &base.approval) {
+        next.approval = Some(own.merged_onto(base));
+    }
+    Ok(next)
 }
 
 /// Which fields differ, by when they take effect.
