@@ -148,6 +148,7 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
             shutdown: tokio::sync::Notify::new(),
             shares: shares::Shares::new(layout),
             parked: Default::default(),
+            exec_checks: Default::default(),
         });
         tokio::select! {
             r = server::serve(agent.clone(), &args.listen) => r,

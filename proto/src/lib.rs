@@ -11,11 +11,13 @@
 
 pub mod codec;
 pub mod egress;
+pub mod exec_gate;
 pub mod forward;
 pub mod frame;
 pub mod messages;
 
 pub use codec::{DecodeError, FrameCodec};
+pub use exec_gate::{ExecGate, CAP_EXEC_GATE};
 pub use frame::{Channel, Frame, FrameHeader, FrameKind, HEADER_LEN, MAX_BODY_LEN};
 pub use messages::*;
 
@@ -35,7 +37,7 @@ pub const SESSION_DISK_LABEL: &str = "umbra-session";
 
 /// Protocol version spoken by this build. Peers with a different major refuse each other;
 /// a newer minor only adds optional fields and methods.
-pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 1, minor: 8 };
+pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 1, minor: 9 };
 
 /// Bytes of stdout or stderr the agent may send per stream before the host grants more credit.
 pub const INITIAL_OUTPUT_CREDIT: u32 = 1024 * 1024;

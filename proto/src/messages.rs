@@ -150,6 +150,12 @@ pub enum Request {
     },
     /// Since 1.8. Kills every parked process nobody adopted (SIGKILL to its group).
     DropParked,
+    /// Since 1.9. Answers an [`Event::ExecCheck`]: the exec goes on, or fails with EACCES.
+    /// `not_found` when no check `check` waits (it was answered, or its caller died).
+    ExecAnswer {
+        check: u64,
+        allow: bool,
+    },
 }
 
 /// The capability an agent lists in its Hello when it knows `park`, `adopt` and `drop_parked`.
@@ -194,6 +200,7 @@ impl Request {
             Request::Park { .. } => "park",
             Request::Adopt { .. } => "adopt",
             Request::DropParked => "drop_parked",
+            Request::ExecAnswer { .. } => "exec_answer",
         }
     }
 }
@@ -214,6 +221,10 @@ pub struct SpawnRequest {
     /// Run on a pseudo-terminal of this size; its output arrives on the stdout channel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tty: Option<TtySize>,
+    /// Since 1.9, with [`crate::CAP_EXEC_GATE`]: check every exec of the process and its
+    /// descendants (after the first exec of `argv` itself, which the host already decided on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_gate: Option<crate::ExecGate>,
 }
 
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -537,6 +548,17 @@ pub enum Event {
     Exit(ExitStatus),
     /// Something failed around the process (its stdin pipe, its output), not the process itself.
     Error { message: String },
+    /// Since 1.9. A process of a spawn with an exec gate (`pid`, in the guest) is about to
+    /// execute `path` with `argv`, which the gate does not let through: it waits until the host
+    /// answers `exec_answer {check}`. `cwd` is the caller's working directory, where readable.
+    ExecCheck {
+        check: u64,
+        pid: u32,
+        path: String,
+        argv: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -686,7 +708,15 @@ mod tests {
             proptest::option::of(any::<u32>()),
             proptest::option::of((any::<u16>(), any::<u16>()).prop_map(|(rows, cols)| TtySize { rows, cols })),
         )
-            .prop_map(|(argv, cwd, env, uid, tty)| SpawnRequest { argv, cwd, env, uid, gid: uid, tty })
+            .prop_map(|(argv, cwd, env, uid, tty)| SpawnRequest {
+                argv,
+                cwd,
+                env,
+                uid,
+                gid: uid,
+                tty,
+                exec_gate: None,
+            })
     }
 
     proptest! {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use umbra_proto::{ErrorCode, SpawnRequest, TtySize, WriteFileRequest, WriteMode};
-use umbra_runtime::agent::{ClientError, ProcessEvent};
+use umbra_runtime::agent::{ClientError, ExecCheck, ProcessEvent};
 use umbra_tests::{process_state, zombie_children, HostAgent, TempDir};
 
 fn sh(script: &str) -> SpawnRequest {
@@ -374,4 +374,46 @@ async fn a_parked_process_outlives_its_connection_and_another_adopts_it_with_not
     gone(pid).await;
     let e = second.adopt(token).unwrap().output().await.unwrap_err();
     assert_eq!(e.agent_error().map(|e| e.code), Some(ErrorCode::NotFound), "{e}");
+}
+
+#[tokio::test]
+async fn an_exec_gate_runs_allowlisted_programs_at_once_and_asks_the_host_for_the_rest() {
+    let agent = HostAgent::start().await;
+    let client = agent.connect().await;
+    assert!(client.gates_execs());
+    let mut checks = client.exec_checks().unwrap();
+    assert!(client.exec_checks().is_none(), "one taker");
+    let gate = umbra_proto::ExecGate { allow: vec!["sh".into(), "true".into(), "id -u".into()], deny: vec![] };
+    // `sh` is the approved command itself, `true` and `id -u` are allowlisted; `id -g` and
+    // `id -n -u` are not, and the host allows the first and refuses the second. A program
+    // that does not exist fails as it would without the gate, without a check.
+    let script = "true && echo listed; id -u; id -g && echo approved; id -n -u || echo refused $?; \
+                  no-such-program 2>/dev/null || echo missing $?";
+    let spawn = SpawnRequest { exec_gate: Some(gate), ..sh(script) };
+    let process = client.spawn(spawn).unwrap();
+    async fn next(checks: &mut tokio::sync::mpsc::Receiver<ExecCheck>) -> ExecCheck {
+        let recv = tokio::time::timeout(Duration::from_secs(20), checks.recv());
+        recv.await.expect("a check in time").expect("checks open")
+    }
+    let first = next(&mut checks).await;
+    assert_eq!(first.argv, ["id", "-g"]);
+    assert!(first.path.ends_with("/id"), "{first:?}");
+    assert!(first.pid > 0 && first.cwd.is_some(), "{first:?}");
+    client.exec_answer(first.check, true).await.unwrap();
+    let second = next(&mut checks).await;
+    assert_eq!(second.argv, ["id", "-n", "-u"]);
+    client.exec_answer(second.check, false).await.unwrap();
+    let e = client.exec_answer(second.check, true).await.unwrap_err();
+    assert_eq!(e.agent_error().unwrap().code, ErrorCode::NotFound, "answered already");
+
+    let out = process.output().await.unwrap();
+    let uid = unsafe { libc::getuid() };
+    let gid = unsafe { libc::getgid() };
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("listed\n{uid}\n{gid}\napproved\nrefused 126\nmissing 127\n"),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(checks.try_recv().is_err(), "no other exec asked");
 }

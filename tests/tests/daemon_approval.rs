@@ -514,3 +514,37 @@ async fn remember_puts_the_commands_in_umbrads_configuration() {
     let (out, _, _) = process_output(&client, &mut inbox, "r3", p.process, Duration::from_secs(60)).await;
     assert_eq!(out, b"Linux\n");
 }
+
+/// Approval scope `guest` (issue 32 item 4): every program a session's command executes in the
+/// guest is checked. An allowlisted one runs without a request; an unlisted one waits for the
+/// person and runs or fails with the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_scope_checks_every_program_a_script_executes() {
+    let daemon = TestDaemon::start("daemon-approval-guest", serde_json::json!({}));
+    let approval =
+        serde_json::json!({"mode": "allowlist", "scope": "guest", "allow": ["sh", "uname -s"], "timeout_secs": 30});
+    let (client, mut inbox) = start_under(&daemon, "g", serde_json::from_value(approval).unwrap()).await;
+    let script = "uname -s; id -u && echo approved; id -g || echo refused";
+    let p = client.call::<ProcessSpawn>(argv("g", &["sh", "-c", script])).await.expect("sh is allowlisted");
+    let respond = |request_id: String, approved: bool| RespondPermissionParams {
+        request_id,
+        approved,
+        scope: Default::default(),
+        decision: None,
+        remember: false,
+    };
+    let (id, command, reason) = next_request(&mut inbox).await;
+    assert_eq!(command, "id -u", "the first program the script runs that is not allowlisted");
+    assert_eq!(reason["rule"], "not_allowlisted", "{reason}");
+    client.call::<PermissionRespond>(respond(id, true)).await.unwrap();
+    let (id, command, _) = next_request(&mut inbox).await;
+    assert_eq!(command, "id -g");
+    client.call::<PermissionRespond>(respond(id, false)).await.unwrap();
+    let (out, err, _) = process_output(&client, &mut inbox, "g", p.process, Duration::from_secs(60)).await;
+    assert_eq!(String::from_utf8_lossy(&out), "Linux\n0\napproved\nrefused\n", "{}", String::from_utf8_lossy(&err));
+    assert!(String::from_utf8_lossy(&err).contains("Permission denied"), "{}", String::from_utf8_lossy(&err));
+    // `uname -s` never asked: the only requests were the two answered above.
+    while let Ok(Some(n)) = tokio::time::timeout(Duration::from_millis(500), inbox.next_raw()).await {
+        assert_ne!(n.params["event"], "permission_request", "{n:?}");
+    }
+}

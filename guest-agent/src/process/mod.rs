@@ -7,6 +7,7 @@
 
 pub mod cgroup;
 mod credit;
+pub mod gate;
 pub mod landlock;
 mod outgoing;
 mod route;

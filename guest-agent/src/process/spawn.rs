@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
@@ -65,9 +65,16 @@ pub fn winsize(size: TtySize) -> Winsize {
 }
 
 /// Forks and execs the request. Errors carry the OS reason (missing binary, bad cwd, EPERM).
-/// With a `landlock` ruleset, the child restricts itself with it just before exec.
+/// With a `landlock` ruleset, the child restricts itself with it just before exec; with a
+/// `gate` socket, it then installs the exec gate's filter and sends its listener there
+/// (`gate.rs`), whose server must already run: the child's own exec waits on it.
 /// Blocks until the child has exec'd: call it from a blocking thread.
-pub fn spawn(reaper: &Reaper, req: &SpawnRequest, landlock: Option<&Ruleset>) -> io::Result<SpawnedChild> {
+pub fn spawn(
+    reaper: &Reaper,
+    req: &SpawnRequest,
+    landlock: Option<&Ruleset>,
+    gate: Option<RawFd>,
+) -> io::Result<SpawnedChild> {
     let Some(program) = req.argv.first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "argv is empty"));
     };
@@ -91,7 +98,8 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest, landlock: Option<&Ruleset>) ->
     let landlock = landlock.map(Ruleset::raw_fd);
     // In the child: into the commands' cgroup while still root (moving needs write access to
     // cgroup.procs), then the requested identity (as std's `Command::uid`/`gid` would, which
-    // run before any pre_exec hook), then landlock.
+    // run before any pre_exec hook), then landlock, then the exec gate (last: from there on
+    // every exec waits for the agent).
     let restrict = move || {
         if let Some(procs) = cgroup {
             super::cgroup::join(procs)?;
@@ -112,7 +120,8 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest, landlock: Option<&Ruleset>) ->
                 }
             }
         }
-        landlock.map_or(Ok(()), Ruleset::restrict_self)
+        landlock.map_or(Ok(()), Ruleset::restrict_self)?;
+        gate.map_or(Ok(()), super::gate::install)
     };
     // Reaping is paused while we fork, so the pty fds opened here cannot leak into another
     // child forked concurrently (all agent forks go through the reaper lock).
@@ -125,7 +134,8 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest, landlock: Option<&Ruleset>) ->
                 .stdout(Stdio::from(pty.slave.try_clone()?))
                 .stderr(Stdio::from(pty.slave.try_clone()?));
             // SAFETY: between fork and exec we only call async-signal-safe functions
-            // (setsid, ioctl, write, the credential calls, the landlock syscalls and prctl)
+            // (setsid, ioctl, write, the credential calls, the landlock and seccomp syscalls, sendmsg,
+            // close and prctl)
             // and touch no heap state.
             unsafe {
                 cmd.pre_exec(move || {
@@ -146,8 +156,8 @@ pub fn spawn(reaper: &Reaper, req: &SpawnRequest, landlock: Option<&Ruleset>) ->
             Ok((ChildStdio::Pty { master: pty.master }, pid))
         } else {
             cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-            // SAFETY: setsid, write, the credential calls, the landlock syscalls and prctl are
-            // async-signal-safe and touch no heap state.
+            // SAFETY: setsid, write, the credential calls, the landlock and seccomp syscalls,
+            // sendmsg, close and prctl are async-signal-safe and touch no heap state.
             unsafe {
                 cmd.pre_exec(move || {
                     if libc::setsid() < 0 {

@@ -141,7 +141,9 @@ async fn handshake<R: AsyncRead + Unpin>(
         // Read now, not at start: a reidentify request may have changed it.
         hostname: nix::unistd::gethostname().ok().map(|h| h.to_string_lossy().into_owned()),
         pid1: conn.agent.pid1,
-        capabilities: ["pty", "files", "mount", "stats", "shares", umbra_proto::CAP_PARK].map(String::from).to_vec(),
+        capabilities: ["pty", "files", "mount", "stats", "shares", umbra_proto::CAP_PARK, umbra_proto::CAP_EXEC_GATE]
+            .map(String::from)
+            .to_vec(),
     };
     conn.send(json_frame(FrameKind::Hello, 0, &ours)).await?;
     Ok(true)

@@ -2,6 +2,7 @@
 //! Quick requests are answered inline (ping stays prompt under load because nothing here waits
 //! on a process); filesystem work runs on the blocking pool as its own task.
 
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -87,6 +88,10 @@ impl Connection {
             }),
             Request::Park { processes } => return self.park(id, processes).await,
             Request::Adopt { token } => return self.adopt(id, token).await,
+            Request::ExecAnswer { check, allow } => match self.agent.exec_checks.answer(check, allow) {
+                true => Ok(ResponseBody::Done),
+                false => Err(ErrorBody::new(ErrorCode::NotFound, format!("no exec check {check} waits"))),
+            },
             Request::DropParked => {
                 for p in self.agent.parked.take_all() {
                     p.kill(Signal::SIGKILL);
@@ -138,10 +143,35 @@ impl Connection {
         // Fixed at spawn: shares added later do not restrict this process.
         let protected = self.agent.shares.protected_paths();
         let started = Instant::now();
+        // The gate's server runs before the fork: the child's own exec waits on it.
+        let (route_tx, route_rx) = tokio::sync::watch::channel(None);
+        let handoff = match &req.exec_gate {
+            None => None,
+            Some(gate) => match process::gate::Handoff::new() {
+                Ok(handoff) => {
+                    let served = process::gate::Served {
+                        gate: gate.clone(),
+                        approved: req.argv.clone(),
+                        route: route_rx,
+                        checks: self.agent.exec_checks.clone(),
+                        answered: Default::default(),
+                    };
+                    tokio::spawn(process::gate::serve(handoff.agent, served));
+                    Some(handoff.child)
+                }
+                Err(e) => {
+                    let err =
+                        ErrorBody::new(ErrorCode::SpawnFailed, format!("cannot run {argv0}{cwd}: exec gate: {e}"));
+                    return self.respond(id, Err(err)).await;
+                }
+            },
+        };
         let spawned = tokio::task::spawn_blocking(move || {
             let ruleset = landlock::deny_removal_beneath(&protected)
                 .map_err(|e| (ErrorCode::SpawnFailed, std::io::Error::other(e.to_string())))?;
-            spawn::spawn(&reaper, &req, ruleset.as_ref()).map_err(|e| {
+            let gate = handoff.as_ref().map(|h| h.as_raw_fd());
+            // `handoff` closes at the end of this closure: the child has its own copy.
+            spawn::spawn(&reaper, &req, ruleset.as_ref(), gate).map_err(|e| {
                 // The cwd is looked up first: a missing cwd is not a missing program (hosts
                 // turn not_found into "command not found").
                 let cwd_missing = req.cwd.as_deref().is_some_and(|c| std::fs::metadata(c).is_err());
@@ -179,6 +209,8 @@ impl Connection {
             let mut processes = self.processes.lock().unwrap();
             process::supervise(self.target(id), child, self.output_chunk, on_exit).map(|handle| {
                 self.agent.live_processes.fetch_add(1, Ordering::AcqRel);
+                // Its gate's checks go where its frames go from now on.
+                let _ = route_tx.send(Some(handle.route.clone()));
                 processes.insert(id, handle);
             })
         };

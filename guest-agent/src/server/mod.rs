@@ -55,6 +55,8 @@ pub struct Agent {
     pub shares: Shares,
     /// Processes parked by a connection (`park`), waiting for another to adopt them.
     pub parked: Parked,
+    /// Exec-gate checks waiting for the host's answer (`process/gate.rs`).
+    pub exec_checks: Arc<crate::process::gate::ExecChecks>,
 }
 
 /// Parked processes by token.

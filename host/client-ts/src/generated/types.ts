@@ -40,6 +40,14 @@ export interface ApiError {
  */
 export type ApprovalMode = "ask_every_time" | "allowlist" | "auto" | "run_everything";
 
+/**
+ * Which programs approval sees.
+ *
+ * - `"command"`: The commands clients run in the session (`session.exec`, `process.spawn`, terminals); what those commands start in the guest is theirs.
+ * - `"guest"`: Every program the session's commands execute, down their whole process tree — an agent running in the guest included — is checked before it runs (the guest agent's exec gate). Allowlisted programs run at once; the others ask as a command would. This is policy on top of the VM, not the boundary: see `docs/policy.md`.
+ */
+export type ApprovalScope = "command" | "guest";
+
 /** The approval settings of a session (merged from wherever they come from by the caller). */
 export type ApprovalSettings = {
   /**
@@ -66,6 +74,12 @@ export type ApprovalSettings = {
   hooks?: HookSpec[];
   /** @defaultValue `"ask_every_time"` */
   mode?: ApprovalMode;
+  /**
+   * Which programs are checked: the commands clients run, or every exec in the guest.
+   *
+   * @defaultValue `"command"`
+   */
+  scope?: ApprovalScope;
   /**
    * How long a command waits for a person's answer before it counts as denied.
    *

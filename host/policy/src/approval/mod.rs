@@ -53,6 +53,21 @@ pub enum ApprovalMode {
     RunEverything,
 }
 
+/// Which programs approval sees.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalScope {
+    /// The commands clients run in the session (`session.exec`, `process.spawn`, terminals);
+    /// what those commands start in the guest is theirs.
+    #[default]
+    Command,
+    /// Every program the session's commands execute, down their whole process tree — an agent
+    /// running in the guest included — is checked before it runs (the guest agent's exec
+    /// gate). Allowlisted programs run at once; the others ask as a command would. This is
+    /// policy on top of the VM, not the boundary: see `docs/policy.md`.
+    Guest,
+}
+
 /// The approval settings of a session (merged from wherever they come from by the caller).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -70,6 +85,8 @@ pub struct ApprovalSettings {
     pub hooks: Vec<HookSpec>,
     /// How long a command waits for a person's answer before it counts as denied.
     pub timeout_secs: u64,
+    /// Which programs are checked: the commands clients run, or every exec in the guest.
+    pub scope: ApprovalScope,
 }
 
 /// How long a permission request waits by default: long enough for a person to read it.
@@ -86,6 +103,7 @@ impl Default for ApprovalSettings {
             deny: Vec::new(),
             hooks: Vec::new(),
             timeout_secs: DEFAULT_APPROVAL_TIMEOUT_SECS,
+            scope: ApprovalScope::default(),
         }
     }
 }
@@ -127,7 +145,7 @@ impl ApprovalSettings {
     }
 
     /// Both sources' settings, the stricter winning: the stricter mode, both deny lists, both
-    /// sources' hooks, the shorter timeout; the allow list of `self` (the more specific source)
+    /// sources' hooks, the shorter timeout, the wider scope (`guest`); the allow list of `self` (the more specific source)
     /// when it has one, else `base`'s — an allow entry never beats a deny entry anyway.
     pub fn merged_onto(&self, base: &ApprovalSettings) -> ApprovalSettings {
         let mode = if self.mode.laxity() <= base.mode.laxity() { self.mode } else { base.mode };
@@ -141,6 +159,7 @@ impl ApprovalSettings {
             deny,
             hooks,
             timeout_secs: self.timeout_secs.min(base.timeout_secs),
+            scope: self.scope.max(base.scope),
         }
     }
 }

@@ -288,9 +288,12 @@ fn merged_settings_never_loosen_the_base() {
     let own = ApprovalSettings {
         hooks: vec![hook("user"), hook("admin")],
         timeout_secs: 600,
+        scope: ApprovalScope::Guest,
         ..settings(ApprovalMode::RunEverything, &["cargo"], &["wget", "curl"])
     };
     let m = own.merged_onto(&base);
+    assert_eq!(m.scope, ApprovalScope::Guest, "either source can widen what is checked");
+    assert_eq!(base.merged_onto(&own).scope, ApprovalScope::Guest);
     assert_eq!(m.mode, ApprovalMode::Allowlist, "the stricter mode");
     assert_eq!(m.deny, ["curl", "wget"], "both deny lists, once each");
     assert_eq!(m.hooks, [hook("admin"), hook("user")], "both sources' hooks");

@@ -59,6 +59,8 @@ struct Inner {
     next_id: AtomicU32,
     state: Mutex<State>,
     agent: Hello,
+    /// Where exec checks go until someone takes them ([`AgentClient::exec_checks`]).
+    exec_checks: Mutex<Option<mpsc::Receiver<ExecCheck>>>,
 }
 
 #[derive(Default)]
@@ -67,7 +69,26 @@ struct State {
     processes: HashMap<u32, ProcessSlot>,
     /// Set once the connection is gone; later calls fail with it.
     lost: Option<String>,
+    exec_checks: Option<mpsc::Sender<ExecCheck>>,
 }
+
+/// An exec in the guest that waits for the host's word (protocol 1.9, `exec_check`): answer
+/// it with [`AgentClient::exec_answer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecCheck {
+    /// The process (of this connection) whose tree it runs in.
+    pub process: u32,
+    pub check: u64,
+    /// The caller's pid in the guest.
+    pub pid: u32,
+    pub path: String,
+    pub argv: Vec<String>,
+    pub cwd: Option<String>,
+}
+
+/// Exec checks queued for the taker at most; past it (or with nobody taking them) the reader
+/// refuses a check itself, so a guest cannot grow the host's memory with them.
+const MAX_QUEUED_EXEC_CHECKS: usize = 64;
 
 struct ProcessSlot {
     events: mpsc::UnboundedSender<ProcessEvent>,
@@ -145,7 +166,15 @@ impl AgentClient {
         }
 
         let (out, out_rx) = mpsc::unbounded_channel();
-        let inner = Arc::new(Inner { out, next_id: AtomicU32::new(1), state: Mutex::new(State::default()), agent });
+        let (checks_tx, checks_rx) = mpsc::channel(MAX_QUEUED_EXEC_CHECKS);
+        let state = State { exec_checks: Some(checks_tx), ..State::default() };
+        let inner = Arc::new(Inner {
+            out,
+            next_id: AtomicU32::new(1),
+            state: Mutex::new(state),
+            agent,
+            exec_checks: Mutex::new(Some(checks_rx)),
+        });
         // Dropped when the read loop ends, however it ends: the writer then closes the socket.
         let (read_done, read_ended) = oneshot::channel::<()>();
         tokio::spawn(write_loop(Arc::downgrade(&inner), sink, out_rx, read_ended));
@@ -308,6 +337,23 @@ impl AgentClient {
             }
         }
         Ok(parked)
+    }
+
+    /// Whether the agent runs exec gates (protocol 1.9, `SpawnRequest::exec_gate`).
+    pub fn gates_execs(&self) -> bool {
+        self.inner.agent.capabilities.iter().any(|c| c == umbra_proto::CAP_EXEC_GATE)
+    }
+
+    /// The exec checks of this connection's processes, in arrival order; `None` after the
+    /// first call (one taker). Checks arriving while nobody holds the receiver — before the
+    /// call, or once it is dropped — are refused.
+    pub fn exec_checks(&self) -> Option<mpsc::Receiver<ExecCheck>> {
+        self.inner.exec_checks.lock().unwrap().take()
+    }
+
+    /// Answers an exec check: the exec goes on, or fails with EACCES.
+    pub async fn exec_answer(&self, check: u64, allow: bool) -> Result<(), ClientError> {
+        self.call(&Request::ExecAnswer { check, allow }).await.map(drop)
     }
 
     /// Kills the parked processes nobody adopted.
@@ -502,6 +548,35 @@ async fn read_loop<R: AsyncRead + Unpin>(
     }
 }
 
+impl Inner {
+    /// Whether nobody has taken the exec checks' receiver yet (nobody would answer). Once taken
+    /// and dropped, the queue is closed, which refuses too.
+    fn exec_checks_untaken(&self) -> bool {
+        self.exec_checks.lock().unwrap().is_some()
+    }
+}
+
+/// Whether a check is of a size the agent sends (it cuts longer ones short).
+fn exec_check_fits(check: &ExecCheck) -> bool {
+    let bytes = check.path.len() + check.argv.iter().map(String::len).sum::<usize>();
+    check.argv.len() <= umbra_proto::exec_gate::MAX_EXEC_ARGS + 1
+        && bytes <= 2 * umbra_proto::exec_gate::MAX_EXEC_BYTES
+        && check.cwd.as_ref().is_none_or(|c| c.len() <= 4096)
+}
+
+/// Refuses check `check` without asking anyone; its answer is not waited for.
+fn refuse_exec(inner: &Inner, state: &mut State, check: u64) {
+    let id = loop {
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        if id != 0 {
+            break id;
+        }
+    };
+    // A pending entry whose receiver is gone: the response lands there and is dropped.
+    state.pending.insert(id, oneshot::channel().0);
+    let _ = inner.out.send(json_frame(FrameKind::Request, id, &Request::ExecAnswer { check, allow: false }));
+}
+
 /// Fails every pending request and ends every open process with an error naming the cause.
 /// The first cause sticks: later calls fail with it.
 fn connection_lost(inner: &Inner, cause: String) {
@@ -555,6 +630,18 @@ fn route(inner: &Inner, frame: Frame, last_error: &mut Option<String>) -> Result
                     if let Some(slot) = state.processes.remove(&frame.id) {
                         slot.stdin_credit.close();
                         let _ = slot.events.send(ProcessEvent::Exit(status));
+                    }
+                }
+                Event::ExecCheck { check, pid, path, argv, cwd } => {
+                    let check = ExecCheck { process: frame.id, check, pid, path, argv, cwd };
+                    let queued = match (&state.exec_checks, state.processes.contains_key(&frame.id)) {
+                        (Some(tx), true) if exec_check_fits(&check) && !inner.exec_checks_untaken() => {
+                            tx.try_send(check).map_err(|e| e.into_inner())
+                        }
+                        _ => Err(check),
+                    };
+                    if let Err(check) = queued {
+                        refuse_exec(inner, &mut state, check.check);
                     }
                 }
                 Event::Error { message } => {

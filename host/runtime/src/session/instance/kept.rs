@@ -205,6 +205,8 @@ impl Session {
             self.release_kept("the restored guest's agent cannot hand processes over (protocol before 1.8)");
             return;
         }
+        // Exec checks of the adopted processes come on the new connection.
+        self.serve_exec_checks(&inc.agent);
         let parked: Vec<(u64, u64)> = {
             let state = self.state.lock().unwrap();
             state.processes.iter().filter_map(|(&id, r)| r.parked.map(|token| (id, token))).collect()

@@ -39,6 +39,7 @@ impl Session {
             uid: None,
             gid: None,
             tty: req.tty,
+            exec_gate: self.exec_gate(&inc.agent)?,
         };
         let mut process = inc.agent.spawn(spawn)?;
         let id = self.ctx.next_process_id();
@@ -137,6 +138,49 @@ impl Session {
             self.persist();
         }
         Ok(())
+    }
+
+    /// The exec gate a spawn gets with approval scope `guest`: what the guest agent lets
+    /// through without asking (the allow list, when the rules alone would allow what it
+    /// matches: not in mode ask-every-time, nor with hooks) and the deny list; the checks it
+    /// sends are answered by [`Self::serve_exec_checks`].
+    fn exec_gate(&self, agent: &crate::agent::AgentClient) -> Result<Option<umbra_proto::ExecGate>, SessionError> {
+        use umbra_policy::approval::{ApprovalMode, ApprovalScope};
+        let approval = self.state.lock().unwrap().record.settings.approval.clone();
+        let Some(settings) = approval.filter(|a| a.scope == ApprovalScope::Guest) else { return Ok(None) };
+        if !agent.gates_execs() {
+            return Err(SessionError::Unsupported(
+                "approval scope guest: this guest's agent cannot check execs (protocol before 1.9)".into(),
+            ));
+        }
+        self.serve_exec_checks(agent);
+        let local = settings.mode != ApprovalMode::AskEveryTime && settings.hooks.is_empty();
+        let allow = if local { settings.allow } else { Vec::new() };
+        Ok(Some(umbra_proto::ExecGate { allow, deny: settings.deny }))
+    }
+
+    /// Answers the exec checks of `agent`'s processes (once per connection: later calls find
+    /// the checks taken): each is a command for the approval gate, as the guest asked it —
+    /// the program by [`umbra_proto::exec_gate::exec_words`], the caller's cwd, no variables.
+    pub(super) fn serve_exec_checks(&self, agent: &crate::agent::AgentClient) {
+        let Some(mut checks) = agent.exec_checks() else { return };
+        let (me, agent) = (self.me.clone(), agent.clone());
+        tokio::spawn(async move {
+            while let Some(check) = checks.recv().await {
+                let Some(session) = me.upgrade() else { return };
+                let agent = agent.clone();
+                tokio::spawn(async move {
+                    let words = umbra_proto::exec_gate::exec_words(&check.path, &check.argv);
+                    let command = crate::session::approval::command_line(&words);
+                    let verdict = session.approve(command, check.cwd.as_deref(), &Default::default()).await;
+                    if let Err(e) = &verdict {
+                        tracing::info!("session {}: exec of {} refused: {e}", session.name, check.path);
+                    }
+                    // The guest may be gone meanwhile; its exec then needs no answer.
+                    let _ = agent.exec_answer(check.check, verdict.is_ok()).await;
+                });
+            }
+        });
     }
 
     /// How the session's sandbox contains any command, if it does (approval mode `auto`): no
