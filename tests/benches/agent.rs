@@ -1,6 +1,8 @@
 //! Agent benchmarks over a Unix socket, each beside an anchor measured in the same run:
 //!   exec round-trip (spawn `true` → exit event)  vs  native fork/exec/wait of `true`
 //!   stdout throughput through the agent           vs  the same producer into a plain pipe
+//!   an exec under the exec gate (approval scope guest), allowlisted in the agent and asked of
+//!   the host (answered at once)                    vs  the same loop with no gate
 //!
 //! Run with `scripts/bench` (builds the release agent first). Prints medians and ratios.
 
@@ -102,5 +104,57 @@ fn main() {
             mib_per_s(p),
             mib_per_s(a) / mib_per_s(p)
         );
+
+        exec_gate(&client).await;
     });
+}
+
+const GATED_EXECS: usize = 500;
+const GATE_ROUNDS: usize = 5;
+
+/// A shell running `/bin/true` GATED_EXECS times: with no gate, with the gate letting `true`
+/// through in the agent, and with every `true` asked of the host (this bench answers at once).
+/// Rounds interleave the three; medians per exec.
+async fn exec_gate(client: &umbra_runtime::agent::AgentClient) {
+    let mut checks = client.exec_checks().expect("the checks are this bench's");
+    let answerer = client.clone();
+    tokio::spawn(async move {
+        while let Some(check) = checks.recv().await {
+            answerer.exec_answer(check.check, true).await.unwrap();
+        }
+    });
+    let script = format!("i=0; while [ $i -lt {GATED_EXECS} ]; do /bin/true; i=$((i+1)); done");
+    let run = |gate: Option<umbra_proto::ExecGate>| {
+        let spawn = SpawnRequest {
+            argv: vec!["sh".into(), "-c".into(), script.clone()],
+            exec_gate: gate,
+            ..Default::default()
+        };
+        async move {
+            let t = Instant::now();
+            let out = client.spawn(spawn).unwrap().output().await.unwrap();
+            assert_eq!(out.status.code, Some(0));
+            t.elapsed() / GATED_EXECS as u32
+        }
+    };
+    let listed = umbra_proto::ExecGate { allow: vec!["true".into()], deny: vec![] };
+    let asked = umbra_proto::ExecGate::default();
+    let (mut off, mut local, mut host) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..GATE_ROUNDS {
+        off.push(run(None).await);
+        local.push(run(Some(listed.clone())).await);
+        host.push(run(Some(asked.clone())).await);
+    }
+    let (off, local, host) = (median(off), median(local), median(host));
+    let more = |d: Duration| d.saturating_sub(off);
+    println!(
+        "exec under the gate  off {:>7.1?}   allowlisted {:>7.1?} (+{:.1?}, {:.2}x)   asked of the host {:>7.1?} (+{:.1?}, {:.2}x)   per exec",
+        off,
+        local,
+        more(local),
+        local.as_secs_f64() / off.as_secs_f64(),
+        host,
+        more(host),
+        host.as_secs_f64() / off.as_secs_f64()
+    );
 }

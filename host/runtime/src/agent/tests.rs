@@ -350,3 +350,55 @@ async fn a_park_answer_ends_only_the_streams_that_were_asked_for() {
     agent.send(Frame::data(other.id(), Channel::Stdout, &b"still here"[..])).await.unwrap();
     assert_eq!(other.next_event().await, Some(ProcessEvent::Stdout(bytes::Bytes::from_static(b"still here"))));
 }
+
+#[tokio::test]
+async fn exec_checks_nobody_can_answer_are_refused_by_the_reader() {
+    let (client, mut agent) = fake_agent().await;
+    let p = spawned(&client, &mut agent).await;
+    let check = |check: u64, process: u32, argv: Vec<String>| {
+        let event = Event::ExecCheck { check, pid: 7, path: "/usr/bin/id".into(), argv, cwd: None };
+        json_frame(FrameKind::Event, process, &event)
+    };
+    let refused = |frame: Frame| {
+        assert_eq!(frame.kind, FrameKind::Request);
+        let (req, _): (Request, _) = parse_body(&frame.body).unwrap();
+        match req {
+            Request::ExecAnswer { check, allow: false } => check,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    };
+    // Before anyone takes the checks: refused at once.
+    agent.send(check(1, p.id(), vec!["id".into()])).await.unwrap();
+    assert_eq!(refused(next_request(&mut agent).await), 1);
+    let mut checks = client.exec_checks().unwrap();
+    // Taken: a check of a process that is not this connection's, and one larger than any the
+    // agent sends, are refused; a well-formed one reaches the taker.
+    agent.send(check(2, 4242, vec!["id".into()])).await.unwrap();
+    assert_eq!(refused(next_request(&mut agent).await), 2);
+    let huge = vec!["x".repeat(1024); 1024];
+    agent.send(check(3, p.id(), huge)).await.unwrap();
+    assert_eq!(refused(next_request(&mut agent).await), 3);
+    agent.send(check(4, p.id(), vec!["id".into(), "-u".into()])).await.unwrap();
+    let got = tokio::time::timeout(PATIENCE, checks.recv()).await.unwrap().unwrap();
+    assert_eq!((got.check, got.process, got.argv.as_slice()), (4, p.id(), &["id".to_string(), "-u".into()][..]));
+    // A flood past the queue is refused, not held: nobody reads `checks` now.
+    for n in 0..(super::MAX_QUEUED_EXEC_CHECKS as u64 + 3) {
+        agent.send(check(100 + n, p.id(), vec!["id".into()])).await.unwrap();
+    }
+    let mut refusals = Vec::new();
+    for _ in 0..3 {
+        refusals.push(refused(next_request(&mut agent).await));
+    }
+    assert_eq!(refusals.len(), 3);
+    // Dropped: refused again, and the connection goes on.
+    drop(checks);
+    agent.send(check(9, p.id(), vec!["id".into()])).await.unwrap();
+    // (the queued ones are dropped unanswered with the receiver: the agent gives up on a dead
+    // caller itself.)
+    loop {
+        if refused(next_request(&mut agent).await) == 9 {
+            break;
+        }
+    }
+    ping_round_trip(&client, &mut agent).await;
+}
