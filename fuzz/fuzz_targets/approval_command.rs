@@ -19,6 +19,7 @@ fuzz_target!(|data: &[u8]| {
         workspace: vec!["/sessions/s/mnt/work".into()],
         session: None,
         env: Default::default(),
+        writable: vec!["/sessions/s/mnt/work".into()],
         contained: None,
     };
     for mode in [ApprovalMode::AskEveryTime, ApprovalMode::Allowlist, ApprovalMode::Auto, ApprovalMode::RunEverything] {
@@ -26,6 +27,7 @@ fuzz_target!(|data: &[u8]| {
             mode,
             allow: vec!["ls".into(), "git status".into(), "sh -c".into()],
             deny: vec!["curl".into()],
+            protect_dotfiles: true,
             ..Default::default()
         };
         let decision = evaluate(&settings, &request);

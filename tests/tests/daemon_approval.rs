@@ -446,7 +446,10 @@ async fn allow_always_remembers_and_auto_runs_what_the_sandbox_contains() {
         name: name.into(),
         folders: vec![umbra_api::FolderSpec { path: work.clone(), name: Some("work".into()), mode }],
         settings: SettingsPatch {
-            approval: Some(serde_json::from_value(serde_json::json!({"mode": "auto", "timeout_secs": 2})).unwrap()),
+            approval: Some(
+                serde_json::from_value(serde_json::json!({"mode": "auto", "timeout_secs": 2, "protect_dotfiles": true}))
+                    .unwrap(),
+            ),
             policy: Some(serde_json::from_value(serde_json::json!({"block_git_writes": true})).unwrap()),
             ..Default::default()
         },
@@ -461,6 +464,11 @@ async fn allow_always_remembers_and_auto_runs_what_the_sandbox_contains() {
     client.call::<SessionStart>(start_auto("writable", umbra_proto::ShareMode::Rw)).await.unwrap();
     let e = client.call::<ProcessSpawn>(argv("writable", &["sh", "-c", "echo asked"])).await.unwrap_err();
     assert!(e.message.contains("no answer within 2 s") && e.message.contains("matches no allow pattern"), "{e:?}");
+    // protect_dotfiles: a write to a dotfile of the read-write folder asks, in every mode.
+    let line = "echo KEY=1 > /sessions/writable/mnt/work/.env";
+    let e = client.call::<ProcessSpawn>(argv("writable", &["sh", "-c", line])).await.unwrap_err();
+    assert!(e.message.contains("a dotfile in a writable folder"), "{e:?}");
+    assert!(!work.join(".env").exists(), "nothing was written");
 }
 
 /// `allow_always` with `remember`: the commands join umbrad's configuration, so a new session

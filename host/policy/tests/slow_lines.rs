@@ -16,6 +16,7 @@ fn a_slow_line_is_decided_within_the_budget_and_later_lines_fail_closed() {
         workspace: vec!["/w".into()],
         session: None,
         env: Default::default(),
+        writable: Vec::new(),
         contained: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();

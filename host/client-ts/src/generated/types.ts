@@ -75,6 +75,15 @@ export type ApprovalSettings = {
   /** @defaultValue `"ask_every_time"` */
   mode?: ApprovalMode;
   /**
+   * Ask, in every mode, before a command writes a dotfile (`.env`, `.git/config`,
+   * `.github/…`, `.bashrc`) in a folder it can change on the host directly (`rw`, `rwd`):
+   * through a redirection or as the file operand of `tee`, `touch`, `truncate`, `cp`, `mv`,
+   * `install`, `ln`, `sed -i`, `perl -i`, `dd of=`. A heuristic on the line's words.
+   *
+   * @defaultValue `false`
+   */
+  protect_dotfiles?: boolean;
+  /**
    * Which programs are checked: the commands clients run, or every exec in the guest.
    *
    * @defaultValue `"command"`
@@ -1003,6 +1012,7 @@ export type ReasonKind =
   | RmRecursiveRootReason
   | RmOutsideWorkspaceReason
   | RmUnknownTargetReason
+  | DotfileWriteReason
   | AskEveryTimeReason
   | NotAllowlistedReason
   | EnvNotAllowedReason
@@ -1022,6 +1032,7 @@ export const REASON_KINDS = [
   "rm_recursive_root",
   "rm_outside_workspace",
   "rm_unknown_target",
+  "dotfile_write",
   "ask_every_time",
   "not_allowlisted",
   "env_not_allowed",
@@ -1081,6 +1092,16 @@ export interface RmOutsideWorkspaceReason {
 export interface RmUnknownTargetReason {
   rule: "rm_unknown_target";
   target: string;
+  part: string;
+}
+
+/**
+ * With `protect_dotfiles`: `part` writes the dotfile `path` in a writable folder (or one
+ * whose place is only known when the shell runs).
+ */
+export interface DotfileWriteReason {
+  rule: "dotfile_write";
+  path: string;
   part: string;
 }
 

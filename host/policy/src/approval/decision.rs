@@ -25,6 +25,10 @@ pub struct CommandRequest {
     /// The variables it gets on top of the guest's defaults (the spawn's `env`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// The folders a command can change on the host directly (guest paths of `rw` and `rwd`
+    /// shares): where `protect_dotfiles` asks before a dotfile is written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writable: Vec<PathBuf>,
     /// When the session's sandbox makes any command harmless, how (mode `auto`): no network,
     /// `.git` read-only, every workspace folder read-only or shadow. `None`: it does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -60,6 +64,9 @@ pub enum Reason {
     RmOutsideWorkspace { path: String, part: String },
     /// `rm` of a path only known when the shell runs (`"$DIR"`).
     RmUnknownTarget { target: String, part: String },
+    /// With `protect_dotfiles`: `part` writes the dotfile `path` in a writable folder (or one
+    /// whose place is only known when the shell runs).
+    DotfileWrite { path: String, part: String },
     /// The mode is ask-every-time.
     AskEveryTime,
     /// A part matched no allow pattern.
@@ -92,6 +99,9 @@ impl std::fmt::Display for Reason {
             Reason::RmOutsideWorkspace { path, part } => write!(f, "`{part}` deletes {path}, outside the workspace"),
             Reason::RmUnknownTarget { target, part } => {
                 write!(f, "`{part}` deletes {target}, only known when the shell runs")
+            }
+            Reason::DotfileWrite { path, part } => {
+                write!(f, "`{part}` writes {path}, a dotfile in a writable folder (protect_dotfiles)")
             }
             Reason::AskEveryTime => write!(f, "the approval mode is ask-every-time"),
             Reason::NotAllowlisted { part } => write!(f, "`{part}` matches no allow pattern"),

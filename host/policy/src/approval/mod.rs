@@ -10,9 +10,10 @@
 //! 4. `sudo` (and `doas`, `su`, `pkexec`), and `rm` outside the workspace or recursive on a
 //!    root-like path, need approval in every mode — run-everything included — unless an allow
 //!    pattern for that program matches the part (`rules.rs`);
-//! 5. the mode: ask-every-time asks; allowlist allows when every part matches an allow pattern
+//! 5. with `protect_dotfiles`, a part writing a dotfile in a writable folder needs approval;
+//! 6. the mode: ask-every-time asks; allowlist allows when every part matches an allow pattern
 //!    (or runs inside a wrapper or shell whose part did); run-everything allows;
-//! 6. hooks (`hook.rs`, only in [`decide`]) may make the answer stricter, never laxer.
+//! 7. hooks (`hook.rs`, only in [`decide`]) may make the answer stricter, never laxer.
 //!
 //! A part's variables are part of the decision: the request's `env` and what the line itself
 //! sets (`LD_PRELOAD=x git status`, `env PATH=… git`, `export BASH_ENV=…; …`). Those that change
@@ -33,7 +34,7 @@ pub use decision::{CommandRequest, Decision, Reason, Verdict};
 pub use env::{changes_what_runs, what_changes_what_runs};
 pub use hook::{HookAnswer, HookError, HookSpec};
 pub use parse::{split, Part, SplitError, Word, MAX_COMMAND_LEN, MAX_DEPTH};
-pub use rules::{allow_matches, deny_matches, prefix_matches, Protection, PRIVILEGE_PROGRAMS};
+pub use rules::{allow_matches, deny_matches, dotfile_write, prefix_matches, written, Protection, PRIVILEGE_PROGRAMS};
 
 /// When commands run without asking (seed 003's auto-run modes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -87,6 +88,11 @@ pub struct ApprovalSettings {
     pub timeout_secs: u64,
     /// Which programs are checked: the commands clients run, or every exec in the guest.
     pub scope: ApprovalScope,
+    /// Ask, in every mode, before a command writes a dotfile (`.env`, `.git/config`,
+    /// `.github/…`, `.bashrc`) in a folder it can change on the host directly (`rw`, `rwd`):
+    /// through a redirection or as the file operand of `tee`, `touch`, `truncate`, `cp`, `mv`,
+    /// `install`, `ln`, `sed -i`, `perl -i`, `dd of=`. A heuristic on the line's words.
+    pub protect_dotfiles: bool,
 }
 
 /// How long a permission request waits by default: long enough for a person to read it.
@@ -104,6 +110,7 @@ impl Default for ApprovalSettings {
             hooks: Vec::new(),
             timeout_secs: DEFAULT_APPROVAL_TIMEOUT_SECS,
             scope: ApprovalScope::default(),
+            protect_dotfiles: false,
         }
     }
 }
@@ -145,7 +152,8 @@ impl ApprovalSettings {
     }
 
     /// Both sources' settings, the stricter winning: the stricter mode, both deny lists, both
-    /// sources' hooks, the shorter timeout, the wider scope (`guest`); the allow list of `self` (the more specific source)
+    /// sources' hooks, the shorter timeout, the wider scope (`guest`), `protect_dotfiles` when
+    /// either has it; the allow list of `self` (the more specific source)
     /// when it has one, else `base`'s — an allow entry never beats a deny entry anyway.
     pub fn merged_onto(&self, base: &ApprovalSettings) -> ApprovalSettings {
         let mode = if self.mode.laxity() <= base.mode.laxity() { self.mode } else { base.mode };
@@ -160,6 +168,7 @@ impl ApprovalSettings {
             hooks,
             timeout_secs: self.timeout_secs.min(base.timeout_secs),
             scope: self.scope.max(base.scope),
+            protect_dotfiles: self.protect_dotfiles || base.protect_dotfiles,
         }
     }
 }
@@ -211,6 +220,7 @@ pub fn evaluate(settings: &ApprovalSettings, request: &CommandRequest) -> Decisi
                     .collect(),
                 via: None,
                 env: request_env(request),
+                writes: Vec::new(),
             };
             if let Some(pattern) = settings.deny.iter().find(|p| deny_matches(&raw, p)) {
                 let reason = Reason::DenyList { pattern: pattern.clone(), part: request.command.clone() };
@@ -256,6 +266,13 @@ pub fn evaluate(settings: &ApprovalSettings, request: &CommandRequest) -> Decisi
             Protection::RmUnknownTarget { target } => Reason::RmUnknownTarget { target, part },
         };
         return Decision::new(Verdict::Ask, reason, &parts);
+    }
+    if settings.protect_dotfiles {
+        for part in &parts {
+            if let Some(path) = rules::dotfile_write(part, &request.cwd, &request.writable) {
+                return Decision::new(Verdict::Ask, Reason::DotfileWrite { path, part: text(part) }, &parts);
+            }
+        }
     }
     match settings.mode {
         ApprovalMode::AskEveryTime => Decision::new(Verdict::Ask, Reason::AskEveryTime, &parts),

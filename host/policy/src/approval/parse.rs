@@ -50,6 +50,9 @@ pub struct Part {
     /// the line (`PATH=/tmp:$PATH; git status`, counted for every part: where in the line it
     /// takes effect is not worked out). [`super::evaluate`] adds the request's own `env`.
     pub env: Vec<(String, Word)>,
+    /// The files its output redirections write (`> f`, `>> f`, `<> f`, `>| f`, `&> f`, `>& f`),
+    /// its own and those of a compound command around it (`{ a; b; } > f`).
+    pub writes: Vec<Word>,
 }
 
 impl Part {
@@ -206,9 +209,14 @@ impl Walker {
         match command {
             Command::Simple(simple) => self.simple(simple, depth, via),
             Command::Compound(compound, redirects) => {
+                let first = self.parts.len();
                 self.compound(compound, depth, via)?;
+                let mut writes = Vec::new();
                 for r in redirects.iter().flat_map(|r| &r.0) {
-                    self.redirect(r, depth, via)?;
+                    self.redirect(r, depth, via, &mut writes)?;
+                }
+                for part in &mut self.parts[first..] {
+                    part.writes.extend(writes.iter().cloned());
                 }
                 Ok(())
             }
@@ -280,24 +288,39 @@ impl Walker {
         }
     }
 
-    fn redirect(&mut self, r: &IoRedirect, depth: usize, via: Option<usize>) -> Result<()> {
+    /// Walks a redirection; the file it writes, if it does, goes to `writes`.
+    fn redirect(&mut self, r: &IoRedirect, depth: usize, via: Option<usize>, writes: &mut Vec<Word>) -> Result<()> {
+        use ast::IoFileRedirectKind as K;
         match r {
-            IoRedirect::File(_, _, target) => match target {
+            IoRedirect::File(_, kind, target) => match target {
                 IoFileRedirectTarget::Filename(w) | IoFileRedirectTarget::Duplicate(w) => {
-                    self.word(w, depth, via).map(drop)
+                    let word = self.word(w, depth, via)?;
+                    let fd_copy = matches!(target, IoFileRedirectTarget::Duplicate(_))
+                        && (word.text == "-" || word.text.bytes().all(|b| b.is_ascii_digit()));
+                    let writing =
+                        matches!(kind, K::Write | K::Append | K::ReadAndWrite | K::Clobber | K::DuplicateOutput);
+                    if writing && !fd_copy {
+                        writes.push(word);
+                    }
+                    Ok(())
                 }
                 IoFileRedirectTarget::Fd(_) => Ok(()),
                 IoFileRedirectTarget::ProcessSubstitution(_, ast::SubshellCommand(list)) => self.list(list, depth, via),
             },
             IoRedirect::HereDocument(_, doc) if doc.requires_expansion => self.word(&doc.doc, depth, via).map(drop),
             IoRedirect::HereDocument(..) => Ok(()),
-            IoRedirect::HereString(_, w) | IoRedirect::OutputAndError(w, _) => self.word(w, depth, via).map(drop),
+            IoRedirect::HereString(_, w) => self.word(w, depth, via).map(drop),
+            IoRedirect::OutputAndError(w, _) => {
+                writes.push(self.word(w, depth, via)?);
+                Ok(())
+            }
         }
     }
 
     fn simple(&mut self, simple: &ast::SimpleCommand, depth: usize, via: Option<usize>) -> Result<()> {
         let mut words = Vec::new();
         let mut env = Vec::new();
+        let mut writes = Vec::new();
         let prefix = simple.prefix.iter().flat_map(|p| &p.0);
         let suffix = simple.suffix.iter().flat_map(|s| &s.0);
         for item in prefix {
@@ -308,16 +331,21 @@ impl Walker {
                     let word = self.word(w, depth, via)?;
                     env.extend(assignment(&word));
                 }
-                other => self.item(other, &mut words, depth, via)?,
+                other => self.item(other, &mut words, &mut writes, depth, via)?,
             }
         }
         if let Some(name) = &simple.word_or_name {
             words.push(self.word(name, depth, via)?);
         }
         for item in suffix {
-            self.item(item, &mut words, depth, via)?;
+            self.item(item, &mut words, &mut writes, depth, via)?;
         }
         if words.is_empty() {
+            if !writes.is_empty() {
+                // `> .env` alone truncates the file: a part that runs nothing but writes.
+                self.parts.push(Part { words: vec![Word { text: ":".into(), literal: true }], via, env, writes });
+                return Ok(());
+            }
             // `PATH=/tmp:$PATH` alone: it changes what the rest of the line runs.
             self.bare.extend(env);
             return Ok(());
@@ -325,13 +353,17 @@ impl Walker {
         if words[0].literal && SETTERS.contains(&words[0].text.as_str()) {
             self.bare.extend(words[1..].iter().filter_map(assignment));
         }
-        self.part(words, env, depth, via)
+        let first = self.parts.len();
+        self.part(words, env, depth, via)?;
+        self.parts[first].writes = writes;
+        Ok(())
     }
 
     fn item(
         &mut self,
         item: &CommandPrefixOrSuffixItem,
         words: &mut Vec<Word>,
+        writes: &mut Vec<Word>,
         depth: usize,
         via: Option<usize>,
     ) -> Result<()> {
@@ -339,7 +371,7 @@ impl Walker {
             CommandPrefixOrSuffixItem::Word(w) | CommandPrefixOrSuffixItem::AssignmentWord(_, w) => {
                 words.push(self.word(w, depth, via)?)
             }
-            CommandPrefixOrSuffixItem::IoRedirect(r) => self.redirect(r, depth, via)?,
+            CommandPrefixOrSuffixItem::IoRedirect(r) => self.redirect(r, depth, via, writes)?,
             CommandPrefixOrSuffixItem::ProcessSubstitution(_, ast::SubshellCommand(list)) => {
                 self.list(list, depth, via)?
             }
@@ -354,7 +386,7 @@ impl Walker {
             return Err(SplitError::TooDeep);
         }
         let index = self.parts.len();
-        self.parts.push(Part { words: words.clone(), via, env });
+        self.parts.push(Part { words: words.clone(), via, env, writes: Vec::new() });
         if let Some(inner) = unwrap_wrapper(&words) {
             if !inner.is_empty() {
                 // `env LD_PRELOAD=x git`, `sudo PATH=/tmp cmd`: the wrapper sets them for its

@@ -145,6 +145,76 @@ pub fn protection(part: &Part, cwd: &Path, workspace: &[PathBuf]) -> Option<Prot
     outside
 }
 
+/// Programs whose arguments name files they write, and which of them: every operand
+/// (`tee`, `touch`, `truncate`), the last (`cp`, `mv`, `install`, `ln`: the destination, or a
+/// directory it writes into), the operands after the script with `-i` (`sed`, `perl`), `of=`
+/// (`dd`).
+const WRITERS_ALL: [&str; 3] = ["tee", "touch", "truncate"];
+const WRITERS_LAST: [&str; 4] = ["cp", "mv", "install", "ln"];
+const WRITERS_IN_PLACE: [&str; 2] = ["sed", "perl"];
+
+/// The files a part writes, as far as its words show: its output redirections, and the
+/// operands of the writers above. A heuristic for a person's attention (`protect_dotfiles`),
+/// never a boundary: a program can write whatever it likes.
+pub fn written(part: &Part) -> Vec<&Word> {
+    let mut out: Vec<&Word> = part.writes.iter().collect();
+    let Some(program) = program_of(&part.words) else { return out };
+    let operands: Vec<&Word> = part.words[1..].iter().filter(|w| !w.text.starts_with('-') || w.text == "-").collect();
+    if WRITERS_ALL.contains(&program) {
+        out.extend(operands);
+    } else if WRITERS_LAST.contains(&program) {
+        out.extend(operands.last());
+        // `cp -t DIR …`, `--target-directory=DIR`.
+        let words = &part.words[1..];
+        out.extend(words.iter().zip(words.iter().skip(1)).filter(|(w, _)| w.text == "-t").map(|(_, dir)| dir));
+        out.extend(words.iter().filter(|w| w.text.starts_with("--target-directory=")));
+    } else if WRITERS_IN_PLACE.contains(&program) {
+        // `-i`, `-i.bak`, `-pi`, `--in-place`: an option cluster with `i`.
+        let cluster = |t: &str| t.starts_with('-') && !t.starts_with("--") && t[1..].contains('i');
+        if part.words[1..].iter().any(|w| cluster(&w.text) || w.text.starts_with("--in-place")) {
+            // The first operand is the script, unless an option gave it.
+            let scripted = part.words[1..].iter().any(|w| {
+                w.text.starts_with("-e")
+                    || w.text.starts_with("--expression")
+                    || w.text.starts_with("-f")
+                    || (program == "perl" && cluster(&w.text) && w.text.ends_with('e'))
+            });
+            out.extend(operands.into_iter().skip(usize::from(!scripted)));
+        }
+    } else if program == "dd" {
+        out.extend(part.words[1..].iter().filter(|w| w.text.starts_with("of=")));
+    }
+    out
+}
+
+/// A file `part` writes that is a dotfile (a path with a component starting with `.`, other
+/// than `.` and `..`: `.env`, `.git/config`, `.github/workflows/x.yml`) in one of the
+/// `writable` folders — or one whose place is only known when the shell runs (`$D/.env`).
+pub fn dotfile_write(part: &Part, cwd: &Path, writable: &[PathBuf]) -> Option<String> {
+    for word in written(part) {
+        let text = word
+            .text
+            .strip_prefix("of=")
+            .or_else(|| word.text.strip_prefix("--target-directory="))
+            .unwrap_or(&word.text);
+        let dotted = text.split('/').any(|c| c.starts_with('.') && c != "." && c != "..");
+        if !dotted {
+            continue;
+        }
+        if !word.literal {
+            return Some(text.to_string());
+        }
+        match resolve(cwd, text) {
+            Some(path) if writable.iter().any(|root| path.starts_with(root)) => {
+                return Some(path.display().to_string())
+            }
+            Some(_) => {}
+            None => return Some(text.to_string()),
+        }
+    }
+    None
+}
+
 /// `~`, `~/`, `~user`, `$HOME`, `${HOME}`, optionally followed by `/*`.
 fn is_home_like(text: &str) -> bool {
     let t = text.trim_end_matches('*').trim_end_matches('/');

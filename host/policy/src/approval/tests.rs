@@ -22,6 +22,7 @@ fn request(command: &str) -> CommandRequest {
         workspace: vec![PathBuf::from(WS)],
         session: None,
         env: Default::default(),
+        writable: Vec::new(),
         contained: None,
     }
 }
@@ -397,4 +398,63 @@ fn auto_runs_what_the_sandbox_contains_and_still_asks_for_the_protections() {
     assert_eq!(merged.mode, ApprovalMode::Auto);
     let merged = auto.merged_onto(&settings(ApprovalMode::Allowlist, &[], &[]));
     assert_eq!(merged.mode, ApprovalMode::Allowlist);
+}
+
+/// `protect_dotfiles`: a line that writes a dotfile in a writable folder asks in every mode,
+/// however it writes it; dotfiles elsewhere, reads, and the setting off do not.
+#[test]
+fn dotfile_writes_in_writable_folders_ask_in_every_mode() {
+    let guarded = |mode| ApprovalSettings {
+        protect_dotfiles: true,
+        ..settings(mode, &["echo", "tee", "cp", "sed", "cat", "git", "touch", "dd", "sh"], &[])
+    };
+    let writable = |command: &str| CommandRequest { writable: vec![PathBuf::from(WS)], ..request(command) };
+    let asks = [
+        ("echo KEY=1 > .env", ".env"),
+        ("echo x >> /sessions/s/mnt/work/.bashrc", ".bashrc"),
+        ("{ echo a; echo b; } > .github/workflows/ci.yml", ".github/workflows/ci.yml"),
+        ("echo '[core]' | tee -a .git/config", ".git/config"),
+        ("cp /tmp/hook .git/hooks/pre-commit", ".git/hooks/pre-commit"),
+        ("sed -i s/a/b/ .gitignore", ".gitignore"),
+        ("touch sub/.envrc", "sub/.envrc"),
+        ("dd if=/dev/zero of=.npmrc count=1", ".npmrc"),
+        ("sh -c 'echo x > .profile'", ".profile"),
+        ("> .env", ".env"),
+        ("echo x &> .log/out", ".log/out"),
+    ];
+    for mode in [ApprovalMode::Allowlist, ApprovalMode::Auto, ApprovalMode::RunEverything] {
+        for (command, path) in asks {
+            let d = evaluate(&guarded(mode), &writable(command));
+            assert_eq!(d.verdict, Verdict::Ask, "{mode:?} {command}: {d:?}");
+            match &d.reason {
+                Reason::DotfileWrite { path: p, .. } => assert!(p.ends_with(path), "{command}: {p}"),
+                other => panic!("{command}: {other:?}"),
+            }
+        }
+    }
+    // An unknown place asks too: it may be in a writable folder.
+    let d = evaluate(&guarded(ApprovalMode::RunEverything), &writable("echo x > \"$D/.env\""));
+    assert!(matches!(d.reason, Reason::DotfileWrite { .. }), "{d:?}");
+    for command in [
+        "cat .env",
+        "echo x > notes.txt",
+        "echo x > ./out.txt",
+        "echo x > ../work/plain",
+        "echo x > /tmp/.cache-file",
+        "cp .env /tmp/backup",
+        "git config --get user.name",
+        "echo x 2>&1",
+        "echo x >&2",
+    ] {
+        let d = evaluate(&guarded(ApprovalMode::RunEverything), &writable(command));
+        assert_eq!(d.verdict, Verdict::Allow, "{command}: {d:?}");
+    }
+    // No writable folder (read-only or shadow shares): nothing reaches the host unreviewed.
+    let d = evaluate(&guarded(ApprovalMode::RunEverything), &request("echo KEY=1 > .env"));
+    assert_eq!(d.verdict, Verdict::Allow, "{d:?}");
+    // The setting off: as before.
+    let off = ApprovalSettings { protect_dotfiles: false, ..guarded(ApprovalMode::RunEverything) };
+    assert_eq!(evaluate(&off, &writable("echo KEY=1 > .env")).verdict, Verdict::Allow);
+    // Merged, either source's protection holds.
+    assert!(off.merged_onto(&guarded(ApprovalMode::Allowlist)).protect_dotfiles);
 }

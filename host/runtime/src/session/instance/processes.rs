@@ -106,14 +106,20 @@ impl Session {
         let approval = self.state.lock().unwrap().record.settings.approval.clone();
         let Some(settings) = approval else { return Ok(()) };
         let inc = self.running("run a process").await?;
-        let (workspace, contained) = {
+        let (workspace, writable, contained) = {
             let folders = inc.folder_infos.lock().unwrap();
             let workspace = folders
                 .iter()
                 .filter(|f| f.name != crate::share::paths::UPLOADS)
                 .map(|f| std::path::PathBuf::from(&f.guest_path))
                 .collect();
-            (workspace, self.contained(&folders))
+            // Folders whose changes reach the host at once (shadow ones wait for a review).
+            let writable = folders
+                .iter()
+                .filter(|f| matches!(f.mode, umbra_proto::ShareMode::Rw | umbra_proto::ShareMode::Rwd))
+                .map(|f| std::path::PathBuf::from(&f.guest_path))
+                .collect();
+            (workspace, writable, self.contained(&folders))
         };
         let request = umbra_policy::approval::CommandRequest {
             command,
@@ -121,6 +127,7 @@ impl Session {
             workspace,
             session: Some(self.name.clone()),
             env: env.clone(),
+            writable,
             contained,
         };
         let allow_from_now = self.ctx.approvals.check(&settings, request, |kind| self.emit(kind)).await?;
