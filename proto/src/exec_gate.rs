@@ -40,13 +40,24 @@ pub const MAX_EXEC_BYTES: usize = 64 * 1024;
 /// The words an exec is judged by: the program executed — by base name when it lives in a
 /// [`SYSTEM_PATH`] directory, else its path — then the arguments after `argv[0]`. `argv[0]` is
 /// the caller's to choose (`exec -a git /tmp/evil`), so it never names the program.
+///
+/// A multi-call binary is the exception: busybox runs the applet its `argv[0]` names, so a
+/// system busybox run as `cat` is judged as `cat` (and as `busybox` when `argv[0]` is that).
 pub fn exec_words(path: &str, argv: &[String]) -> Vec<String> {
     let program = match path.rsplit_once('/') {
         Some((dir, name)) if SYSTEM_PATH.contains(&dir) && !name.is_empty() => name.to_string(),
         _ => path.to_string(),
     };
+    let applet = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a)).filter(|a| !a.is_empty());
+    let program = match applet {
+        Some(applet) if MULTI_CALL.contains(&program.as_str()) => applet.to_string(),
+        _ => program,
+    };
     std::iter::once(program).chain(argv.iter().skip(1).cloned()).collect()
 }
+
+/// Programs that run what their `argv[0]` names (in a system directory).
+const MULTI_CALL: [&str; 1] = ["busybox"];
 
 impl ExecGate {
     /// Whether an exec's words may run without asking the host: an allow pattern's words
@@ -89,6 +100,11 @@ mod tests {
         assert_eq!(words("/tmp/git", &["git", "status"]), ["/tmp/git", "status"]);
         assert_eq!(words("/usr/bin/../../tmp/git", &["git"]), ["/usr/bin/../../tmp/git"]);
         assert_eq!(words("git", &[]), ["git"]);
+        // busybox runs the applet argv[0] names; another directory's busybox is not the system's.
+        assert_eq!(words("/bin/busybox", &["cat", "/tmp/x"]), ["cat", "/tmp/x"]);
+        assert_eq!(words("/usr/bin/busybox", &["/bin/ls", "-l"]), ["ls", "-l"]);
+        assert_eq!(words("/bin/busybox", &["busybox", "sh"]), ["busybox", "sh"]);
+        assert_eq!(words("/tmp/busybox", &["cat"]), ["/tmp/busybox"]);
     }
 
     #[test]

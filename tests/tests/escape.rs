@@ -1255,6 +1255,54 @@ async fn run_suite(backend: BackendKind) {
         "outputs: links the guest plants are not followed by the host",
         Box::pin(outputs_links_case(&g, &m, &s, &dir.0, &secret)),
     ));
+    // Last: it leaves the session under approval scope `guest`.
+    cases.push((
+        "exec gate: execs the rules refuse run none, and the checks stay bounded",
+        Box::pin(async {
+            let approval = serde_json::json!({
+                "mode": "allowlist", "scope": "guest", "timeout_secs": 1,
+                "allow": ["sh", "seq", "sleep", "ls", "grep"],
+            });
+            let patch = SettingsPatch {
+                approval: Some(serde_json::from_value(approval).map_err(|e| e.to_string())?),
+                ..Default::default()
+            };
+            g.s.update(&patch, &m.config().session).map_err(|e| e.to_string())?;
+            let mut events = m.subscribe();
+            // 200 execs nobody answers, at once; and one whose arguments are far past what a
+            // check carries.
+            let (code, out) = g
+                .sh("for i in $(seq 200); do (touch /tmp/gate-ran-$i 2>/dev/null &); done; \
+                     /usr/bin/printf %s $(seq 60000) >/dev/null 2>&1; sleep 4; ls /tmp | grep -c gate-ran")
+                .await;
+            if out.trim() != "0" {
+                return Err(format!("exit {code}: {out}"));
+            }
+            let (mut asked, mut refused, mut longest) = (0, 0, 0);
+            loop {
+                let e = match events.try_recv() {
+                    Ok(e) => e,
+                    Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => continue,
+                    Err(_) => break,
+                };
+                match e.kind {
+                    umbra_api::event::EventKind::PermissionRequest { command, .. } => {
+                        asked += 1;
+                        longest = longest.max(command.len());
+                    }
+                    umbra_api::event::EventKind::PermissionResolved { approved: false, .. } => refused += 1,
+                    umbra_api::event::EventKind::PermissionResolved { approved: true, .. } => {
+                        return Err("an exec was approved with nobody answering".into())
+                    }
+                    _ => {}
+                }
+            }
+            if asked == 0 || longest > 2 * umbra_proto::exec_gate::MAX_EXEC_BYTES {
+                return Err(format!("{asked} asked, the longest command {longest} bytes"));
+            }
+            Ok(format!("201 unlisted execs: {asked} asked, {refused} refused in time, none ran; longest request {longest} bytes"))
+        }),
+    ));
     // UMBRA_ESCAPE_ONLY=<text> runs the cases whose name contains it (for debugging one).
     if let Ok(only) = std::env::var("UMBRA_ESCAPE_ONLY") {
         cases.retain(|(name, _)| name.contains(only.as_str()));

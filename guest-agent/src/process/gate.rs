@@ -119,17 +119,24 @@ pub fn install(sock: RawFd) -> io::Result<()> {
     sent
 }
 
-/// Sends `fd` over `sock` (SCM_RIGHTS), with one byte of data. No allocation.
-fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
-    // Room for one cmsghdr and one int, 8-byte aligned (CMSG_SPACE(4) is 24 on 64-bit).
-    let mut control = [0u64; 4];
-    let mut byte = [1u8];
-    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+/// A message header for one byte (`iov`) and one descriptor's control data: `control` has
+/// room for a cmsghdr and an int, 8-byte aligned (CMSG_SPACE(4) is 24 on 64-bit). No
+/// allocation (the child calls it between fork and exec).
+fn one_fd_message(iov: &mut libc::iovec, control: &mut [u64; 4]) -> libc::msghdr {
     // SAFETY: msghdr is plain data; zeroed is a valid empty header.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
+    msg.msg_iov = iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(control) as _;
+    msg
+}
+
+/// Sends `fd` over `sock` (SCM_RIGHTS), with one byte of data. No allocation.
+fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
+    let (mut control, mut byte) = ([0u64; 4], [1u8]);
+    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    let mut msg = one_fd_message(&mut iov, &mut control);
     // SAFETY: CMSG_SPACE only computes a size.
     msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as _;
     // SAFETY: the control buffer is large enough for one header with an int (above), so
@@ -154,15 +161,9 @@ async fn receive_listener(sock: OwnedFd) -> io::Result<Option<OwnedFd>> {
     let sock = unsafe { AsyncFd::register_with_interest(sock, Interest::READABLE) }.map_err(|e| e.into_parts().1)?;
     loop {
         let mut guard = sock.readable().await?;
-        let mut control = [0u64; 4];
-        let mut byte = [0u8];
+        let (mut control, mut byte) = ([0u64; 4], [0u8]);
         let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
-        // SAFETY: msghdr is plain data; zeroed is a valid empty header.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = size_of_val(&control) as _;
+        let mut msg = one_fd_message(&mut iov, &mut control);
         // SAFETY: `msg` describes buffers alive for the call.
         let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
         if n < 0 {
@@ -511,6 +512,13 @@ fn read_exec(notif: &libc::seccomp_notif) -> io::Result<Exec> {
     }
     let link = |what: String| std::fs::read_link(format!("/proc/{pid}/{what}")).ok();
     let cwd = link("cwd".into());
+    // `/proc/self` is the caller's, not ours (busybox runs its applets through
+    // `/proc/self/exe`); a process's `exe` link is the program it names.
+    let path = match path.strip_prefix("/proc/self/") {
+        Some("exe") => link("exe".into()).map_or(path.clone(), |p| p.display().to_string()),
+        Some(rest) => format!("/proc/{pid}/{rest}"),
+        None => path,
+    };
     let path = if path.starts_with('/') {
         path
     } else {
