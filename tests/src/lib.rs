@@ -281,3 +281,39 @@ pub fn session_manager_for(dir: &TempDir, flavor: &str, memory_mib: u32) -> umbr
         bundles: umbra_bundle::Store::new(dir.0.join("bundles")),
     })
 }
+
+/// Fills `fill_mib` of a tmpfs in the running session `s`, then deletes it, and waits up to
+/// 30 s for the VM's host memory (`VmInfo::host_memory_kib`) to fall by at least half of that
+/// from its peak: free page reporting at work. Returns (before, peak, after) in MiB.
+pub async fn freed_memory_goes_back(
+    s: &std::sync::Arc<umbra_runtime::session::Session>,
+    fill_mib: u64,
+) -> (u64, u64, u64) {
+    let memory_mib = || s.info().vm.and_then(|vm| vm.host_memory_kib).expect("the VM's host memory") / 1024;
+    let run = |script: String| async move {
+        let argv = vec!["sh".into(), "-c".into(), script.clone()];
+        let out = s.spawn(umbra_runtime::session::ExecRequest { argv, ..Default::default() }).await.unwrap();
+        let out = out.output().await;
+        assert_eq!(out.exit.code, Some(0), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let before = memory_mib();
+    // In a tmpfs of its own, so the pages stay in use until the file goes.
+    run(format!(
+        "mkdir -p /mnt/fill && mount -t tmpfs -o size={}M fill /mnt/fill && \
+         dd if=/dev/zero of=/mnt/fill/f bs=1M count={fill_mib} 2>/dev/null",
+        fill_mib + 64
+    ))
+    .await;
+    let peak = memory_mib();
+    assert!(peak >= before + fill_mib * 5 / 6, "{fill_mib} MiB written: {before} MiB before, {peak} MiB with it");
+    run("rm /mnt/fill/f".into()).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut now = memory_mib();
+    while now > peak - fill_mib / 2 {
+        assert!(Instant::now() < deadline, "{before} MiB before, {peak} MiB at the peak, {now} MiB 30 s after");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        now = memory_mib();
+    }
+    eprintln!("host memory of the VM: {before} MiB, {peak} MiB with {fill_mib} MiB used, {now} MiB once freed");
+    (before, peak, now)
+}

@@ -762,3 +762,21 @@ async fn an_idle_session_suspends_and_the_next_call_resumes_it_with_its_kept_pro
     assert!(counter.exit().is_none());
     m.shutdown().await;
 }
+
+/// umbra-vmm's virtio-balloon (issue 37 item 3): memory the guest frees goes back to the host,
+/// and a snapshot of a VM with the balloon restores with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_the_guest_frees_goes_back_to_the_host_on_kvm() {
+    use umbra_api::methods::StartParams;
+    use umbra_runtime::session::SessionManager;
+
+    if kvm_spec().is_none() {
+        return;
+    }
+    let dir = umbra_tests::TempDir::new("session-balloon");
+    let m = SessionManager::new(kvm_manager(&dir.0, 0));
+    // 768 MiB fits the lane's L1 (2 GiB) with the fill in it.
+    let settings = umbra_api::session::SettingsPatch { memory_mib: Some(768), ..Default::default() };
+    let s = m.start(StartParams { name: "balloon".into(), settings, ..Default::default() }).await.unwrap();
+    umbra_tests::freed_memory_goes_back(&s, 400).await;
+}

@@ -336,4 +336,9 @@ pub struct VmInfo {
     /// The VM came booted from the warm pool (`boot_ms` is then its boot there).
     #[serde(default)]
     pub from_pool: bool,
+    /// Host memory the VM holds now, in KiB: the proportional set size (PSS) of the VMM and
+    /// its helpers, so guest memory they all map counts once. Absent for an in-process VM or
+    /// where `/proc` cannot tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_kib: Option<u64>,
 }

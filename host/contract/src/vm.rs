@@ -39,6 +39,10 @@ pub struct VmConfig {
     pub console_log: Option<PathBuf>,
     #[serde(default = "default_true")]
     pub rng: bool,
+    /// A virtio-balloon taking the guest's free page reports (the pages go back to the host);
+    /// the last device. Off unless asked for: a snapshot taken without one restores without one.
+    #[serde(default)]
+    pub balloon: bool,
     /// Run confined in a jail; absent: unconfined but for seccomp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jail: Option<JailConfig>,
@@ -62,6 +66,7 @@ impl VmConfig {
             fs: Vec::new(),
             console_log: None,
             rng: default_true(),
+            balloon: false,
             jail: None,
             control: None,
         }
@@ -69,7 +74,11 @@ impl VmConfig {
 
     /// The virtio devices this config asks for (each takes one interrupt line).
     pub fn device_count(&self) -> u32 {
-        self.disks.len() as u32 + self.vsock.is_some() as u32 + self.fs.len() as u32 + self.rng as u32
+        self.disks.len() as u32
+            + self.vsock.is_some() as u32
+            + self.fs.len() as u32
+            + self.rng as u32
+            + self.balloon as u32
     }
 }
 

@@ -440,14 +440,20 @@ async fn ls(args: LsArgs) -> Result<(), ApiError> {
         eprintln!("vmctl: no sessions");
         return Ok(());
     }
-    println!("{:<24} {:<11} {:>6} {:>5} {:>9}  FOLDERS", "NAME", "STATUS", "MEMORY", "PROCS", "RESTARTS");
+    // MEMORY is the guest's; HOST what its VM holds on the host now (PSS of its processes).
+    println!("{:<24} {:<11} {:>6} {:>6} {:>5} {:>9}  FOLDERS", "NAME", "STATUS", "MEMORY", "HOST", "PROCS", "RESTARTS");
     for s in &list.sessions {
         let folders: Vec<String> = s.folders.iter().map(|f| format!("{}:{}", f.name, f.mode)).collect();
+        let host = match s.vm.as_ref().and_then(|vm| vm.host_memory_kib) {
+            Some(kib) => format!("{}M", kib / 1024),
+            None => "-".into(),
+        };
         println!(
-            "{:<24} {:<11} {:>5}M {:>5} {:>9}  {}",
+            "{:<24} {:<11} {:>5}M {:>6} {:>5} {:>9}  {}",
             s.name,
             s.status.to_string(),
             s.settings.memory_mib,
+            host,
             s.processes,
             s.restarts,
             folders.join(",")

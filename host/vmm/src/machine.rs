@@ -195,6 +195,11 @@ fn virtio_devices(
         let rng = crate::devices::virtio::rng::Rng::new().map_err(device_error("virtio-rng".to_string()))?;
         devices.push(Box::new(rng));
     }
+    if cfg.balloon {
+        let balloon =
+            crate::devices::virtio::balloon::Balloon::new().map_err(device_error("virtio-balloon".to_string()))?;
+        devices.push(Box::new(balloon));
+    }
     Ok(devices)
 }
 
@@ -302,7 +307,12 @@ impl Machine {
         let console = ConsoleLog::to_file(console);
         let legacy = Self::legacy_bus(&vm, &console, state.serial.as_ref())?;
 
-        let devices = virtio_devices(cfg, disks, vsock, fs)?;
+        let mut devices = virtio_devices(cfg, disks, vsock, fs)?;
+        if cfg.balloon && devices.len() == state.devices.len() + 1 {
+            // A snapshot of a VM that had no balloon (taken before there was one): its guest
+            // knows no such device, so it restores without one. The balloon is the last device.
+            devices.pop();
+        }
         if devices.len() != state.devices.len() {
             return Err(MachineError::Snapshot(format!(
                 "the snapshot has {} virtio devices, the configuration {}",

@@ -49,6 +49,9 @@ struct Args {
     /// Leave out the virtio-rng device.
     #[arg(long)]
     no_rng: bool,
+    /// Add a virtio-balloon taking the guest's free page reports (the pages go back to the host).
+    #[arg(long)]
+    balloon: bool,
     /// Seccomp filters, one per thread kind: `kill` (a syscall a filter does not list kills
     /// the VMM), `log` (allowed and logged to the kernel's audit log: for finding what a filter
     /// lacks), or `off`.
@@ -121,6 +124,9 @@ fn config(args: Args) -> Result<VmConfig, String> {
     }
     if args.no_rng {
         cfg.rng = false;
+    }
+    if args.balloon {
+        cfg.balloon = true;
     }
     if args.control.is_some() {
         cfg.control = args.control;

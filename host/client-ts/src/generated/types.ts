@@ -2401,6 +2401,12 @@ export interface VmInfo {
    * @defaultValue `false`
    */
   from_pool?: boolean;
+  /**
+   * Host memory the VM holds now, in KiB: the proportional set size (PSS) of the VMM and
+   * its helpers, so guest memory they all map counts once. Absent for an in-process VM or
+   * where `/proc` cannot tell.
+   */
+  host_memory_kib?: number | null;
 }
 
 /**

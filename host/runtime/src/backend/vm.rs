@@ -224,3 +224,41 @@ impl Drop for Vm {
         self.kill();
     }
 }
+
+/// Host memory held by the processes `pids` (a VM's VMM and helpers) and their descendants (a
+/// jailed helper runs under a relay, in a pid namespace of its own), in KiB: the sum of their
+/// proportional set sizes (`Pss` in `/proc/PID/smaps_rollup`), so the guest memory several of
+/// them map is counted once. `None` when there are none or `/proc` cannot tell (a process gone,
+/// no permission).
+pub fn host_memory_kib(pids: &[u32]) -> Option<u64> {
+    if pids.is_empty() {
+        return None;
+    }
+    let mut total = 0;
+    let mut todo: Vec<u32> = pids.to_vec();
+    let mut seen = std::collections::HashSet::new();
+    while let Some(pid) = todo.pop() {
+        if !seen.insert(pid) || seen.len() > 256 {
+            continue;
+        }
+        let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+        let pss = rollup.lines().find_map(|l| l.strip_prefix("Pss:"))?;
+        total += pss.trim().trim_end_matches("kB").trim().parse::<u64>().ok()?;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            todo.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+        }
+    }
+    Some(total)
+}
+
+#[cfg(test)]
+mod memory_tests {
+    #[test]
+    fn the_host_memory_of_this_process_is_its_pss() {
+        let me = super::host_memory_kib(&[std::process::id()]).expect("our own smaps_rollup");
+        assert!(me > 100, "{me} KiB");
+        assert_eq!(super::host_memory_kib(&[]), None);
+        assert_eq!(super::host_memory_kib(&[std::process::id(), u32::MAX]), None, "a process gone");
+    }
+}

@@ -187,6 +187,7 @@ impl Incarnation {
             pids: vm.pids(),
             run_dir: vm.run_dir().to_path_buf(),
             from_pool,
+            host_memory_kib: None,
         };
         let names = (plan.settings.bundle.clone(), BOOT_HOSTNAME.to_string());
         Self::attach(plan, report, Machine { vm, folders }, infos, info, names)
@@ -264,6 +265,7 @@ impl Incarnation {
             pids: vm.pids(),
             run_dir: vm.run_dir().to_path_buf(),
             from_pool: false,
+            host_memory_kib: None,
         };
         let names = (meta.bundle.clone(), hostname.to_string());
         Self::attach(plan, report, Machine { vm, folders }, infos, info, names)

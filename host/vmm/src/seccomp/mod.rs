@@ -32,6 +32,7 @@ pub enum ThreadKind {
     Vcpu,
     Block,
     Rng,
+    Balloon,
     Vsock,
     FsCalls,
     FsWatchdog,
@@ -39,11 +40,12 @@ pub enum ThreadKind {
 }
 
 impl ThreadKind {
-    pub const ALL: [ThreadKind; 8] = [
+    pub const ALL: [ThreadKind; 9] = [
         ThreadKind::Main,
         ThreadKind::Vcpu,
         ThreadKind::Block,
         ThreadKind::Rng,
+        ThreadKind::Balloon,
         ThreadKind::Vsock,
         ThreadKind::FsCalls,
         ThreadKind::FsWatchdog,
@@ -57,6 +59,7 @@ impl ThreadKind {
             ThreadKind::Vcpu => "vcpu",
             ThreadKind::Block => "block",
             ThreadKind::Rng => "rng",
+            ThreadKind::Balloon => "balloon",
             ThreadKind::Vsock => "vsock",
             ThreadKind::FsCalls => "fs_calls",
             ThreadKind::FsWatchdog => "fs_watchdog",

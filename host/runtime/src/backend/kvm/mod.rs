@@ -84,6 +84,8 @@ pub fn vm_config(spec: &VmSpec, vsock_uds: &Path, fs_socket: Option<&Path>, jail
     if let Some(socket) = fs_socket {
         cfg.fs.push(FsConfig { tag: super::fsd::FS_TAG.into(), socket: socket.to_path_buf() });
     }
+    // Free page reporting: memory the guest frees goes back to the host (`docs/sessions.md`).
+    cfg.balloon = true;
     if let Some(dir) = vsock_uds.parent() {
         // Beside the vsock socket (see `control_socket`): where `Vm::snapshot` asks for a snapshot.
         cfg.control = Some(dir.join("control.sock"));
@@ -251,6 +253,7 @@ mod tests {
         let cfg = vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, false).unwrap();
         assert_eq!(cfg.disks, [DiskConfig { path: "/b/root.erofs".into(), read_only: true }]);
         assert!(cfg.cmdline.contains("no_timer_check"));
+        assert!(cfg.balloon, "free page reporting");
         assert_eq!(cfg.jail, None);
         assert_eq!(cfg.control, Some(PathBuf::from("/r/vsock/control.sock")));
         let jailed = vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, true).unwrap();

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use umbra_api::{EventKind, FolderInfo, SessionEvent, SessionInfo, SessionSettings, SessionStatus};
+use umbra_api::{EventKind, FolderInfo, SessionEvent, SessionInfo, SessionSettings, SessionStatus, VmInfo};
 
 use super::context::Context;
 use super::error::SessionError;
@@ -260,7 +260,10 @@ impl Session {
             settings: state.record.settings.clone(),
             folders,
             storage_dir: self.storage_dir().unwrap_or_default(),
-            vm: state.current.as_ref().map(|inc| inc.info.clone()),
+            vm: state.current.as_ref().map(|inc| VmInfo {
+                host_memory_kib: crate::backend::host_memory_kib(&inc.info.pids),
+                ..inc.info.clone()
+            }),
             processes: state.processes.len() as u32,
             restarts: state.restarts,
             created_ms: state.record.created_ms,

@@ -11,6 +11,7 @@
 //! A malformed request fails that request; a device that cannot go on marks itself failed
 //! (DEVICE_NEEDS_RESET) — the VMM never panics or hangs on guest input.
 
+pub mod balloon;
 pub mod block;
 pub mod fs;
 pub mod mmio;
