@@ -7,6 +7,7 @@
 pub mod anchor_firecracker;
 pub mod boot;
 pub mod bundle;
+pub mod density;
 pub mod fs;
 pub mod net;
 pub mod ports;

@@ -58,6 +58,9 @@ enum BenchCommand {
     /// Session start -> first output beside a bare VM boot; spawn round-trips: agent, runtime,
     /// umbrad.
     Session(umbra_bench::session::SessionBenchArgs),
+    /// Idle sessions one host holds: N started at once, each answering, and the host memory
+    /// each holds idle beside its guest size.
+    Density(umbra_bench::density::DensityBenchArgs),
     /// Network egress: a download, connection set-up and 1,000 held connections from a guest,
     /// beside the same client on the host.
     Net(umbra_bench::net::NetBenchArgs),
@@ -106,6 +109,9 @@ fn main() {
         }
         Command::Bench { command: BenchCommand::Session(args) } => {
             async_main(async move { exit_code(umbra_bench::session::session(args).await) })
+        }
+        Command::Bench { command: BenchCommand::Density(args) } => {
+            async_main(async move { exit_code(umbra_bench::density::density(args).await) })
         }
         Command::Bench { command: BenchCommand::Net(args) } => {
             async_main(async move { exit_code(umbra_bench::net::net(args).await) })
