@@ -407,8 +407,8 @@ async fn an_exec_gate_runs_allowlisted_programs_at_once_and_asks_the_host_for_th
     assert_eq!(e.agent_error().unwrap().code, ErrorCode::NotFound, "answered already");
 
     let out = process.output().await.unwrap();
-    let uid = unsafe { libc::getuid() };
-    let gid = unsafe { libc::getgid() };
+    // SAFETY: getuid and getgid take no arguments and cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         format!("listed\n{uid}\n{gid}\napproved\nrefused 126\nmissing 127\n"),
