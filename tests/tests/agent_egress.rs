@@ -479,7 +479,11 @@ async fn expose_through(agent_socket: &Path, guest_port: u16) -> (umbra_runtime:
     });
     let ports = umbra_runtime::session::ports::Ports::default();
     let spec = umbra_api::ports::PortSpec { guest_port, host_port: None, bind: None };
-    let info = ports.expose(&spec, Arc::new(move || Some(dialer.clone())), Arc::new(|| {})).await.unwrap();
+    let target: umbra_runtime::session::ports::Target = Arc::new(move || {
+        let dialer = dialer.clone();
+        Box::pin(async move { Some(dialer) })
+    });
+    let info = ports.expose(&spec, target, Arc::new(|| {})).await.unwrap();
     assert_eq!(info.bind, std::net::IpAddr::V4(Ipv4Addr::LOCALHOST));
     (ports, info.host_port)
 }

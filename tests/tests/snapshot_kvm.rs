@@ -760,6 +760,38 @@ async fn an_idle_session_suspends_and_the_next_call_resumes_it_with_its_kept_pro
     assert!(*numbers.last().unwrap() > before + 3, "it counts on: {before} then {:?}", numbers.last());
     assert!(numbers.iter().copied().eq(1..=numbers.len() as u64), "nothing lost or repeated: {text}");
     assert!(counter.exit().is_none());
+
+    // A connection to an exposed port wakes it too: a kept web server answers through the
+    // host's listener once it has suspended again.
+    let script =
+        "mkdir -p /tmp/www && echo woken-by-a-connection > /tmp/www/index.html && exec httpd -f -p 8000 -h /tmp/www";
+    let server = s
+        .spawn_kept(ExecRequest { argv: vec!["sh".into(), "-c".into(), script.into()], ..Default::default() })
+        .await
+        .unwrap();
+    let port = s.expose(&umbra_api::ports::PortSpec { guest_port: 8000, host_port: None, bind: None }).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !s.info().suspended {
+        assert!(Instant::now() < deadline, "not suspended again: {:?}", s.info());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(60), async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port.host_port)).await.unwrap();
+        c.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).await.unwrap();
+        answer
+    })
+    .await
+    .expect("an answer through the port");
+    eprintln!(
+        "snapshot-bench: idle-suspended session woken by a port connection, answered in {} ms",
+        took.elapsed().as_millis()
+    );
+    assert!(answer.contains("woken-by-a-connection"), "{answer:?} (server {:?})", server.exit());
+    assert!(!s.info().suspended && s.info().status == SessionStatus::Ready, "{:?}", s.info());
     m.shutdown().await;
 }
 

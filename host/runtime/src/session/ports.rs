@@ -31,8 +31,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
 /// write shutdown into a full one, which would cut the server's answer off.
 const HALF_CLOSED_LINGER: Duration = Duration::from_secs(5);
 
-/// The running VM's dialer, or `None` while none runs.
-pub type Target = Arc<dyn Fn() -> Option<Dialer> + Send + Sync>;
+/// The running VM's dialer — a suspended session's once it is restored — or `None` while none
+/// runs.
+pub type Target =
+    Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Dialer>> + Send>> + Send + Sync>;
 
 /// Told of each connection accepted (the session counts it as activity).
 pub type Touch = Arc<dyn Fn() + Send + Sync>;
@@ -175,16 +177,19 @@ async fn serve(listener: TcpListener, guest_port: u16, target: Target, touch: To
                     reset(client);
                     continue;
                 }
-                let Some(dialer) = target() else {
-                    // No VM runs: the client hears so at once.
-                    reset(client);
-                    continue;
-                };
-                let open = open.clone();
+                let (open, target) = (open.clone(), target.clone());
                 open.fetch_add(1, Ordering::Relaxed);
+                // The VM is looked up in the connection's own task: waking a suspended session
+                // takes a restore, and other connections are accepted meanwhile.
                 connections.spawn(async move {
-                    if let Err(e) = carry(client, &dialer, guest_port).await {
-                        tracing::debug!("exposed port {guest_port}: {e}");
+                    match target().await {
+                        Some(dialer) => {
+                            if let Err(e) = carry(client, &dialer, guest_port).await {
+                                tracing::debug!("exposed port {guest_port}: {e}");
+                            }
+                        }
+                        // No VM runs: the client hears so at once.
+                        None => reset(client),
                     }
                     open.fetch_sub(1, Ordering::Relaxed);
                 });

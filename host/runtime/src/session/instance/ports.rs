@@ -174,13 +174,23 @@ impl Session {
     }
 
     /// The running VM's dialer, looked up for each connection (a restart or resume brings a
-    /// new VM; the session may be gone).
+    /// new VM; the session may be gone). A connection to a suspended session wakes it, as a
+    /// call naming it does; one to a stopped session finds no VM.
     fn port_target(self: &Arc<Self>) -> Target {
         let me = Arc::downgrade(self);
         Arc::new(move || {
-            let me = me.upgrade()?;
-            let state = me.state.lock().unwrap();
-            state.current.as_ref().map(|inc| inc.dialer.clone())
+            let me = me.clone();
+            Box::pin(async move {
+                let me = me.upgrade()?;
+                if me.state.lock().unwrap().record.suspended {
+                    if let Err(e) = me.wake().await {
+                        tracing::info!(session = %me.name, "a connection to an exposed port could not wake it: {e}");
+                        return None;
+                    }
+                }
+                let state = me.state.lock().unwrap();
+                state.current.as_ref().map(|inc| inc.dialer.clone())
+            })
         })
     }
 
