@@ -22,6 +22,15 @@ use crate::boot::layout::{MMIO_GAP_END, MMIO_GAP_START};
 
 pub type GuestMemory = GuestMemoryMmap<()>;
 
+/// Where `len` bytes of guest memory at guest address `addr` are mapped in this process, when
+/// they lie wholly inside one region (a range across regions, past RAM or overflowing: `None`).
+pub fn host_range(mem: &GuestMemory, addr: u64, len: u64) -> Option<*mut u8> {
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    let (region, offset) = mem.to_region_addr(GuestAddress(addr))?;
+    offset.0.checked_add(len).filter(|&end| end <= region.len())?;
+    region.get_host_address(offset).ok()
+}
+
 /// The guest-physical RAM ranges `(start, len)` for `size` bytes of memory.
 pub fn ram_ranges(size: u64) -> Vec<(u64, u64)> {
     let low = size.min(MMIO_GAP_START);

@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use virtio_queue::{DescriptorChain, Queue, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::worker::Worker;
 use super::{device_type, ActivateError, ActiveQueue, Interrupt, VirtioDevice};
@@ -64,12 +63,7 @@ impl Discarder {
         if len == 0 || at % PAGE != 0 || len % PAGE != 0 {
             return false;
         }
-        let Some(region) = mem.find_region(GuestAddress(at)) else { return false };
-        let offset = at - region.start_addr().0;
-        if offset.checked_add(len).is_none_or(|end| end > region.len()) {
-            return false;
-        }
-        let Ok(host) = region.get_host_address(vm_memory::MemoryRegionAddress(offset)) else { return false };
+        let Some(host) = crate::vstate::memory::host_range(mem, at, len) else { return false };
         let advise = |how| {
             // SAFETY: [host, host + len) lies inside one mapped region of guest memory (checked
             // above); dropping its pages changes only what the guest reads there, which the
@@ -170,7 +164,7 @@ mod tests {
     use super::*;
     use crate::devices::virtio::test_utils::{guest_memory, wait_for, CountingInterrupt, TestDriver};
     use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
-    use vm_memory::Bytes;
+    use vm_memory::{Bytes, GuestAddress};
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
     const W: u16 = VRING_DESC_F_WRITE as u16;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
-use vm_memory::{ByteValued, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::ByteValued;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::backend::{self, Backend, FsError, RingSetup, BACKEND_TIMEOUT};
@@ -175,10 +175,9 @@ fn ring_setup<'a>(
 }
 
 fn host_address(mem: &GuestMemory, addr: u64, len: u64, queue: usize, what: &str) -> Result<u64, FsError> {
-    let outside = || FsError::Queue(format!("queue {queue}: the {what} at {addr:#x} (+{len:#x}) is outside guest RAM"));
-    let (region, offset) = mem.to_region_addr(GuestAddress(addr)).ok_or_else(outside)?;
-    offset.0.checked_add(len).filter(|&end| end <= region.len()).ok_or_else(outside)?;
-    let host = region.get_host_address(offset).map_err(|_| outside())?;
+    let host = crate::vstate::memory::host_range(mem, addr, len).ok_or_else(|| {
+        FsError::Queue(format!("queue {queue}: the {what} at {addr:#x} (+{len:#x}) is outside guest RAM"))
+    })?;
     Ok(host as u64)
 }
 
