@@ -158,7 +158,17 @@ pub async fn snapshot_linux(fc: &Path, image: &BootImage, memory_mib: u32, dir: 
 
 /// One restore: a new Firecracker process → `PUT /snapshot/load` (resumed) → the agent answered
 /// the protocol handshake. The VM is killed afterwards.
-pub async fn restore_once(fc: &Path, snap: &Snapshot) -> anyhow::Result<Duration> {
+/// One Firecracker restore, by phase: launch → the API answers → `PUT /snapshot/load` done
+/// (state read, memory mapped, guest resumed) → the agent answers.
+#[derive(Debug, Clone, Copy)]
+pub struct RestoreTimes {
+    /// Launch until `/snapshot/load` returned: the VMM's part.
+    pub loaded: Duration,
+    /// Launch until the agent answered.
+    pub ready: Duration,
+}
+
+pub async fn restore_once(fc: &Path, snap: &Snapshot) -> anyhow::Result<RestoreTimes> {
     // The snapshot names the vsock socket; the restored device binds it again.
     let (uds, _) = vsock_paths(&snap.dir);
     let api_sock = snap.dir.join("fc-api.sock");
@@ -178,6 +188,7 @@ pub async fn restore_once(fc: &Path, snap: &Snapshot) -> anyhow::Result<Duration
         "resume_vm": true,
     });
     api(&api_sock, "PUT", "/snapshot/load", &load)?;
+    let loaded = t.elapsed();
     while t.elapsed() < Duration::from_secs(60) {
         if let Some(status) = run.0.try_wait()? {
             let mut err = String::new();
@@ -186,7 +197,7 @@ pub async fn restore_once(fc: &Path, snap: &Snapshot) -> anyhow::Result<Duration
         }
         let connect = AgentClient::connect_hybrid_vsock(&uds, umbra_proto::AGENT_VSOCK_PORT);
         if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), connect).await {
-            return Ok(t.elapsed());
+            return Ok(RestoreTimes { loaded, ready: t.elapsed() });
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }

@@ -193,7 +193,7 @@ impl Drop for UmbraVmm {
 
 impl UmbraVmm {
     /// Starts `vmm` for `spec` in `dir`, booting or, with `restore`, resuming a snapshot.
-    fn start(vmm: &Path, spec: &VmSpec, dir: &Path, restore: Option<&Path>) -> anyhow::Result<UmbraVmm> {
+    fn start(vmm: &Path, spec: &VmSpec, dir: &Path, restore: Option<(&Path, Prefault)>) -> anyhow::Result<UmbraVmm> {
         for stale in ["vsock.sock", "control.sock"] {
             let _ = std::fs::remove_file(dir.join(stale));
         }
@@ -202,8 +202,8 @@ impl UmbraVmm {
         std::fs::write(dir.join("vm.json"), serde_json::to_string(&cfg)?)?;
         let mut cmd = Command::new(vmm);
         cmd.arg("--config").arg(dir.join("vm.json"));
-        if let Some(snapshot) = restore {
-            cmd.arg("--restore").arg(snapshot);
+        if let Some((snapshot, prefault)) = restore {
+            cmd.arg("--restore").arg(snapshot).arg("--prefault").arg(prefault.arg());
         }
         let log = std::fs::File::create(dir.join("umbra-vmm.log"))?;
         let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().context("start umbra-vmm")?;
@@ -226,6 +226,89 @@ impl UmbraVmm {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         bail!("umbra-vmm's agent did not answer within 60 s")
+    }
+
+    /// The phases of a restore, from the line umbra-vmm prints before its guest runs.
+    fn restore_phases(&self) -> anyhow::Result<RestorePhases> {
+        let log = std::fs::read_to_string(self.dir.join("umbra-vmm.log"))?;
+        log.lines().find_map(RestorePhases::parse).with_context(|| format!("no restore line in umbra-vmm's log: {log}"))
+    }
+}
+
+/// How umbra-vmm is told to map a snapshot's memory (its `--prefault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Prefault {
+    Data,
+    None,
+}
+
+impl Prefault {
+    fn arg(self) -> &'static str {
+        match self {
+            Prefault::Data => "data",
+            Prefault::None => "none",
+        }
+    }
+}
+
+/// `umbra-vmm: restored in N ms (state A ms, …, threads E ms)`: launch until the vCPUs go, and
+/// the phases of `Machine::restore` and `Machine::run` within it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct RestorePhases {
+    to_run: u64,
+    state: u64,
+    memory: u64,
+    vcpus: u64,
+    devices: u64,
+    threads: u64,
+}
+
+impl RestorePhases {
+    fn parse(line: &str) -> Option<Self> {
+        let rest = line.strip_prefix("umbra-vmm: restored in ")?;
+        let numbers: Vec<u64> = rest
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|w| !w.is_empty())
+            .map(|w| w.parse().ok())
+            .collect::<Option<_>>()?;
+        let [to_run, state, memory, vcpus, devices, threads] = numbers[..] else { return None };
+        Some(Self { to_run, state, memory, vcpus, devices, threads })
+    }
+}
+
+/// One variant's restores: launch → agent ready, and where umbra-vmm's part went.
+#[derive(Default)]
+struct Restores {
+    ready: Vec<Duration>,
+    phases: Vec<RestorePhases>,
+}
+
+impl Restores {
+    fn median_of(&self, f: impl Fn(&RestorePhases) -> u64) -> u64 {
+        let mut v: Vec<u64> = self.phases.iter().map(f).collect();
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or(0)
+    }
+
+    /// The rows of one variant; `anchor` is Firecracker's median to set it beside.
+    fn print(&self, label: &str, boot: Duration, anchor: Option<Duration>) {
+        let ready = median(self.ready.clone());
+        let ratio = match anchor {
+            Some(fc) => format!("ratio umbra-vmm / firecracker {:.2}", ready.as_secs_f64() / fc.as_secs_f64()),
+            None => format!("ratio restore / boot {:.3}", ready.as_secs_f64() / boot.as_secs_f64()),
+        };
+        println!("{:<40} median {:>8.1} ms   {ratio}", format!("linux: umbra-vmm restore ({label})"), ms(ready));
+        let to_run = self.median_of(|p| p.to_run);
+        println!(
+            "  launch -> guest runs {to_run} ms (state {} ms, memory {} ms, vcpus {} ms, devices {} ms, \
+             threads {} ms); guest runs -> agent ready {:.0} ms",
+            self.median_of(|p| p.state),
+            self.median_of(|p| p.memory),
+            self.median_of(|p| p.vcpus),
+            self.median_of(|p| p.devices),
+            self.median_of(|p| p.threads),
+            ms(ready) - to_run as f64
+        );
     }
 }
 
@@ -259,41 +342,42 @@ async fn linux_restores(vmm: &Path, image: &BootImage, runs: usize, firecracker:
             Some(fc) => Some(crate::anchor_firecracker::snapshot_linux(fc, image, spec.memory_mib, &fc_dir).await?),
             None => None,
         };
-        let (mut boots, mut restores, mut fc_restores) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut boots, mut data, mut lazy, mut fc_restores) =
+            (Vec::new(), Restores::default(), Restores::default(), Vec::new());
         for run in 0..runs {
             let t = Instant::now();
             UmbraVmm::start(vmm, &spec, &boot_dir, None)?.agent().await?;
             boots.push(t.elapsed());
-            // Interleaved, each going first in turn.
-            for fc_turn in [run % 2 == 1, run % 2 == 0] {
-                match (fc_turn, &fc_snap, firecracker) {
-                    (true, Some(s), Some(fc)) => {
-                        fc_restores.push(crate::anchor_firecracker::restore_once(fc, s).await?)
-                    }
-                    (false, _, _) => {
+            // Interleaved, each going first in turn: umbra-vmm prefaulting the memory file's
+            // data, umbra-vmm letting the guest fault pages in, Firecracker.
+            for turn in 0..3 {
+                match ((run + turn) % 3, &fc_snap, firecracker) {
+                    (2, Some(s), Some(fc)) => fc_restores.push(crate::anchor_firecracker::restore_once(fc, s).await?),
+                    (2, _, _) => {}
+                    (variant, _, _) => {
+                        let (prefault, into) =
+                            if variant == 0 { (Prefault::Data, &mut data) } else { (Prefault::None, &mut lazy) };
                         let t = Instant::now();
-                        UmbraVmm::start(vmm, &spec, &restore_dir, Some(&snap))?.agent().await?;
-                        restores.push(t.elapsed());
+                        let mut restored = UmbraVmm::start(vmm, &spec, &restore_dir, Some((&snap, prefault)))?;
+                        restored.agent().await?;
+                        into.ready.push(t.elapsed());
+                        into.phases.push(restored.restore_phases()?);
                     }
-                    _ => {}
                 }
             }
         }
-        let (boot, restore) = (median(boots), median(restores));
+        let boot = median(boots);
         println!("{:<40} median {:>8.1} ms", "linux: umbra-vmm launch -> agent ready", ms(boot));
-        println!(
-            "{:<40} median {:>8.1} ms   ratio restore / boot {:.3}",
-            "linux: umbra-vmm restore -> agent ready",
-            ms(restore),
-            restore.as_secs_f64() / boot.as_secs_f64()
-        );
-        if !fc_restores.is_empty() {
-            let theirs = median(fc_restores);
+        let anchor = (!fc_restores.is_empty()).then(|| median(fc_restores.iter().map(|r| r.ready).collect()));
+        data.print("prefault data", boot, anchor);
+        lazy.print("prefault none", boot, anchor);
+        if let Some(theirs) = anchor {
+            let loaded = median(fc_restores.iter().map(|r| r.loaded).collect());
+            println!("{:<40} median {:>8.1} ms", "linux: firecracker restore -> agent ready", ms(theirs));
             println!(
-                "{:<40} median {:>8.1} ms   ratio umbra-vmm / firecracker {:.2}",
-                "linux: firecracker restore -> agent ready",
-                ms(theirs),
-                restore.as_secs_f64() / theirs.as_secs_f64()
+                "  launch -> snapshot loaded and resumed {:.0} ms; resumed -> agent ready {:.0} ms",
+                ms(loaded),
+                ms(theirs) - ms(loaded)
             );
         }
         anyhow::Ok(())
@@ -386,5 +470,20 @@ pub async fn vmm(args: VmmBenchArgs) -> anyhow::Result<()> {
     } else {
         println!("linux boot comparison skipped: /dev/kvm is kvm_pvm, which cannot boot Linux (run it in scripts/nested-lane)");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RestorePhases;
+
+    #[test]
+    fn the_restore_line_umbra_vmm_prints_parses_back() {
+        let phases = umbra_vmm::machine::RestorePhases { state: 3, memory: 41, vcpus: 7, devices: 2, threads: 9 };
+        let line = format!("umbra-vmm: restored in 60 ms ({phases})");
+        let parsed = RestorePhases::parse(&line).expect("the line parses");
+        assert_eq!(parsed, RestorePhases { to_run: 60, state: 3, memory: 41, vcpus: 7, devices: 2, threads: 9 });
+        assert_eq!(RestorePhases::parse("umbra-vmm: restored in 60 ms (state 3 ms)"), None);
+        assert_eq!(RestorePhases::parse("umbra-vmm: the guest halted"), None);
     }
 }

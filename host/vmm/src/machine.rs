@@ -7,6 +7,7 @@ use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
+use std::time::Instant;
 
 use kvm_ioctls::Kvm;
 
@@ -63,6 +64,45 @@ pub struct Machine {
     vsock_socket: Option<PathBuf>,
     control: Option<UnixListener>,
     memory_size: u64,
+    /// Where a restore's time went, printed when its vCPUs go.
+    restored: Option<RestorePhases>,
+    /// When the process started, for that line.
+    launched: Option<Instant>,
+}
+
+/// Milliseconds of each phase of [`Machine::restore`]: what `vmctl bench vmm` sets beside
+/// Firecracker's restore.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RestorePhases {
+    /// Reading the state file, checking its digest and parsing it.
+    pub state: u64,
+    /// Mapping (or, with shared folders, copying) guest memory, prefaulting included.
+    pub memory: u64,
+    /// The VM, its interrupt controllers and the vCPUs.
+    pub vcpus: u64,
+    /// The devices, on their new host resources.
+    pub devices: u64,
+    /// Starting the vCPU and device threads, each under its filter, until the vCPUs go.
+    pub threads: u64,
+}
+
+impl std::fmt::Display for RestorePhases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "state {} ms, memory {} ms, vcpus {} ms, devices {} ms, threads {} ms",
+            self.state, self.memory, self.vcpus, self.devices, self.threads
+        )
+    }
+}
+
+/// A snapshot opened for [`Machine::restore`].
+struct OpenedSnapshot {
+    state: crate::snapshot::SnapshotState,
+    memory: File,
+    path: PathBuf,
+    prefault: bool,
+    load_ms: u64,
 }
 
 fn device_error(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MachineError {
@@ -85,7 +125,7 @@ pub struct HostFiles {
     /// The control socket, bound before the jail (see [`crate::control`]).
     control: Option<UnixListener>,
     /// A snapshot to restore: its state, read and checked, and its memory file.
-    snapshot: Option<(crate::snapshot::SnapshotState, File, PathBuf)>,
+    snapshot: Option<OpenedSnapshot>,
 }
 
 impl HostFiles {
@@ -133,13 +173,16 @@ impl HostFiles {
     }
 
     /// Also opens the snapshot in `dir` (its `state`, read and checked now, and its `memory`),
-    /// for [`Machine::restore`].
-    pub fn with_snapshot(mut self, dir: &Path) -> Result<Self, MachineError> {
+    /// for [`Machine::restore`]. With `prefault`, the memory file's data is mapped in up front
+    /// (see [`crate::snapshot::memory::map_private_file`]); without it, as the guest touches it.
+    pub fn with_snapshot(mut self, dir: &Path, prefault: bool) -> Result<Self, MachineError> {
         let snapshot_error = |e: crate::snapshot::SnapshotError| MachineError::Snapshot(e.to_string());
+        let started = Instant::now();
         let state = crate::snapshot::file::load(&dir.join("state")).map_err(snapshot_error)?;
         let path = dir.join("memory");
         let memory = File::open(&path).map_err(device_error(format!("the memory file {}", path.display())))?;
-        self.snapshot = Some((state, memory, path));
+        let load_ms = started.elapsed().as_millis() as u64;
+        self.snapshot = Some(OpenedSnapshot { state, memory, path, prefault, load_ms });
         Ok(self)
     }
 
@@ -254,6 +297,8 @@ impl Machine {
             vsock_socket,
             control,
             memory_size: size as u64,
+            restored: None,
+            launched: None,
         })
     }
 
@@ -264,8 +309,15 @@ impl Machine {
     pub fn restore(cfg: &VmConfig, mut files: HostFiles) -> Result<Self, MachineError> {
         crate::config::validate(cfg)?;
         let snapshot_error = |e: crate::snapshot::SnapshotError| MachineError::Snapshot(e.to_string());
-        let (state, memory_file, memory_path) =
+        let OpenedSnapshot { state, memory: memory_file, path: memory_path, prefault, load_ms } =
             files.snapshot.take().ok_or_else(|| MachineError::Snapshot("no snapshot was opened".into()))?;
+        let mut phases = RestorePhases { state: load_ms, ..Default::default() };
+        let mut at = Instant::now();
+        let mut lap = || {
+            let ms = at.elapsed().as_millis() as u64;
+            at = Instant::now();
+            ms
+        };
         let size = (cfg.memory_mib as u64) << 20;
         if state.memory_size != size || state.vcpus.len() != cfg.cpus as usize {
             return Err(MachineError::Snapshot(format!(
@@ -281,13 +333,14 @@ impl Machine {
         // virtiofsd maps guest memory from a descriptor: with shared folders it is a copy in a
         // memfd of its own, not the file mapped privately.
         let (mem, memfd) = if cfg.fs.is_empty() {
-            let mem = crate::snapshot::memory::map_private_file(&memory_file, &memory_path, size);
+            let mem = crate::snapshot::memory::map_private_file(&memory_file, &memory_path, size, prefault);
             (mem.map_err(snapshot_error)?, None)
         } else {
             let (mem, fd) =
                 crate::snapshot::memory::copy_to_memfd(&memory_file, &memory_path, size).map_err(snapshot_error)?;
             (mem, Some(fd))
         };
+        phases.memory = lap();
         let vm = Vm::with_kvm(kvm, mem.clone())?;
         vm.setup_irqchip()?;
 
@@ -304,6 +357,7 @@ impl Machine {
         for (vcpu, saved) in vcpus.iter().zip(&state.vcpus) {
             saved.restore(&vm.kvm, &vcpu.fd).map_err(snapshot_error)?;
         }
+        phases.vcpus = lap();
         let console = ConsoleLog::to_file(console);
         let legacy = Self::legacy_bus(&vm, &console, state.serial.as_ref())?;
 
@@ -321,6 +375,7 @@ impl Machine {
             )));
         }
         let (mmio, _) = Self::attach_virtio(&vm, &mem, devices, Some(&state.devices))?;
+        phases.devices = lap();
 
         Ok(Self {
             vm,
@@ -331,7 +386,17 @@ impl Machine {
             vsock_socket,
             control,
             memory_size: size,
+            restored: Some(phases),
+            launched: None,
         })
+    }
+
+    /// Says when the process started: a restored machine then prints, as its vCPUs go, one
+    /// line of where the time went (`umbra-vmm: restored in N ms (phases)`, which `vmctl bench
+    /// vmm` reads).
+    pub fn launched_at(mut self, at: Instant) -> Self {
+        self.launched = Some(at);
+        self
     }
 
     /// Gives each device its MMIO window and IRQ, with the notify ioeventfds and the irqfd.
@@ -383,6 +448,7 @@ impl Machine {
     /// after a kernel panic message is reported as a panic. With a control socket, a snapshot
     /// taken through it ends the run too ([`VmExit::Snapshotted`]).
     pub fn run(self) -> Result<VmExit, MachineError> {
+        let started = Instant::now();
         let (tx, rx) = mpsc::channel();
         let mut handles = Vec::new();
         let vm = Arc::new(self.vm);
@@ -450,6 +516,10 @@ impl Machine {
         drop(tx);
         crate::seccomp::install(crate::seccomp::ThreadKind::Main).map_err(MachineError::Seccomp)?;
         filtered.wait();
+        if let (Some(mut phases), Some(launched)) = (self.restored, self.launched) {
+            phases.threads = started.elapsed().as_millis() as u64;
+            eprintln!("umbra-vmm: restored in {} ms ({phases})", launched.elapsed().as_millis());
+        }
         let exit = rx.recv().unwrap_or_else(|_| VmExit::Internal("every vCPU thread ended without an exit".into()));
         // The other vCPUs are still in KVM_RUN: the VM and its memory must stay mapped until the
         // caller ends the process, which stops them.

@@ -71,7 +71,7 @@ fn a_paused_bare_guest_resumes_in_a_restored_vm() {
 
     // Restore into a new VM and run the rest.
     let state = snapshot::file::load(&state_path).unwrap();
-    let mem = snapshot::memory::map_private(&memory_path, state.memory_size).unwrap();
+    let mem = snapshot::memory::map_private(&memory_path, state.memory_size, true).unwrap();
     let vm = Vm::new(mem).unwrap();
     vm.setup_irqchip().unwrap();
     let mut vcpu = Vcpu::new(&vm, 0, 1).unwrap();
@@ -84,7 +84,7 @@ fn a_paused_bare_guest_resumes_in_a_restored_vm() {
     assert_eq!(console.last_lines(), vec!["z".to_string()], "the rest of the program, with CL = 'z'");
 
     // The memory file is what was saved: the restored VM wrote none of it.
-    let again = snapshot::memory::map_private(&memory_path, SIZE).unwrap();
+    let again = snapshot::memory::map_private(&memory_path, SIZE, false).unwrap();
     assert_eq!(again.read_obj::<[u8; 2]>(GuestAddress(LOAD_ADDR)).unwrap(), [0xb1, b'z']);
 }
 
@@ -198,7 +198,7 @@ fn a_spinning_guest_is_paused_by_a_kick_then_resumed_and_restored() {
     use std::os::unix::fs::FileExt;
     std::fs::File::options().write(true).open(&memory_path).unwrap().write_all_at(&[1], FLAG).unwrap();
     let state = snapshot::file::load(&state_path).unwrap();
-    let vm = Vm::new(snapshot::memory::map_private(&memory_path, SIZE).unwrap()).unwrap();
+    let vm = Vm::new(snapshot::memory::map_private(&memory_path, SIZE, false).unwrap()).unwrap();
     vm.setup_irqchip().unwrap();
     let mut vcpu = Vcpu::new(&vm, 0, 1).unwrap();
     state.check_vcpus(&[&vcpu.fd]).unwrap();

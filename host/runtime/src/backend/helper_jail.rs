@@ -64,6 +64,12 @@ enum Identity {
     Namespace { uid_map: CString, gid_map: CString },
 }
 
+/// Whether a helper running as `uid`, in the node's group, may open a device node for reading
+/// and writing.
+fn device_open_to(mode: u32, owner: u32, uid: u32) -> bool {
+    (owner == uid && mode & 0o600 == 0o600) || mode & 0o060 == 0o060 || mode & 0o006 == 0o006
+}
+
 pub struct HelperJail {
     root: CString,
     steps: Vec<Step>,
@@ -199,12 +205,25 @@ impl HelperJail {
     }
 
     /// Shows device node `path` (`/dev/kvm`) as it is; as root, the helper joins the node's
-    /// group so that it may open it.
+    /// group so that it may open it. A node only its owner may open (0600 root, as devtmpfs
+    /// makes it where no udev rule ran) is refused here, saying so, rather than by the helper.
     pub fn device(&mut self, path: &Path) -> io::Result<()> {
         use std::os::unix::fs::MetadataExt;
-        let gid = std::fs::metadata(path)?.gid();
-        if let Identity::Drop { groups, .. } = &mut self.identity {
-            groups.push(gid);
+        let meta = std::fs::metadata(path)?;
+        if let Identity::Drop { uid, groups, .. } = &mut self.identity {
+            if !device_open_to(meta.mode(), meta.uid(), *uid) {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} is mode {:04o}, owner {}: the helper, run as uid {uid}, could open it only through \
+                         its group; give the group read and write (udev's rule: GROUP=\"kvm\", MODE=\"0660\")",
+                        path.display(),
+                        meta.mode() & 0o7777,
+                        meta.uid()
+                    ),
+                ));
+            }
+            groups.push(meta.gid());
         }
         self.bind(path, 0)
     }
@@ -447,6 +466,16 @@ fn no_x32() -> BpfProgram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_only_its_owner_opens_is_not_shown_to_another_uid() {
+        // devtmpfs's /dev/kvm where no udev rule ran, Debian's, systemd's default.
+        assert!(!device_open_to(0o600, 0, 65534));
+        assert!(device_open_to(0o660, 0, 65534));
+        assert!(device_open_to(0o666, 0, 65534));
+        assert!(device_open_to(0o600, 65534, 65534));
+        assert!(!device_open_to(0o640, 0, 65534), "read alone is not enough for KVM");
+    }
 
     #[test]
     fn every_directory_down_to_a_path_is_made_under_the_root() {

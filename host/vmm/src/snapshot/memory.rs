@@ -121,14 +121,15 @@ fn data_range(fd: std::os::fd::RawFd, at: u64, end: u64) -> Option<(u64, u64)> {
 }
 
 /// Maps the memory file at `path` as `size` bytes of private guest memory.
-pub fn map_private(path: &Path, size: u64) -> Result<GuestMemory, SnapshotError> {
+pub fn map_private(path: &Path, size: u64, prefault: bool) -> Result<GuestMemory, SnapshotError> {
     let file = File::open(path).map_err(SnapshotError::io(format!("open the memory file {}", path.display())))?;
-    map_private_file(&file, path, size)
+    map_private_file(&file, path, size, prefault)
 }
 
 /// [`map_private`] over a memory file opened earlier (before the VMM entered its jail); `path`
-/// names it in errors.
-pub fn map_private_file(file: &File, path: &Path, size: u64) -> Result<GuestMemory, SnapshotError> {
+/// names it in errors. With `prefault`, every page of data is mapped now ([`prefault_data`]);
+/// without, a page is mapped when the guest first touches it.
+pub fn map_private_file(file: &File, path: &Path, size: u64, prefault: bool) -> Result<GuestMemory, SnapshotError> {
     let len = file.metadata().map_err(SnapshotError::io(format!("stat {}", path.display())))?.len();
     if len != size {
         return Err(SnapshotError::Mismatch(format!(
@@ -147,7 +148,9 @@ pub fn map_private_file(file: &File, path: &Path, size: u64) -> Result<GuestMemo
             libc::MAP_PRIVATE | libc::MAP_NORESERVE,
         )
         .map_err(|e| SnapshotError::Mismatch(format!("map {len} bytes of {}: {e}", path.display())))?;
-        prefault_data(file, offset, len, region.as_ptr());
+        if prefault {
+            prefault_data(file, offset, len, region.as_ptr());
+        }
         let region = GuestRegionMmap::new(region, GuestAddress(start))
             .ok_or_else(|| SnapshotError::Mismatch("guest region overflows the address space".into()))?;
         regions.push(region);
@@ -266,11 +269,11 @@ mod tests {
         mem.write_obj(0xfeed_u64, GuestAddress(0x1000)).unwrap();
         dump(&mem, size, &first).unwrap();
         // Restored: the guest writes pages that are holes in the file it was mapped from.
-        let restored = map_private(&first, size).unwrap();
+        let restored = map_private(&first, size, true).unwrap();
         restored.write_obj(0xbeef_u64, GuestAddress(0x3000)).unwrap();
         restored.write_obj(0xcafe_u64, GuestAddress(size - 8)).unwrap();
         assert_eq!(dump(&restored, size, &second).unwrap(), 3 * PAGE as u64, "every written page");
-        let again = map_private(&second, size).unwrap();
+        let again = map_private(&second, size, false).unwrap();
         assert_eq!(again.read_obj::<u64>(GuestAddress(0x1000)).unwrap(), 0xfeed);
         assert_eq!(again.read_obj::<u64>(GuestAddress(0x3000)).unwrap(), 0xbeef, "not the old file's hole");
         assert_eq!(again.read_obj::<u64>(GuestAddress(size - 8)).unwrap(), 0xcafe);
@@ -291,8 +294,8 @@ mod tests {
         let blocks = std::fs::metadata(&path).unwrap().blocks() * 512;
         assert!(blocks < 1 << 20, "the file is sparse: {blocks} bytes allocated");
 
-        let a = map_private(&path, size).unwrap();
-        let b = map_private(&path, size).unwrap();
+        let a = map_private(&path, size, true).unwrap();
+        let b = map_private(&path, size, false).unwrap();
         assert_eq!(a.read_obj::<u64>(GuestAddress(0x1000)).unwrap(), 0xfeed);
         assert_eq!(a.read_obj::<u64>(GuestAddress(size - 8)).unwrap(), 0xbeef);
         a.write_obj(1u64, GuestAddress(0x1000)).unwrap();
@@ -309,7 +312,7 @@ mod tests {
         let e = copy_to_memfd(&File::open(&path).unwrap(), &path, size * 2).unwrap_err().to_string();
         assert!(e.contains("has 8388608 bytes"), "{e}");
 
-        let e = map_private(&path, size * 2).unwrap_err().to_string();
+        let e = map_private(&path, size * 2, true).unwrap_err().to_string();
         assert!(e.contains("has 8388608 bytes; the state says the guest has 16777216"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
