@@ -377,6 +377,63 @@ async fn a_parked_process_outlives_its_connection_and_another_adopts_it_with_not
 }
 
 #[tokio::test]
+async fn stdin_queued_on_the_host_at_a_park_reaches_the_adopted_process_in_order() {
+    let agent = HostAgent::start().await;
+    let first = agent.connect().await;
+    // The process reads nothing for a while: its pipe fills, the agent stops granting credit,
+    // and the rest of what is written waits on the host.
+    let mut cat = first.spawn(sh("sleep 1; exec cat")).unwrap();
+    assert!(matches!(cat.next_event().await, Some(ProcessEvent::Spawned { .. })));
+    let chunks: Vec<Vec<u8>> = (0..48u32).map(|n| vec![(n % 251) as u8; 64 * 1024]).collect();
+    let stdin = cat.stdin();
+    let writer = tokio::spawn({
+        let (stdin, chunks) = (stdin.clone(), chunks.clone());
+        async move {
+            let mut accepted = 0;
+            for chunk in chunks {
+                if stdin.write(chunk).await.is_err() {
+                    break;
+                }
+                accepted += 1;
+            }
+            accepted
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pending = stdin.detach().await;
+    let accepted = writer.await.unwrap();
+    assert!(accepted < chunks.len(), "the writer was held back by the credit: {accepted}");
+    assert!(pending.bytes() > 0, "something was still queued on the host");
+    assert!(stdin.write(&b"late"[..]).await.is_err(), "a detached stream takes no more");
+    let parked = first.park(&[cat.id()]).await.unwrap();
+    let mut out = Vec::new();
+    let token = stdout_until_parked(&mut cat, &mut out).await.expect("parked");
+    assert_eq!(parked.len(), 1);
+    drop((cat, first));
+
+    let second = agent.connect().await;
+    let mut cat = second.adopt(token).unwrap();
+    assert!(matches!(cat.next_event().await, Some(ProcessEvent::Spawned { .. })));
+    let stdin = cat.stdin();
+    pending.requeue(&stdin).await.unwrap();
+    let rest = tokio::spawn({
+        let (stdin, chunks) = (stdin.clone(), chunks[accepted..].to_vec());
+        async move {
+            for chunk in chunks {
+                stdin.write(chunk).await.unwrap();
+            }
+            stdin.close().await.unwrap();
+        }
+    });
+    let tail = cat.output().await.unwrap();
+    rest.await.unwrap();
+    out.extend_from_slice(&tail.stdout);
+    let expected: Vec<u8> = chunks.concat();
+    assert_eq!(out.len(), expected.len(), "every byte written arrived once");
+    assert!(out == expected, "in order");
+}
+
+#[tokio::test]
 async fn an_exec_gate_runs_allowlisted_programs_at_once_and_asks_the_host_for_the_rest() {
     let agent = HostAgent::start().await;
     let client = agent.connect().await;

@@ -36,7 +36,7 @@ use umbra_proto::{
 pub use connect::{hybrid_handshake, HandshakeError};
 pub use error::ClientError;
 pub use events::{ProcessEvent, ProcessOutput};
-pub use process::{Process, ProcessStdin};
+pub use process::{PendingStdin, Process, ProcessStdin};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request waits for its response unless set with [`AgentClient::with_call_timeout`].

@@ -2,7 +2,7 @@
 //! kill/resize. Consuming output grants the agent credit for more, so a caller that stops
 //! reading stalls that process (in its pipe) and nothing else.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -77,7 +77,14 @@ pub struct Process {
 #[derive(Clone)]
 pub struct ProcessStdin {
     tx: mpsc::Sender<StdinCmd>,
+    /// Asks the sending task to stop and hand back what it has not sent ([`Self::detach`]).
+    detach: Arc<Mutex<Option<oneshot::Sender<oneshot::Sender<PendingStdin>>>>>,
 }
+
+/// Stdin written on the host but not yet sent to the agent when it was detached, in order (a
+/// `close` included): to be sent to the process where it is adopted ([`Self::requeue`]).
+#[derive(Default)]
+pub struct PendingStdin(Vec<StdinCmd>);
 
 enum StdinCmd {
     Data(Bytes),
@@ -93,8 +100,10 @@ impl Process {
         credit: Arc<Semaphore>,
     ) -> Self {
         let (tx, rx) = mpsc::channel(STDIN_QUEUE);
-        tokio::spawn(stdin_task(client.clone(), id, confirmed, credit, rx));
-        Self { client, id, events, stdin: ProcessStdin { tx }, finished: false, ungranted: [0; 2] }
+        let (detach_tx, detach) = oneshot::channel();
+        tokio::spawn(stdin_task(client.clone(), id, confirmed, credit, rx, detach));
+        let stdin = ProcessStdin { tx, detach: Arc::new(Mutex::new(Some(detach_tx))) };
+        Self { client, id, events, stdin, finished: false, ungranted: [0; 2] }
     }
 
     /// The protocol id of this process (not its guest pid).
@@ -216,27 +225,96 @@ impl ProcessStdin {
             .await
             .map_err(|_| ClientError::Protocol("process stdin is closed (process ended or spawn failed)".into()))
     }
+
+    /// Stops sending stdin on this connection and hands back, in order, what was written and
+    /// not yet sent (waiting for the agent's credit or in the queue). Called before the process
+    /// is parked: the agent drops stdin that reaches a parked process, so none may follow the
+    /// `park` request. Writes through this stream fail from now on. Empty if nothing was
+    /// pending, the stream was already detached, or its process is gone.
+    pub async fn detach(&self) -> PendingStdin {
+        let Some(ask) = self.detach.lock().unwrap().take() else { return PendingStdin::default() };
+        let (back, pending) = oneshot::channel();
+        if ask.send(back).is_err() {
+            return PendingStdin::default();
+        }
+        pending.await.unwrap_or_default()
+    }
 }
 
-/// Holds stdin until the spawn is confirmed, then sends it within the agent's credit.
+impl PendingStdin {
+    /// The bytes waiting.
+    pub fn bytes(&self) -> usize {
+        self.0.iter().map(|c| if let StdinCmd::Data(b) = c { b.len() } else { 0 }).sum()
+    }
+
+    /// Queues it on `stdin` (the adopted process's, before anyone else writes to it).
+    pub async fn requeue(self, stdin: &ProcessStdin) -> Result<(), ClientError> {
+        for cmd in self.0 {
+            stdin.tx.send(cmd).await.map_err(|_| {
+                ClientError::Protocol("the adopted process's stdin is closed (it ended or was not confirmed)".into())
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Holds stdin until the spawn is confirmed, then sends it within the agent's credit; asked to
+/// detach ([`ProcessStdin::detach`]), hands back what it has not sent and ends.
 async fn stdin_task(
     client: AgentClient,
     id: u32,
-    confirmed: oneshot::Receiver<Result<u32, ClientError>>,
+    mut confirmed: oneshot::Receiver<Result<u32, ClientError>>,
     credit: Arc<Semaphore>,
     mut rx: mpsc::Receiver<StdinCmd>,
+    mut detach: oneshot::Receiver<oneshot::Sender<PendingStdin>>,
 ) {
-    if !matches!(confirmed.await, Ok(Ok(_))) {
+    // Until every handle is gone: then the queue still drains, with nobody left to detach it.
+    let mut detachable = true;
+    let confirmed = loop {
+        tokio::select! {
+            c = &mut confirmed => break matches!(c, Ok(Ok(_))),
+            asked = &mut detach, if detachable => match asked {
+                Ok(back) => return hand_back(back, None, &mut rx),
+                Err(_) => detachable = false,
+            },
+        }
+    };
+    if !confirmed {
         return;
     }
-    while let Some(cmd) = rx.recv().await {
+    loop {
+        let cmd = tokio::select! {
+            cmd = rx.recv() => match cmd {
+                Some(cmd) => cmd,
+                None => return,
+            },
+            asked = &mut detach, if detachable => {
+                match asked {
+                    Ok(back) => return hand_back(back, None, &mut rx),
+                    Err(_) => detachable = false,
+                }
+                continue;
+            }
+        };
         match cmd {
             StdinCmd::Data(mut bytes) => {
                 while !bytes.is_empty() {
-                    let chunk = bytes.split_to(bytes.len().min(MAX_DATA_CHUNK));
-                    let Ok(permit) = credit.acquire_many(chunk.len() as u32).await else { return };
+                    let n = bytes.len().min(MAX_DATA_CHUNK);
+                    let permit = tokio::select! {
+                        permit = credit.acquire_many(n as u32) => match permit {
+                            Ok(permit) => permit,
+                            Err(_) => return,
+                        },
+                        asked = &mut detach, if detachable => {
+                            match asked {
+                                Ok(back) => return hand_back(back, Some(bytes), &mut rx),
+                                Err(_) => detachable = false,
+                            }
+                            continue;
+                        }
+                    };
                     permit.forget();
-                    if client.send_stdin(id, chunk).is_err() {
+                    if client.send_stdin(id, bytes.split_to(n)).is_err() {
                         return;
                     }
                 }
@@ -246,4 +324,15 @@ async fn stdin_task(
             }
         }
     }
+}
+
+/// Sends back what a detached stream had not sent: `head` (the rest of the write being sent),
+/// then the queue, closed first so that no write can slip in behind it.
+fn hand_back(back: oneshot::Sender<PendingStdin>, head: Option<Bytes>, rx: &mut mpsc::Receiver<StdinCmd>) {
+    rx.close();
+    let mut pending: Vec<StdinCmd> = head.map(StdinCmd::Data).into_iter().collect();
+    while let Ok(cmd) = rx.try_recv() {
+        pending.push(cmd);
+    }
+    let _ = back.send(PendingStdin(pending));
 }

@@ -20,7 +20,7 @@ use umbra_proto::TtySize;
 
 use super::error::SessionError;
 use super::events::EventBus;
-use crate::agent::{AgentClient, Process, ProcessEvent, ProcessStdin};
+use crate::agent::{AgentClient, PendingStdin, Process, ProcessEvent, ProcessStdin};
 
 /// How long a process may take to stop after SIGTERM (a timeout, a forwarded signal) before it
 /// is SIGKILLed, and after SIGKILL before the guest counts as not responding.
@@ -82,11 +82,13 @@ struct Link {
     agent: AgentClient,
     proto_id: u32,
     stdin: ProcessStdin,
+    /// Bumped at each rebind: a write that failed on an older link is tried on the new one.
+    generation: u64,
 }
 
 impl Link {
-    fn of(process: &Process, agent: AgentClient) -> Self {
-        Self { agent, proto_id: process.id(), stdin: process.stdin() }
+    fn of(process: &Process, agent: AgentClient, generation: u64) -> Self {
+        Self { agent, proto_id: process.id(), stdin: process.stdin(), generation }
     }
 }
 
@@ -172,7 +174,37 @@ impl ExecControl {
 
     /// Reaches the process through `process` (an adoption on `agent`) from now on.
     pub(super) fn rebind(&self, process: &Process, agent: AgentClient) {
-        *self.link.lock().unwrap() = Link::of(process, agent);
+        let mut link = self.link.lock().unwrap();
+        *link = Link::of(process, agent, link.generation + 1);
+    }
+
+    /// Stops its stdin on the current connection before a park, and hands back what was
+    /// written and not yet sent, for the adopted process ([`PendingStdin::requeue`]).
+    pub(super) async fn detach_stdin(&self) -> PendingStdin {
+        let stdin = self.link.lock().unwrap().stdin.clone();
+        stdin.detach().await
+    }
+
+    /// Writes (or closes) stdin through the current link; a write the link refused because it
+    /// was detached for a park goes to the process adopted after it, once there is one.
+    async fn on_stdin<F, Fut>(&self, op: F) -> Result<(), SessionError>
+    where
+        F: Fn(ProcessStdin) -> Fut,
+        Fut: std::future::Future<Output = Result<(), crate::agent::ClientError>>,
+    {
+        let mut link = self.awake().await?;
+        loop {
+            match op(link.stdin.clone()).await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    let now = self.awake().await?;
+                    if now.generation == link.generation {
+                        return Err(e.into());
+                    }
+                    link = now;
+                }
+            }
+        }
     }
 
     /// Sends `signal` to the process's group.
@@ -206,14 +238,20 @@ impl ExecControl {
         Ok(link.agent.resize_process(link.proto_id, rows, cols).await?)
     }
 
-    /// Queues bytes for stdin; waits while the guest has no room for them.
+    /// Queues bytes for stdin; waits while the guest has no room for them. Across a
+    /// suspension, bytes queued here reach the process in the restored guest, in order.
     pub async fn write_stdin(&self, data: impl Into<Bytes>) -> Result<(), SessionError> {
-        Ok(self.awake().await?.stdin.write(data).await?)
+        let data: Bytes = data.into();
+        self.on_stdin(|stdin| {
+            let data = data.clone();
+            async move { stdin.write(data).await }
+        })
+        .await
     }
 
     /// Ends stdin after what was written.
     pub async fn close_stdin(&self) -> Result<(), SessionError> {
-        Ok(self.awake().await?.stdin.close().await?)
+        self.on_stdin(|stdin| async move { stdin.close().await }).await
     }
 }
 
@@ -256,7 +294,7 @@ pub(super) fn start(
 ) -> Exec {
     let (out, events) = mpsc::channel(OWNER_QUEUE);
     let (interrupts, interrupts_rx) = mpsc::unbounded_channel();
-    let link = Arc::new(Mutex::new(Link::of(&process, agent)));
+    let link = Arc::new(Mutex::new(Link::of(&process, agent, 0)));
     let control = ExecControl { id, link: link.clone(), interrupts, wake: None };
     let spawned = SessionEvent::new(Some(&ctx.session), EventKind::Spawned { process: id, pid, argv });
     ctx.bus.emit(spawned.clone());

@@ -173,14 +173,23 @@ impl Session {
     /// the restore to adopt them ([`Self::adopt_kept`]). An agent before protocol 1.8 cannot
     /// park: they end with the VM, as other processes do.
     pub(super) async fn park_kept(&self, inc: &Incarnation) {
-        let ids: HashMap<u32, u64> = {
+        let kept: Vec<(u32, u64, super::super::exec::ExecControl)> = {
             let state = self.state.lock().unwrap();
             let kept = state.processes.iter().filter(|(_, r)| r.rebind.is_some() && r.parked.is_none());
-            kept.map(|(&id, r)| (r.control.proto_id(), id)).collect()
+            kept.map(|(&id, r)| (r.control.proto_id(), id, r.control.clone())).collect()
         };
-        if ids.is_empty() || !inc.agent.parks() {
+        if kept.is_empty() || !inc.agent.parks() {
             return;
         }
+        // Stdin stops first: the agent drops what reaches a parked process, so nothing may
+        // follow the park request. What was queued and not sent goes to the adopted process.
+        for (_, id, control) in &kept {
+            let pending = control.detach_stdin().await;
+            if let Some(r) = self.state.lock().unwrap().processes.get_mut(id) {
+                r.pending_stdin = Some(pending);
+            }
+        }
+        let ids: HashMap<u32, u64> = kept.iter().map(|(proto, id, _)| (*proto, *id)).collect();
         let asked: Vec<u32> = ids.keys().copied().collect();
         match inc.agent.park(&asked).await {
             Ok(parked) => {
@@ -225,6 +234,15 @@ impl Session {
                 }
             }
             .await;
+            // What its stdin had not sent before the park goes first, ahead of any new write
+            // (those wait for the rebind below).
+            let pending = self.state.lock().unwrap().processes.get_mut(&id).and_then(|r| r.pending_stdin.take());
+            if let (Ok(process), Some(pending)) = (&adopted, pending) {
+                let bytes = pending.bytes();
+                if let Err(e) = pending.requeue(&process.stdin()).await {
+                    tracing::warn!(session = %self.name, "{bytes} bytes of stdin not passed on to an adopted process: {e}");
+                }
+            }
             let mut state = self.state.lock().unwrap();
             let Some(r) = state.processes.get_mut(&id) else { continue };
             r.parked = None;

@@ -52,6 +52,8 @@ struct Running {
     rebind: Option<super::exec::Rebind>,
     /// The token it is parked under in the guest, while its session is suspended.
     parked: Option<u64>,
+    /// Stdin written before the park and not yet sent, for the adopted process.
+    pending_stdin: Option<crate::agent::PendingStdin>,
 }
 
 /// Why a session stops.

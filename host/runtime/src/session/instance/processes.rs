@@ -91,7 +91,7 @@ impl Session {
                 })
             }));
         }
-        let running = super::Running { control: exec.control(), pid, argv, rebind, parked: None };
+        let running = super::Running { control: exec.control(), pid, argv, rebind, parked: None, pending_stdin: None };
         self.state.lock().unwrap().processes.insert(id, running);
         Ok(exec)
     }
