@@ -1,5 +1,6 @@
 //! Agent benchmarks over a Unix socket, each beside an anchor measured in the same run:
-//!   exec round-trip (spawn `true` → exit event)  vs  native fork/exec/wait of `true`
+//!   exec round-trip (spawn `true` → exit event)  vs  native fork/exec/wait of `true`, rounds
+//!                                                   alternating
 //!   stdout throughput through the agent           vs  the same producer into a plain pipe
 //!   an exec under the exec gate (approval scope guest), allowlisted in the agent and asked of
 //!   the host (answered at once)                    vs  the same loop with no gate
@@ -38,15 +39,15 @@ fn main() {
         let agent = HostAgent::start().await;
         let client = agent.connect().await;
 
-        let native: Vec<Duration> = (0..EXEC_ROUNDS)
-            .map(|_| {
-                let t = Instant::now();
-                assert!(Command::new("true").status().unwrap().success());
-                t.elapsed()
-            })
-            .collect();
+        // Rounds alternate native and agent, so a load that comes and goes on a shared
+        // machine weighs on both sides alike.
+        let mut native = Vec::with_capacity(EXEC_ROUNDS);
         let mut via_agent = Vec::with_capacity(EXEC_ROUNDS);
         for _ in 0..EXEC_ROUNDS {
+            let t = Instant::now();
+            assert!(Command::new("true").status().unwrap().success());
+            native.push(t.elapsed());
+
             let t = Instant::now();
             let out = client
                 .spawn(SpawnRequest { argv: vec!["true".into()], ..Default::default() })

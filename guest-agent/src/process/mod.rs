@@ -12,6 +12,7 @@ pub mod landlock;
 mod outgoing;
 mod route;
 pub mod spawn;
+mod vfork;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

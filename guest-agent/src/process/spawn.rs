@@ -4,9 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -15,6 +13,7 @@ use nix::pty::{openpty, Winsize};
 use umbra_proto::{SpawnRequest, TtySize};
 
 use super::landlock::Ruleset;
+use super::vfork::{self, ChildSpec};
 use crate::reaper::{ChildExit, Reaper};
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -64,7 +63,8 @@ pub fn winsize(size: TtySize) -> Winsize {
     Winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 }
 }
 
-/// Forks and execs the request. Errors carry the OS reason (missing binary, bad cwd, EPERM).
+/// Starts the request's program (`vfork.rs`: the agent's memory is shared until the exec, not
+/// copied). Errors carry the OS reason (missing binary, bad cwd, EPERM).
 /// With a `landlock` ruleset, the child restricts itself with it just before exec; with a
 /// `gate` socket, it then installs the exec gate's filter and sends its listener there
 /// (`gate.rs`), whose server must already run: the child's own exec waits on it.
@@ -75,47 +75,46 @@ pub fn spawn(
     landlock: Option<&Ruleset>,
     gate: Option<RawFd>,
 ) -> io::Result<SpawnedChild> {
-    let Some(program) = req.argv.first() else {
+    if req.argv.is_empty() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "argv is empty"));
-    };
+    }
     if req.argv.iter().any(|a| a.contains('\0')) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "argv contains a NUL byte"));
     }
-    let mut cmd = Command::new(program);
-    cmd.args(&req.argv[1..]).env_clear().envs(child_env(req));
+    let env = child_env(req);
     if let Some(cwd) = &req.cwd {
         // Look the directory up before forking, outside the reaper lock: on a slow or hung
         // filesystem it is this thread that waits, not every other spawn and the reaping with it.
         if !std::fs::metadata(cwd)?.is_dir() {
             return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
         }
-        cmd.current_dir(cwd);
     }
     let (uid, gid) = (req.uid, req.gid);
     let cgroup = super::cgroup::procs_fd();
-    let tty = req.tty;
     // The ruleset fd is close-on-exec: open in the child until its exec, then gone.
     let landlock = landlock.map(Ruleset::raw_fd);
-    // In the child: into the commands' cgroup while still root (moving needs write access to
-    // cgroup.procs), then the requested identity (as std's `Command::uid`/`gid` would, which
-    // run before any pre_exec hook), then landlock, then the exec gate (last: from there on
-    // every exec waits for the agent).
-    let restrict = move || {
+    // In the child, after its setsid: into the commands' cgroup while still root (moving needs
+    // write access to cgroup.procs), then the requested identity, then landlock, then the exec
+    // gate (last: from there on every exec waits for the agent). Only system calls: the child
+    // shares the agent's memory. Credentials change through the raw syscalls, not libc's
+    // wrappers, which would signal every thread of what they take for a multi-threaded process.
+    let mut restrict = move || {
         if let Some(procs) = cgroup {
             super::cgroup::join(procs)?;
         }
-        // SAFETY: setgid, getuid, setgroups with no groups and setuid are async-signal-safe.
+        // SAFETY: setgid, getuid, setgroups with no groups and setuid are plain syscalls with
+        // integer arguments (and a null list).
         unsafe {
             if let Some(gid) = gid {
-                if libc::setgid(gid) != 0 {
+                if libc::syscall(libc::SYS_setgid, gid) != 0 {
                     return Err(io::Error::last_os_error());
                 }
             }
             if let Some(uid) = uid {
-                if libc::getuid() == 0 {
-                    libc::setgroups(0, std::ptr::null());
+                if libc::syscall(libc::SYS_getuid) == 0 {
+                    libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>());
                 }
-                if libc::setuid(uid) != 0 {
+                if libc::syscall(libc::SYS_setuid, uid) != 0 {
                     return Err(io::Error::last_os_error());
                 }
             }
@@ -123,62 +122,49 @@ pub fn spawn(
         landlock.map_or(Ok(()), Ruleset::restrict_self)?;
         gate.map_or(Ok(()), super::gate::install)
     };
-    // Reaping is paused while we fork, so the pty fds opened here cannot leak into another
-    // child forked concurrently (all agent forks go through the reaper lock).
+    // Reaping is paused while we spawn, so the pty fds opened here cannot leak into another
+    // child started concurrently (all agent spawns go through the reaper lock).
     let (stdio, pid, registration) = reaper.spawn(|| {
-        if let Some(size) = tty {
+        let child = |stdio: [RawFd; 3], controlling_tty: bool, restrict: &mut dyn FnMut() -> io::Result<()>| {
+            let spec = ChildSpec { argv: &req.argv, env: &env, cwd: req.cwd.as_deref(), stdio, controlling_tty };
+            vfork::spawn(&spec, restrict)
+        };
+        if let Some(size) = req.tty {
             let pty = openpty(Some(&winsize(size)), None).map_err(io::Error::from)?;
             fcntl(&pty.master, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
             fcntl(&pty.slave, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
-            cmd.stdin(Stdio::from(pty.slave.try_clone()?))
-                .stdout(Stdio::from(pty.slave.try_clone()?))
-                .stderr(Stdio::from(pty.slave.try_clone()?));
-            // SAFETY: between fork and exec we only call async-signal-safe functions
-            // (setsid, ioctl, write, the credential calls, the landlock and seccomp syscalls, sendmsg,
-            // close and prctl)
-            // and touch no heap state.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setsid() < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    restrict()
-                });
-            }
-            let child = cmd.spawn()?;
-            // Our copy of the slave closes here (and the Stdio copies with `cmd`), so the
-            // master reports EIO exactly when the child side is gone.
+            let slave = pty.slave.as_raw_fd();
+            let pid = child([slave; 3], true, &mut restrict)?;
+            // Our copy of the slave closes here, so the master reports EIO exactly when the
+            // child side is gone.
             drop(pty.slave);
-            let pid = child.id();
             Ok((ChildStdio::Pty { master: pty.master }, pid))
         } else {
-            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-            // SAFETY: setsid, write, the credential calls, the landlock and seccomp syscalls,
-            // sendmsg, close and prctl are async-signal-safe and touch no heap state.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setsid() < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    restrict()
-                });
-            }
-            let mut child = cmd.spawn()?;
-            let pid = child.id();
-            let stdin = OwnedFd::from(child.stdin.take().expect("stdin piped"));
-            let stdout = OwnedFd::from(child.stdout.take().expect("stdout piped"));
-            let stderr = OwnedFd::from(child.stderr.take().expect("stderr piped"));
+            let (stdin_child, stdin) = pipe()?;
+            let (stdout, stdout_child) = pipe()?;
+            let (stderr, stderr_child) = pipe()?;
+            let stdio = [stdin_child.as_raw_fd(), stdout_child.as_raw_fd(), stderr_child.as_raw_fd()];
+            let pid = child(stdio, false, &mut restrict)?;
+            // The child's ends close here: its exit is end of file on ours.
+            drop((stdin_child, stdout_child, stderr_child));
             for out in [&stdout, &stderr] {
                 grow_pipe(out);
             }
-            // `child` is dropped without waiting: the reaper owns its exit.
             Ok((ChildStdio::Pipes { stdin, stdout, stderr }, pid))
         }
     })?;
     Ok(SpawnedChild { pid, stdio, exit: registration.exit, reaped: registration.reaped })
+}
+
+/// A close-on-exec pipe: (read end, write end).
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are new and ours alone.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Output pipes of OUTPUT_PIPE_SIZE, not the default 64 KiB: a fast producer then writes in
