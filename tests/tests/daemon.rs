@@ -50,11 +50,28 @@ async fn a_client_runs_processes_in_separate_sessions_over_the_socket() {
 
     // cat echoes stdin
     let p = client.call::<ProcessSpawn>(SpawnParams { argv: vec!["cat".into()], ..sh("a", "") }).await.unwrap();
-    let stdin = StdinParams { session: "a".into(), process: p.process, data: Data::from_bytes(b"through stdin\n") };
+    let stdin = StdinParams {
+        session: "a".into(),
+        process: p.process,
+        data: Data::from_bytes(b"through stdin\n"),
+        offset: None,
+    };
     client.call::<ProcessStdin>(stdin).await.unwrap();
+    // With offsets (a client sending again what a lost connection may have delivered): the
+    // bytes umbrad already took are skipped, and a piece past them is refused.
+    let piece = |offset: u64, data: &[u8]| StdinParams {
+        session: "a".into(),
+        process: p.process,
+        data: Data::from_bytes(data),
+        offset: Some(offset),
+    };
+    client.call::<ProcessStdin>(piece(8, b"stdin\nagain\n")).await.unwrap();
+    client.call::<ProcessStdin>(piece(14, b"again\n")).await.unwrap();
+    let gap = client.call::<ProcessStdin>(piece(40, b"late\n")).await.unwrap_err();
+    assert_eq!(gap.code, ErrorCode::InvalidParams, "{gap:?}");
     client.call::<ProcessCloseStdin>(ProcessRef { session: "a".into(), process: p.process }).await.unwrap();
     let (out, _, exit) = process_output(&client, &mut notes, "a", p.process, RUN).await;
-    assert_eq!((out.as_slice(), exit.code), (&b"through stdin\n"[..], Some(0)));
+    assert_eq!((out.as_slice(), exit.code), (&b"through stdin\nagain\n"[..], Some(0)));
 
     // a pseudo-terminal sees a resize
     let tty = SpawnParams { tty: Some(TtySize { rows: 24, cols: 80 }), ..sh("a", "read line; stty size") };
@@ -63,7 +80,7 @@ async fn a_client_runs_processes_in_separate_sessions_over_the_socket() {
         .call::<ProcessResize>(ResizeParams { session: "a".into(), process: p.process, rows: 33, cols: 101 })
         .await
         .unwrap();
-    let stdin = StdinParams { session: "a".into(), process: p.process, data: Data::from_bytes(b"go\r") };
+    let stdin = StdinParams { session: "a".into(), process: p.process, data: Data::from_bytes(b"go\r"), offset: None };
     client.call::<ProcessStdin>(stdin).await.unwrap();
     let (out, _, _) = process_output(&client, &mut notes, "a", p.process, RUN).await;
     assert!(String::from_utf8_lossy(&out).contains("33 101"), "{:?}", String::from_utf8_lossy(&out));
@@ -769,7 +786,8 @@ async fn detached_processes_and_terminals_outlive_their_client() {
     // line): run as written.
     let long = format!(": {}; [ \"$(printf 'a\x15b')\" = \"$(printf 'a\\025b')\" ]", "x".repeat(10_000));
     assert_eq!(client.call::<TerminalRun>(run(&long)).await.unwrap().exit_code, 0);
-    let typed = StdinParams { session: "k".into(), process: term, data: Data::from_bytes(b"echo typed-$FOO\n") };
+    let typed =
+        StdinParams { session: "k".into(), process: term, data: Data::from_bytes(b"echo typed-$FOO\n"), offset: None };
     client.call::<ProcessStdin>(typed).await.unwrap();
     kept_output(&client, &mut inbox, "k", term, |o| o.windows(13).any(|w| w == b"typed-bar-baz")).await;
     drop((client, inbox));

@@ -274,6 +274,13 @@ pub struct StdinParams {
     pub process: u64,
     #[serde(flatten)]
     pub data: Data,
+    /// Where this piece's first byte falls among the bytes clients have written to the
+    /// process's stdin with `process.stdin` since it started (`Attached::stdin` says how many). With it, umbrad writes
+    /// only what lies past the bytes it already took, so a piece sent again after a lost
+    /// connection is written once; a piece starting past them is refused (`invalid_params`):
+    /// the bytes between are missing. Since API 1.9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -718,7 +725,7 @@ mod tests {
 
     #[test]
     fn stdin_and_file_data_flatten_their_bytes() {
-        let p = StdinParams { session: "s".into(), process: 1, data: Data::from_bytes(b"abc") };
+        let p = StdinParams { session: "s".into(), process: 1, data: Data::from_bytes(b"abc"), offset: None };
         let v = serde_json::to_value(&p).unwrap();
         assert_eq!(v, serde_json::json!({"session": "s", "process": 1, "data": "abc"}));
         let back: StdinParams = serde_json::from_value(v).unwrap();

@@ -338,7 +338,7 @@ pub struct VmInfo {
     pub from_pool: bool,
     /// Host memory the VM holds now, in KiB: the proportional set size (PSS) of the VMM and
     /// its helpers, so guest memory they all map counts once. Absent for an in-process VM or
-    /// where `/proc` cannot tell.
+    /// where `/proc` cannot tell. Since API 1.9.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_memory_kib: Option<u64>,
 }

@@ -411,7 +411,15 @@ export class Umbra extends EventEmitter<UmbraEvents> {
     const onResult = (result: unknown) => {
       // Registered before the next line is read: the process's events follow its response.
       const r = result as Methods["process.spawn"]["result"];
-      proc = this.track({ connection, session, id: r.process, pid: r.pid, argv: params.argv, detached: options.detach === true });
+      proc = this.track({
+        connection,
+        session,
+        id: r.process,
+        pid: r.pid,
+        argv: params.argv,
+        detached: options.detach === true,
+        stdin: 0,
+      });
     };
     await connection.request("process.spawn", params, { onResult } satisfies RequestOptions);
     return proc!;
@@ -432,7 +440,7 @@ export class Umbra extends EventEmitter<UmbraEvents> {
     const existing = typeof target === "number" ? this.processes.get(target) : undefined;
     let proc: UmbraProcess | undefined;
     const onResult = (result: unknown) => {
-      const r = result as { process?: number; terminal?: number; pid: number; shell?: string[] };
+      const r = result as { process?: number; terminal?: number; pid: number; shell?: string[]; stdin?: number };
       const id = (r.process ?? r.terminal)!;
       existing?._onConnectionLost("attached again: this client's earlier view of it ends");
       const from = params.from;
@@ -450,6 +458,9 @@ export class Umbra extends EventEmitter<UmbraEvents> {
         argv: [...(r.shell ?? argv)],
         detached: true,
         ...(offsets === undefined ? {} : { from: offsets }),
+        // What clients wrote to its stdin: in process.attach's answer; none yet for a new
+        // terminal; unknown for one attached by id.
+        ...(method === "terminal.open" ? { stdin: 0 } : typeof r.stdin === "number" ? { stdin: r.stdin } : {}),
       });
     };
     const result = await connection.request(method, params, { onResult } satisfies RequestOptions);
@@ -473,7 +484,7 @@ export class Umbra extends EventEmitter<UmbraEvents> {
     await Promise.all(
       detached.map(async (p) => {
         const params = { session: p.session, process: p.id, from: p.offsets };
-        const onResult = () => p._rebind(connection);
+        const onResult = (result: unknown) => p._rebind(connection, (result as { stdin?: number }).stdin);
         try {
           await connection.request("process.attach", params, { onResult } satisfies RequestOptions);
         } catch (e) {

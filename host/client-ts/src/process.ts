@@ -7,7 +7,7 @@
 import { Readable, Writable } from "node:stream";
 
 import type { Connection } from "./connection";
-import { AbortError, NotFoundError, UmbraError } from "./errors";
+import { AbortError, NotFoundError, UmbraError, UnavailableError } from "./errors";
 import type { ProcessExit, SessionEvent } from "./generated/types";
 
 /** Stdin writes umbrad queues per process; one more is answered `busy` (docs/ipc.md, ordered stdin). */
@@ -195,6 +195,8 @@ export interface ProcessOrigin {
   detached?: boolean;
   /** Where its streams start for this client (an attach from an offset). */
   from?: { stdout: number; stderr: number };
+  /** Bytes clients had written to its stdin when this client got it (unknown: `undefined`). */
+  stdin?: number;
 }
 
 /**
@@ -227,6 +229,19 @@ export class UmbraProcess {
   private connection: Connection;
   /** Where each stream's next byte is, for a detached process (to attach again from there). */
   private readonly received: { stdout: number; stderr: number };
+  /** Bytes umbrad no longer kept when this client (re)attached: never delivered. */
+  private readonly skipped = { stdout: 0, stderr: 0 };
+  /**
+   * The stdin offset of the next byte this client writes, among the bytes clients wrote to
+   * it (`process.stdin`'s `offset`); `null` while unknown (a terminal attached by id), when
+   * pieces go without one.
+   */
+  private stdinNext: number | null;
+  /** Stdin pieces sent and not yet answered. */
+  private stdinUnanswered = 0;
+  /** Bumped at each re-attach after a lost connection; a write that failed before it is sent again. */
+  private attachment = 0;
+  private reattached: Array<(again: boolean) => void> = [];
   private readonly out: OutputStream;
   private readonly err: OutputStream;
   private readonly started = Date.now();
@@ -242,6 +257,7 @@ export class UmbraProcess {
     this.argv = Object.freeze([...origin.argv]);
     this.detached = origin.detached ?? false;
     this.received = { stdout: origin.from?.stdout ?? 0, stderr: origin.from?.stderr ?? 0 };
+    this.stdinNext = origin.stdin ?? null;
     const ack = (stream: "stdout" | "stderr") => (bytes: number) => {
       if (this.exit === null && bytes > 0) {
         this.connection.notify("process.ack", { session: this.session, process: this.id, stream, bytes });
@@ -317,6 +333,15 @@ export class UmbraProcess {
     return { ...this.received };
   }
 
+  /**
+   * Bytes of each stream this client never received: a detached process's output is kept up to
+   * 1 MiB per stream, and what went before that when this client (re)attached is gone. Each such
+   * gap is also a `gap` event on the stream, `{ from, to }` (offsets since the process started).
+   */
+  get missed(): { stdout: number; stderr: number } {
+    return { ...this.skipped };
+  }
+
   /** @internal A `process.event` of this process. */
   _onEvent(event: SessionEvent): void {
     switch (event.event) {
@@ -325,6 +350,13 @@ export class UmbraProcess {
         let bytes = decodeData(event);
         const stream = event.event;
         const offset = (event as { offset?: number | null }).offset;
+        if (typeof offset === "number" && offset > this.received[stream]) {
+          // umbrad no longer keeps what lies between: say so, rather than splice the stream.
+          const gap = { from: this.received[stream], to: offset };
+          this.skipped[stream] += gap.to - gap.from;
+          this.received[stream] = offset;
+          (stream === "stdout" ? this.out : this.err).emit("gap", gap);
+        }
         if (typeof offset === "number") {
           // A re-attach may replay what this client already has: only the rest is new.
           const skip = Math.min(Math.max(0, this.received[stream] - offset), bytes.length);
@@ -349,9 +381,30 @@ export class UmbraProcess {
     }
   }
 
-  /** @internal A detached process, attached again on a new connection. */
-  _rebind(connection: Connection): void {
+  /** @internal A detached process, attached again on a new connection; `stdin` is what umbrad took. */
+  _rebind(connection: Connection, stdin?: number): void {
     this.connection = connection;
+    if (this.stdinNext === null && this.stdinUnanswered === 0 && typeof stdin === "number") {
+      this.stdinNext = stdin;
+    }
+    this.attachment++;
+    for (const wake of this.reattached.splice(0)) {
+      wake(true);
+    }
+  }
+
+  /**
+   * After a request failed at `attachment` because the connection was lost: whether to send
+   * it again (a detached process attached again since, or once it is), or give up.
+   */
+  private async sendAgain(error: unknown, attachment: number): Promise<boolean> {
+    if (!(error instanceof UnavailableError) || !this.detached || this.exit !== null) {
+      return false;
+    }
+    if (this.attachment !== attachment) {
+      return true;
+    }
+    return new Promise((resolve) => this.reattached.push(resolve));
   }
 
   /** @internal The connection this process belonged to was lost. */
@@ -376,6 +429,9 @@ export class UmbraProcess {
       return;
     }
     this.exit = e;
+    for (const wake of this.reattached.splice(0)) {
+      wake(false);
+    }
     this.out.push(null);
     this.err.push(null);
     // Writes after the end fail quietly, as they would on a closed pipe with nobody listening.
@@ -385,49 +441,93 @@ export class UmbraProcess {
     this.resolveExit(e);
   }
 
-  /** @internal Sends stdin in pieces, at most {@link STDIN_QUEUE} unanswered at once, in order. */
+  /**
+   * @internal Sends stdin in pieces, at most {@link STDIN_QUEUE} unanswered at once, in order.
+   * Each piece says where it falls in the stream (`offset`), so that a detached process's
+   * pieces lost with a connection are sent again once the client has attached again, and
+   * umbrad writes each byte once.
+   */
   _sendStdin(bytes: Buffer): Promise<void> {
     if (this.exit !== null) {
       return Promise.reject(new NotFoundError(`process ${this.id} has ended; its stdin is closed`));
     }
-    const pieces: Buffer[] = [];
+    const pieces: { data: Buffer; offset: number | null }[] = [];
     for (let at = 0; at < bytes.length; at += STDIN_PIECE) {
-      pieces.push(bytes.subarray(at, at + STDIN_PIECE));
+      const data = bytes.subarray(at, at + STDIN_PIECE);
+      pieces.push({ data, offset: this.stdinNext });
+      if (this.stdinNext !== null) {
+        this.stdinNext += data.length;
+      }
     }
     if (pieces.length === 0) {
       return Promise.resolve();
     }
     return new Promise((resolve, reject) => {
+      const answered = new Array<boolean>(pieces.length).fill(false);
       let next = 0;
       let inFlight = 0;
       let failed = false;
+      // The first failure of a round, acted on once every request of the round has settled.
+      let failure: { error: unknown; attachment: number } | null = null;
+      let waiting = false;
+      const settle = () => {
+        if (failure === null || inFlight > 0 || waiting) {
+          return;
+        }
+        const { error, attachment } = failure;
+        waiting = true;
+        void this.sendAgain(error, attachment).then((again) => {
+          waiting = false;
+          failure = null;
+          if (!again) {
+            failed = true;
+            reject(error instanceof Error ? error : new UmbraError(String(error)));
+            return;
+          }
+          // From the first piece not answered: umbrad skips what it already took.
+          next = answered.indexOf(false);
+          pump();
+        });
+      };
       const pump = () => {
-        while (!failed && inFlight < STDIN_QUEUE && next < pieces.length) {
-          const piece = pieces[next++]!;
+        while (!failed && failure === null && inFlight < STDIN_QUEUE && next < pieces.length) {
+          const index = next++;
+          const piece = pieces[index]!;
+          const attachment = this.attachment;
           inFlight++;
-          this.connection
-            .request("process.stdin", {
-              session: this.session,
-              process: this.id,
-              data: piece.toString("base64"),
-              encoding: "base64",
-            })
-            .then(
-              () => {
-                inFlight--;
-                if (next >= pieces.length && inFlight === 0) {
-                  resolve();
-                } else {
-                  pump();
-                }
-              },
-              (error: unknown) => {
-                if (!failed) {
-                  failed = true;
-                  reject(error instanceof Error ? error : new UmbraError(String(error)));
-                }
-              },
-            );
+          this.stdinUnanswered++;
+          const params: Record<string, unknown> = {
+            session: this.session,
+            process: this.id,
+            data: piece.data.toString("base64"),
+            encoding: "base64",
+          };
+          if (piece.offset !== null) {
+            params.offset = piece.offset;
+          }
+          this.connection.request("process.stdin", params).then(
+            () => {
+              inFlight--;
+              this.stdinUnanswered--;
+              answered[index] = true;
+              if (answered.every(Boolean)) {
+                resolve();
+              } else if (failure !== null) {
+                settle();
+              } else {
+                pump();
+              }
+            },
+            (error: unknown) => {
+              inFlight--;
+              this.stdinUnanswered--;
+              if (failed) {
+                return;
+              }
+              failure ??= { error, attachment };
+              settle();
+            },
+          );
         }
       };
       pump();
@@ -439,11 +539,18 @@ export class UmbraProcess {
     if (this.exit !== null) {
       return;
     }
-    try {
-      await this.connection.request("process.close_stdin", { session: this.session, process: this.id });
-    } catch (e) {
-      if (!(e instanceof NotFoundError)) {
-        throw e;
+    for (;;) {
+      const attachment = this.attachment;
+      try {
+        await this.connection.request("process.close_stdin", { session: this.session, process: this.id });
+        return;
+      } catch (e) {
+        if (e instanceof NotFoundError) {
+          return;
+        }
+        if (!(await this.sendAgain(e, attachment))) {
+          throw e;
+        }
       }
     }
   }

@@ -132,6 +132,22 @@ test("exec collects output and feeds input", async () => {
   assert.equal(r.exit.code, 0);
 });
 
+test("attached after umbrad dropped the oldest kept output, a client is told what it missed", async () => {
+  const total = 3_000_000 + 4;
+  const p = await session.spawn(["sh", "-c", "head -c 3000000 /dev/zero; echo end"], { detach: true });
+  p.stdout.resume();
+  assert.equal((await p.exited).code, 0);
+  assert.deepEqual(p.missed, { stdout: 0, stderr: 0 }, "the spawner saw it all");
+  // From the start: umbrad keeps the last MiB or so, and the first event starts past 0.
+  const again = await session.attach(p.id);
+  const out = await collect(again.stdout);
+  assert.equal(out.subarray(-4).toString(), "end\n");
+  const { stdout: missed } = again.missed;
+  assert.ok(missed > 0 && missed + out.length === total, `missed ${missed}, received ${out.length} of ${total}`);
+  assert.equal(again.offsets.stdout, total);
+  console.log(`attached from 0 after ${total} bytes: ${missed} missed, ${out.length} received`);
+});
+
 test("kill ends a process with the signal; waiting can be aborted", async () => {
   const p = await session.spawn(["sleep", "1000"]);
   await assert.rejects(p.wait({ signal: AbortSignal.timeout(100) }), (e) => e instanceof AbortError && e.name === "AbortError");

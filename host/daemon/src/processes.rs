@@ -176,7 +176,7 @@ async fn forward(conn: Arc<Connection>, mut exec: Exec, stdout: Arc<Semaphore>, 
 async fn feed_stdin(conn: Arc<Connection>, control: ExecControl, mut rx: mpsc::Receiver<(StdinOp, Option<Id>)>) {
     while let Some((op, id)) = rx.recv().await {
         let result = match op {
-            StdinOp::Data(bytes) => control.write_stdin(bytes).await,
+            StdinOp::Data(bytes, offset) => control.write_client_stdin(offset, bytes).await,
             StdinOp::Close => control.close_stdin().await,
         };
         let result = result.map(|()| serde_json::json!({})).map_err(ApiError::from);

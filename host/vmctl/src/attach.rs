@@ -110,7 +110,12 @@ async fn attach_inner(args: AttachArgs) -> anyhow::Result<i32> {
                 Some(at) => (&bytes[..at], true),
                 None => (&bytes[..], false),
             };
-            let p = StdinParams { session: typing_session.clone(), process: terminal, data: Data::from_bytes(typed) };
+            let p = StdinParams {
+                session: typing_session.clone(),
+                process: terminal,
+                data: Data::from_bytes(typed),
+                offset: None,
+            };
             if (!typed.is_empty() && typing_client.call::<ProcessStdin>(p).await.is_err()) || detach {
                 break;
             }

@@ -580,8 +580,12 @@ async fn exec_inner(args: ExecArgs) -> anyhow::Result<i32> {
             let sent = match chunk {
                 Some(bytes) => {
                     let data = Data::from_bytes(&bytes);
-                    let p =
-                        StdinParams { session: stdin_process.session.clone(), process: stdin_process.process, data };
+                    let p = StdinParams {
+                        session: stdin_process.session.clone(),
+                        process: stdin_process.process,
+                        data,
+                        offset: None,
+                    };
                     stdin_client.call::<ProcessStdin>(p).await
                 }
                 None => stdin_client.call::<ProcessCloseStdin>(stdin_process.clone()).await.map(|_| Done {}),

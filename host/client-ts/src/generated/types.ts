@@ -4,7 +4,7 @@
 // The wire protocol and what every field means: docs/ipc.md.
 
 /** The IPC contract's version (`major.minor`) these types describe. */
-export const API_VERSION = "1.8";
+export const API_VERSION = "1.9";
 
 /** Bytes of each output stream umbrad sends before it waits for `process.ack`. */
 export const OUTPUT_WINDOW = 1048576;
@@ -122,6 +122,14 @@ export interface Attached {
   stderr: KeptRange;
   /** Its exit, if it already ended (the event follows the output too). */
   exit?: ProcessExit | null;
+  /**
+   * Bytes umbrad has taken through `process.stdin` so far (from every client; not what
+   * `terminal.run` types): where a client that lost its connection sends again from
+   * (`process.stdin`'s `offset`). Since API 1.9.
+   *
+   * @defaultValue `0`
+   */
+  stdin?: number;
 }
 
 /**
@@ -2194,6 +2202,14 @@ export interface StdinParams {
   process: number;
   data: string;
   encoding?: Encoding;
+  /**
+   * Where this piece's first byte falls among the bytes clients have written to the
+   * process's stdin with `process.stdin` since it started (`Attached::stdin` says how many). With it, umbrad writes
+   * only what lies past the bytes it already took, so a piece sent again after a lost
+   * connection is written once; a piece starting past them is refused (`invalid_params`):
+   * the bytes between are missing. Since API 1.9.
+   */
+  offset?: number | null;
 }
 
 /** Which output stream. */
@@ -2404,7 +2420,7 @@ export interface VmInfo {
   /**
    * Host memory the VM holds now, in KiB: the proportional set size (PSS) of the VMM and
    * its helpers, so guest memory they all map counts once. Absent for an in-process VM or
-   * where `/proc` cannot tell.
+   * where `/proc` cannot tell. Since API 1.9.
    */
   host_memory_kib?: number | null;
 }

@@ -118,7 +118,7 @@ pub async fn ordered(conn: &Arc<Connection>, request: Request) {
     let queued = match method.as_str() {
         ProcessStdin::NAME => match decode_params::<StdinParams>(params) {
             Ok(p) => match (owned(conn, &p.session, p.process), p.data.to_bytes()) {
-                (Ok(owned), Ok(bytes)) => owned.queue_stdin(StdinOp::Data(bytes.into()), id.clone()),
+                (Ok(owned), Ok(bytes)) => owned.queue_stdin(StdinOp::Data(bytes.into(), p.offset), id.clone()),
                 (Err(e), _) | (_, Err(e)) => Err(e),
             },
             Err(e) => Err(e),
@@ -207,7 +207,14 @@ async fn attach(
 ) -> Outcome {
     Owned::end_view(conn, kept.id()).await;
     let (stdout, stderr) = kept.ranges();
-    let result = Attached { process: kept.id(), pid: kept.pid(), stdout, stderr, exit: kept.exit() };
+    let result = Attached {
+        process: kept.id(),
+        pid: kept.pid(),
+        stdout,
+        stderr,
+        stdin: kept.control().client_stdin(),
+        exit: kept.exit(),
+    };
     attached(conn, session, &kept, result, from)
 }
 

@@ -68,6 +68,10 @@ pub struct ExecControl {
     interrupts: mpsc::UnboundedSender<i32>,
     /// A kept process's: resumes its suspended session before input or a signal.
     wake: Option<Wake>,
+    /// Bytes clients have written to its stdin: where their next byte falls.
+    stdin_taken: Arc<std::sync::atomic::AtomicU64>,
+    /// Held across a write, and an offset's check and its write ([`Self::write_client_stdin`]).
+    stdin_order: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Resumes a suspended session (`Session::wake`).
@@ -241,12 +245,49 @@ impl ExecControl {
     /// Queues bytes for stdin; waits while the guest has no room for them. Across a
     /// suspension, bytes queued here reach the process in the restored guest, in order.
     pub async fn write_stdin(&self, data: impl Into<Bytes>) -> Result<(), SessionError> {
-        let data: Bytes = data.into();
+        let _order = self.stdin_order.lock().await;
+        self.send_stdin(data.into()).await
+    }
+
+    async fn send_stdin(&self, data: Bytes) -> Result<(), SessionError> {
         self.on_stdin(|stdin| {
             let data = data.clone();
             async move { stdin.write(data).await }
         })
         .await
+    }
+
+    /// A client's stdin (`process.stdin`): counted, so that with `offset` — where the piece's
+    /// first byte falls among the bytes clients have written ([`Self::client_stdin`]) — only
+    /// what lies past them is written, and a piece a client sends again after losing its
+    /// connection is written once. A piece that starts past them is refused: the bytes between
+    /// are missing. Input the host writes itself (`terminal.run`'s commands) is not counted.
+    pub async fn write_client_stdin(&self, offset: Option<u64>, data: Bytes) -> Result<(), SessionError> {
+        let _order = self.stdin_order.lock().await;
+        let taken = self.client_stdin();
+        let skip = match offset {
+            None => 0,
+            Some(at) if at > taken => {
+                return Err(SessionError::InvalidArgument(format!(
+                    "a stdin piece at offset {at}, but only {taken} bytes were written before it: the bytes \
+                     between are missing"
+                )))
+            }
+            Some(at) => ((taken - at) as usize).min(data.len()),
+        };
+        let data = data.slice(skip..);
+        if data.is_empty() {
+            return Ok(());
+        }
+        let len = data.len() as u64;
+        self.send_stdin(data).await?;
+        self.stdin_taken.fetch_add(len, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Bytes clients have written to its stdin so far ([`Self::write_client_stdin`]).
+    pub fn client_stdin(&self) -> u64 {
+        self.stdin_taken.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Ends stdin after what was written.
@@ -295,7 +336,14 @@ pub(super) fn start(
     let (out, events) = mpsc::channel(OWNER_QUEUE);
     let (interrupts, interrupts_rx) = mpsc::unbounded_channel();
     let link = Arc::new(Mutex::new(Link::of(&process, agent, 0)));
-    let control = ExecControl { id, link: link.clone(), interrupts, wake: None };
+    let control = ExecControl {
+        id,
+        link: link.clone(),
+        interrupts,
+        wake: None,
+        stdin_taken: Default::default(),
+        stdin_order: Default::default(),
+    };
     let spawned = SessionEvent::new(Some(&ctx.session), EventKind::Spawned { process: id, pid, argv });
     ctx.bus.emit(spawned.clone());
     out.try_send(spawned).expect("a new queue has room");
