@@ -54,6 +54,7 @@ async fn a_client_runs_processes_in_separate_sessions_over_the_socket() {
         session: "a".into(),
         process: p.process,
         data: Data::from_bytes(b"through stdin\n"),
+        writer: None,
         offset: None,
     };
     client.call::<ProcessStdin>(stdin).await.unwrap();
@@ -63,15 +64,21 @@ async fn a_client_runs_processes_in_separate_sessions_over_the_socket() {
         session: "a".into(),
         process: p.process,
         data: Data::from_bytes(data),
+        writer: Some("test".into()),
         offset: Some(offset),
     };
-    client.call::<ProcessStdin>(piece(8, b"stdin\nagain\n")).await.unwrap();
-    client.call::<ProcessStdin>(piece(14, b"again\n")).await.unwrap();
+    client.call::<ProcessStdin>(piece(0, b"again\n")).await.unwrap();
+    client.call::<ProcessStdin>(piece(0, b"again\nand more\n")).await.unwrap();
+    client.call::<ProcessStdin>(piece(6, b"and more\n")).await.unwrap();
     let gap = client.call::<ProcessStdin>(piece(40, b"late\n")).await.unwrap_err();
     assert_eq!(gap.code, ErrorCode::InvalidParams, "{gap:?}");
+    let mut lone = piece(0, b"x");
+    lone.writer = None;
+    let e = client.call::<ProcessStdin>(lone).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidParams, "an offset needs a writer: {e:?}");
     client.call::<ProcessCloseStdin>(ProcessRef { session: "a".into(), process: p.process }).await.unwrap();
     let (out, _, exit) = process_output(&client, &mut notes, "a", p.process, RUN).await;
-    assert_eq!((out.as_slice(), exit.code), (&b"through stdin\nagain\n"[..], Some(0)));
+    assert_eq!((out.as_slice(), exit.code), (&b"through stdin\nagain\nand more\n"[..], Some(0)));
 
     // a pseudo-terminal sees a resize
     let tty = SpawnParams { tty: Some(TtySize { rows: 24, cols: 80 }), ..sh("a", "read line; stty size") };
@@ -80,7 +87,13 @@ async fn a_client_runs_processes_in_separate_sessions_over_the_socket() {
         .call::<ProcessResize>(ResizeParams { session: "a".into(), process: p.process, rows: 33, cols: 101 })
         .await
         .unwrap();
-    let stdin = StdinParams { session: "a".into(), process: p.process, data: Data::from_bytes(b"go\r"), offset: None };
+    let stdin = StdinParams {
+        session: "a".into(),
+        process: p.process,
+        data: Data::from_bytes(b"go\r"),
+        writer: None,
+        offset: None,
+    };
     client.call::<ProcessStdin>(stdin).await.unwrap();
     let (out, _, _) = process_output(&client, &mut notes, "a", p.process, RUN).await;
     assert!(String::from_utf8_lossy(&out).contains("33 101"), "{:?}", String::from_utf8_lossy(&out));
@@ -786,8 +799,13 @@ async fn detached_processes_and_terminals_outlive_their_client() {
     // line): run as written.
     let long = format!(": {}; [ \"$(printf 'a\x15b')\" = \"$(printf 'a\\025b')\" ]", "x".repeat(10_000));
     assert_eq!(client.call::<TerminalRun>(run(&long)).await.unwrap().exit_code, 0);
-    let typed =
-        StdinParams { session: "k".into(), process: term, data: Data::from_bytes(b"echo typed-$FOO\n"), offset: None };
+    let typed = StdinParams {
+        session: "k".into(),
+        process: term,
+        data: Data::from_bytes(b"echo typed-$FOO\n"),
+        writer: None,
+        offset: None,
+    };
     client.call::<ProcessStdin>(typed).await.unwrap();
     kept_output(&client, &mut inbox, "k", term, |o| o.windows(13).any(|w| w == b"typed-bar-baz")).await;
     drop((client, inbox));

@@ -793,29 +793,29 @@ async fn an_idle_session_suspends_and_the_next_call_resumes_it_with_its_kept_pro
     assert!(answer.contains("woken-by-a-connection"), "{answer:?} (server {:?})", server.exit());
     assert!(!s.info().suspended && s.info().status == SessionStatus::Ready, "{:?}", s.info());
 
-    // Stdin the host holds when the session suspends (the process reads none, the guest's
-    // credit is spent) reaches the process in the restored guest, every byte in order: the
-    // held write wakes the session again.
+    // Stdin the host holds when the session suspends (written, answered, but not yet sent:
+    // the process reads none, so the guest grants no more credit) reaches the process in the
+    // restored guest, every byte in order. (A write still waiting for room keeps the session
+    // awake instead: nothing is held then but what the writes queued.)
     let waiter = "while [ ! -e /tmp/go ]; do sleep 0.2; done; exec md5sum";
     let reader = s
         .spawn_kept(ExecRequest { argv: vec!["sh".into(), "-c".into(), waiter.into()], ..Default::default() })
         .await
         .unwrap();
-    let payload: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+    // 256 KiB of credit in the guest, then the host's queue of 16 writes: 20 writes of 64 KiB
+    // are all answered, and most of them wait on the host.
+    let payload: Vec<u8> = (0..20 * 64 * 1024u32).map(|i| (i % 253) as u8).collect();
     let run_dir = |s: &umbra_runtime::session::Session| s.info().vm.map(|vm| vm.run_dir);
     let vm_before = run_dir(&s);
-    let writer = tokio::spawn({
-        let (control, payload) = (reader.control().clone(), payload.clone());
-        async move {
-            for chunk in payload.chunks(64 * 1024) {
-                control.write_stdin(chunk.to_vec()).await?;
-            }
-            control.close_stdin().await
-        }
-    });
+    for chunk in payload.chunks(64 * 1024) {
+        tokio::time::timeout(Duration::from_secs(30), reader.control().write_stdin(chunk.to_vec()))
+            .await
+            .expect("a write the host can queue is answered")
+            .unwrap();
+    }
     let deadline = Instant::now() + Duration::from_secs(120);
-    while run_dir(&s) == vm_before || run_dir(&s).is_none() {
-        assert!(Instant::now() < deadline, "never suspended and resumed: {:?}", s.info());
+    while !s.info().suspended {
+        assert!(Instant::now() < deadline, "not suspended with stdin held: {:?}", s.info());
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     s.spawn(ExecRequest { argv: vec!["touch".into(), "/tmp/go".into()], ..Default::default() })
@@ -823,7 +823,8 @@ async fn an_idle_session_suspends_and_the_next_call_resumes_it_with_its_kept_pro
         .unwrap()
         .output()
         .await;
-    tokio::time::timeout(Duration::from_secs(120), writer).await.expect("the writer ends").unwrap().unwrap();
+    assert!(run_dir(&s).is_some() && run_dir(&s) != vm_before, "resumed on a new VM: {:?}", s.info());
+    reader.control().close_stdin().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while reader.exit().is_none() {
         assert!(Instant::now() < deadline, "md5sum did not end");
@@ -840,7 +841,11 @@ async fn an_idle_session_suspends_and_the_next_call_resumes_it_with_its_kept_pro
         String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
     };
     let got = kept_stdout(&reader).await;
-    assert_eq!(got.split_whitespace().next(), want.split_whitespace().next(), "3 MB of stdin across a suspension");
+    assert_eq!(
+        got.split_whitespace().next(),
+        want.split_whitespace().next(),
+        "1.25 MiB of stdin held on the host across a suspension"
+    );
     m.shutdown().await;
 }
 

@@ -111,8 +111,11 @@ pub fn spawn(
                 }
             }
             if let Some(uid) = uid {
-                if libc::syscall(libc::SYS_getuid) == 0 {
-                    libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>());
+                // Root's supplementary groups must not survive into the new identity.
+                if libc::syscall(libc::SYS_getuid) == 0
+                    && libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+                {
+                    return Err(io::Error::last_os_error());
                 }
                 if libc::syscall(libc::SYS_setuid, uid) != 0 {
                     return Err(io::Error::last_os_error());

@@ -89,7 +89,7 @@ fn candidates(program: &str, env: &BTreeMap<String, String>) -> io::Result<(Vec<
     if program.contains('/') {
         return Ok((vec![cstring(program)?], 0));
     }
-    if program.len() + 1 > libc::NAME_MAX as usize {
+    if program.len() > libc::NAME_MAX as usize {
         return Ok((Vec::new(), libc::ENAMETOOLONG));
     }
     let path = env.get("PATH").map_or(CS_PATH, String::as_str);

@@ -90,11 +90,6 @@ pub struct Attached {
     pub pid: u32,
     pub stdout: KeptRange,
     pub stderr: KeptRange,
-    /// Bytes umbrad has taken through `process.stdin` so far (from every client; not what
-    /// `terminal.run` types): where a client that lost its connection sends again from
-    /// (`process.stdin`'s `offset`). Since API 1.9.
-    #[serde(default)]
-    pub stdin: u64,
     /// Its exit, if it already ended (the event follows the output too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit: Option<ProcessExit>,

@@ -274,14 +274,21 @@ pub struct StdinParams {
     pub process: u64,
     #[serde(flatten)]
     pub data: Data,
-    /// Where this piece's first byte falls among the bytes clients have written to the
-    /// process's stdin with `process.stdin` since it started (`Attached::stdin` says how many). With it, umbrad writes
-    /// only what lies past the bytes it already took, so a piece sent again after a lost
-    /// connection is written once; a piece starting past them is refused (`invalid_params`):
-    /// the bytes between are missing. Since API 1.9.
+    /// With `offset`: a name the client picks for its stream of stdin to this process (at
+    /// most 64 bytes; a random one per process and client), kept across its reconnections.
+    /// Since API 1.9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<String>,
+    /// With `writer`: where this piece's first byte falls among the bytes that writer has
+    /// written. umbrad writes only what lies past the bytes it already took from the writer,
+    /// so a piece sent again after a lost connection is written once; a piece starting past
+    /// them is refused (`invalid_params`): the bytes between are missing. Since API 1.9.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offset: Option<u64>,
 }
+
+/// The longest `writer` name `process.stdin` takes.
+pub const MAX_STDIN_WRITER: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct KillParams {
@@ -725,7 +732,8 @@ mod tests {
 
     #[test]
     fn stdin_and_file_data_flatten_their_bytes() {
-        let p = StdinParams { session: "s".into(), process: 1, data: Data::from_bytes(b"abc"), offset: None };
+        let p =
+            StdinParams { session: "s".into(), process: 1, data: Data::from_bytes(b"abc"), writer: None, offset: None };
         let v = serde_json::to_value(&p).unwrap();
         assert_eq!(v, serde_json::json!({"session": "s", "process": 1, "data": "abc"}));
         let back: StdinParams = serde_json::from_value(v).unwrap();

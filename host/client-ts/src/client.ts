@@ -418,7 +418,7 @@ export class Umbra extends EventEmitter<UmbraEvents> {
         pid: r.pid,
         argv: params.argv,
         detached: options.detach === true,
-        stdin: 0,
+        numberedStdin: this.numbersStdin(),
       });
     };
     await connection.request("process.spawn", params, { onResult } satisfies RequestOptions);
@@ -440,7 +440,7 @@ export class Umbra extends EventEmitter<UmbraEvents> {
     const existing = typeof target === "number" ? this.processes.get(target) : undefined;
     let proc: UmbraProcess | undefined;
     const onResult = (result: unknown) => {
-      const r = result as { process?: number; terminal?: number; pid: number; shell?: string[]; stdin?: number };
+      const r = result as { process?: number; terminal?: number; pid: number; shell?: string[] };
       const id = (r.process ?? r.terminal)!;
       existing?._onConnectionLost("attached again: this client's earlier view of it ends");
       const from = params.from;
@@ -458,13 +458,17 @@ export class Umbra extends EventEmitter<UmbraEvents> {
         argv: [...(r.shell ?? argv)],
         detached: true,
         ...(offsets === undefined ? {} : { from: offsets }),
-        // What clients wrote to its stdin: in process.attach's answer; none yet for a new
-        // terminal; unknown for one attached by id.
-        ...(method === "terminal.open" ? { stdin: 0 } : typeof r.stdin === "number" ? { stdin: r.stdin } : {}),
+        numberedStdin: this.numbersStdin(),
       });
     };
     const result = await connection.request(method, params, { onResult } satisfies RequestOptions);
     return { proc: proc!, result };
+  }
+
+  /** Whether umbrad takes numbered stdin from a named writer (API 1.9). */
+  private numbersStdin(): boolean {
+    const [major, minor] = (this.info?.api_version ?? "0.0").split(".").map(Number);
+    return major === 1 && (minor ?? 0) >= 9;
   }
 
   private track(origin: ProcessOrigin): UmbraProcess {
@@ -484,7 +488,7 @@ export class Umbra extends EventEmitter<UmbraEvents> {
     await Promise.all(
       detached.map(async (p) => {
         const params = { session: p.session, process: p.id, from: p.offsets };
-        const onResult = (result: unknown) => p._rebind(connection, (result as { stdin?: number }).stdin);
+        const onResult = () => p._rebind(connection);
         try {
           await connection.request("process.attach", params, { onResult } satisfies RequestOptions);
         } catch (e) {

@@ -4,6 +4,7 @@
  * when the guest took them, and `exited` resolves with how it ended.
  */
 
+import { randomUUID } from "node:crypto";
 import { Readable, Writable } from "node:stream";
 
 import type { Connection } from "./connection";
@@ -195,8 +196,11 @@ export interface ProcessOrigin {
   detached?: boolean;
   /** Where its streams start for this client (an attach from an offset). */
   from?: { stdout: number; stderr: number };
-  /** Bytes clients had written to its stdin when this client got it (unknown: `undefined`). */
-  stdin?: number;
+  /**
+   * umbrad takes numbered stdin from a named writer (API 1.9): pieces lost with a connection
+   * are then sent again. Without it they are not (a resend could repeat bytes).
+   */
+  numberedStdin?: boolean;
 }
 
 /**
@@ -232,13 +236,11 @@ export class UmbraProcess {
   /** Bytes umbrad no longer kept when this client (re)attached: never delivered. */
   private readonly skipped = { stdout: 0, stderr: 0 };
   /**
-   * The stdin offset of the next byte this client writes, among the bytes clients wrote to
-   * it (`process.stdin`'s `offset`); `null` while unknown (a terminal attached by id), when
-   * pieces go without one.
+   * This client's stream of stdin to it (`process.stdin`'s `writer`, a random name, and
+   * `offset`, where the next byte falls in it), when umbrad numbers stdin; else `null`.
    */
-  private stdinNext: number | null;
-  /** Stdin pieces sent and not yet answered. */
-  private stdinUnanswered = 0;
+  private readonly stdinWriter: string | null;
+  private stdinNext = 0;
   /** Bumped at each re-attach after a lost connection; a write that failed before it is sent again. */
   private attachment = 0;
   private reattached: Array<(again: boolean) => void> = [];
@@ -257,7 +259,7 @@ export class UmbraProcess {
     this.argv = Object.freeze([...origin.argv]);
     this.detached = origin.detached ?? false;
     this.received = { stdout: origin.from?.stdout ?? 0, stderr: origin.from?.stderr ?? 0 };
-    this.stdinNext = origin.stdin ?? null;
+    this.stdinWriter = origin.numberedStdin ? randomUUID() : null;
     const ack = (stream: "stdout" | "stderr") => (bytes: number) => {
       if (this.exit === null && bytes > 0) {
         this.connection.notify("process.ack", { session: this.session, process: this.id, stream, bytes });
@@ -381,12 +383,9 @@ export class UmbraProcess {
     }
   }
 
-  /** @internal A detached process, attached again on a new connection; `stdin` is what umbrad took. */
-  _rebind(connection: Connection, stdin?: number): void {
+  /** @internal A detached process, attached again on a new connection. */
+  _rebind(connection: Connection): void {
     this.connection = connection;
-    if (this.stdinNext === null && this.stdinUnanswered === 0 && typeof stdin === "number") {
-      this.stdinNext = stdin;
-    }
     this.attachment++;
     for (const wake of this.reattached.splice(0)) {
       wake(true);
@@ -398,7 +397,7 @@ export class UmbraProcess {
    * it again (a detached process attached again since, or once it is), or give up.
    */
   private async sendAgain(error: unknown, attachment: number): Promise<boolean> {
-    if (!(error instanceof UnavailableError) || !this.detached || this.exit !== null) {
+    if (!(error instanceof UnavailableError) || !this.detached || this.exit !== null || this.stdinWriter === null) {
       return false;
     }
     if (this.attachment !== attachment) {
@@ -451,19 +450,18 @@ export class UmbraProcess {
     if (this.exit !== null) {
       return Promise.reject(new NotFoundError(`process ${this.id} has ended; its stdin is closed`));
     }
-    const pieces: { data: Buffer; offset: number | null }[] = [];
+    const pieces: { data: Buffer; offset: number }[] = [];
     for (let at = 0; at < bytes.length; at += STDIN_PIECE) {
       const data = bytes.subarray(at, at + STDIN_PIECE);
       pieces.push({ data, offset: this.stdinNext });
-      if (this.stdinNext !== null) {
-        this.stdinNext += data.length;
-      }
+      this.stdinNext += data.length;
     }
     if (pieces.length === 0) {
       return Promise.resolve();
     }
     return new Promise((resolve, reject) => {
       const answered = new Array<boolean>(pieces.length).fill(false);
+      let answeredCount = 0;
       let next = 0;
       let inFlight = 0;
       let failed = false;
@@ -495,22 +493,24 @@ export class UmbraProcess {
           const piece = pieces[index]!;
           const attachment = this.attachment;
           inFlight++;
-          this.stdinUnanswered++;
           const params: Record<string, unknown> = {
             session: this.session,
             process: this.id,
             data: piece.data.toString("base64"),
             encoding: "base64",
           };
-          if (piece.offset !== null) {
+          if (this.stdinWriter !== null) {
+            params.writer = this.stdinWriter;
             params.offset = piece.offset;
           }
           this.connection.request("process.stdin", params).then(
             () => {
               inFlight--;
-              this.stdinUnanswered--;
-              answered[index] = true;
-              if (answered.every(Boolean)) {
+              if (!answered[index]) {
+                answered[index] = true;
+                answeredCount++;
+              }
+              if (answeredCount === pieces.length) {
                 resolve();
               } else if (failure !== null) {
                 settle();
@@ -520,7 +520,6 @@ export class UmbraProcess {
             },
             (error: unknown) => {
               inFlight--;
-              this.stdinUnanswered--;
               if (failed) {
                 return;
               }

@@ -17,8 +17,8 @@ pub const STDIN_QUEUE: usize = 16;
 const MAX_WINDOW: usize = 16 * OUTPUT_WINDOW as usize;
 
 pub enum StdinOp {
-    /// Bytes, and where the first falls in the stream when the client said (`offset`).
-    Data(Bytes, Option<u64>),
+    /// Bytes, and the writer and where the first falls in its stream when the client said.
+    Data(Bytes, Option<(String, u64)>),
     Close,
 }
 

@@ -114,6 +114,7 @@ async fn attach_inner(args: AttachArgs) -> anyhow::Result<i32> {
                 session: typing_session.clone(),
                 process: terminal,
                 data: Data::from_bytes(typed),
+                writer: None,
                 offset: None,
             };
             if (!typed.is_empty() && typing_client.call::<ProcessStdin>(p).await.is_err()) || detach {

@@ -584,6 +584,7 @@ async fn exec_inner(args: ExecArgs) -> anyhow::Result<i32> {
                         session: stdin_process.session.clone(),
                         process: stdin_process.process,
                         data,
+                        writer: None,
                         offset: None,
                     };
                     stdin_client.call::<ProcessStdin>(p).await

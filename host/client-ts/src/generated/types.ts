@@ -122,14 +122,6 @@ export interface Attached {
   stderr: KeptRange;
   /** Its exit, if it already ended (the event follows the output too). */
   exit?: ProcessExit | null;
-  /**
-   * Bytes umbrad has taken through `process.stdin` so far (from every client; not what
-   * `terminal.run` types): where a client that lost its connection sends again from
-   * (`process.stdin`'s `offset`). Since API 1.9.
-   *
-   * @defaultValue `0`
-   */
-  stdin?: number;
 }
 
 /**
@@ -2203,13 +2195,18 @@ export interface StdinParams {
   data: string;
   encoding?: Encoding;
   /**
-   * Where this piece's first byte falls among the bytes clients have written to the
-   * process's stdin with `process.stdin` since it started (`Attached::stdin` says how many). With it, umbrad writes
-   * only what lies past the bytes it already took, so a piece sent again after a lost
-   * connection is written once; a piece starting past them is refused (`invalid_params`):
-   * the bytes between are missing. Since API 1.9.
+   * With `writer`: where this piece's first byte falls among the bytes that writer has
+   * written. umbrad writes only what lies past the bytes it already took from the writer,
+   * so a piece sent again after a lost connection is written once; a piece starting past
+   * them is refused (`invalid_params`): the bytes between are missing. Since API 1.9.
    */
   offset?: number | null;
+  /**
+   * With `offset`: a name the client picks for its stream of stdin to this process (at
+   * most 64 bytes; a random one per process and client), kept across its reconnections.
+   * Since API 1.9.
+   */
+  writer?: string | null;
 }
 
 /** Which output stream. */

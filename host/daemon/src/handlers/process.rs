@@ -118,7 +118,10 @@ pub async fn ordered(conn: &Arc<Connection>, request: Request) {
     let queued = match method.as_str() {
         ProcessStdin::NAME => match decode_params::<StdinParams>(params) {
             Ok(p) => match (owned(conn, &p.session, p.process), p.data.to_bytes()) {
-                (Ok(owned), Ok(bytes)) => owned.queue_stdin(StdinOp::Data(bytes.into(), p.offset), id.clone()),
+                (Ok(owned), Ok(bytes)) => match stdin_piece(p.writer, p.offset) {
+                    Ok(at) => owned.queue_stdin(StdinOp::Data(bytes.into(), at), id.clone()),
+                    Err(e) => Err(e),
+                },
                 (Err(e), _) | (_, Err(e)) => Err(e),
             },
             Err(e) => Err(e),
@@ -143,6 +146,19 @@ pub async fn ordered(conn: &Arc<Connection>, request: Request) {
         if id.is_some() {
             conn.respond(id, Err(e)).await;
         }
+    }
+}
+
+/// `process.stdin`'s `writer` and `offset`: both or neither, the name bounded.
+fn stdin_piece(writer: Option<String>, offset: Option<u64>) -> Result<Option<(String, u64)>, ApiError> {
+    match (writer, offset) {
+        (None, None) => Ok(None),
+        (Some(w), Some(o)) if !w.is_empty() && w.len() <= umbra_api::methods::MAX_STDIN_WRITER => Ok(Some((w, o))),
+        (Some(_), Some(_)) => Err(ApiError::invalid_params(format!(
+            "a stdin writer's name has 1 to {} bytes",
+            umbra_api::methods::MAX_STDIN_WRITER
+        ))),
+        _ => Err(ApiError::invalid_params("process.stdin takes `writer` and `offset` together")),
     }
 }
 
@@ -207,14 +223,7 @@ async fn attach(
 ) -> Outcome {
     Owned::end_view(conn, kept.id()).await;
     let (stdout, stderr) = kept.ranges();
-    let result = Attached {
-        process: kept.id(),
-        pid: kept.pid(),
-        stdout,
-        stderr,
-        stdin: kept.control().client_stdin(),
-        exit: kept.exit(),
-    };
+    let result = Attached { process: kept.id(), pid: kept.pid(), stdout, stderr, exit: kept.exit() };
     attached(conn, session, &kept, result, from)
 }
 

@@ -99,10 +99,7 @@ impl Process {
         confirmed: oneshot::Receiver<Result<u32, ClientError>>,
         credit: Arc<Semaphore>,
     ) -> Self {
-        let (tx, rx) = mpsc::channel(STDIN_QUEUE);
-        let (detach_tx, detach) = oneshot::channel();
-        tokio::spawn(stdin_task(client.clone(), id, confirmed, credit, rx, detach));
-        let stdin = ProcessStdin { tx, detach: Arc::new(Mutex::new(Some(detach_tx))) };
+        let stdin = ProcessStdin::start(client.clone(), id, confirmed, credit);
         Self { client, id, events, stdin, finished: false, ungranted: [0; 2] }
     }
 
@@ -209,7 +206,31 @@ impl Drop for Process {
 /// Linux's SIGKILL; the signal numbers on the wire are the guest's, which is always Linux.
 const SIGKILL: i32 = 9;
 
+impl AgentClient {
+    /// A new stdin stream for process `id` of this connection, after [`ProcessStdin::detach`]
+    /// for a park that did not happen; `None` if the process is gone.
+    pub fn reopen_stdin(&self, id: u32) -> Option<ProcessStdin> {
+        let credit = self.inner.state.lock().unwrap().processes.get(&id)?.stdin_credit.clone();
+        let (confirm, confirmed) = oneshot::channel();
+        let _ = confirm.send(Ok(id));
+        Some(ProcessStdin::start(self.clone(), id, confirmed, credit))
+    }
+}
+
 impl ProcessStdin {
+    /// The stream and its sending task.
+    fn start(
+        client: AgentClient,
+        id: u32,
+        confirmed: oneshot::Receiver<Result<u32, ClientError>>,
+        credit: Arc<Semaphore>,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(STDIN_QUEUE);
+        let (detach_tx, detach) = oneshot::channel();
+        tokio::spawn(stdin_task(client, id, confirmed, credit, rx, detach));
+        ProcessStdin { tx, detach: Arc::new(Mutex::new(Some(detach_tx))) }
+    }
+
     /// Queues bytes for the process's stdin; waits while the agent has no room for them.
     pub async fn write(&self, data: impl Into<Bytes>) -> Result<(), ClientError> {
         self.tx
@@ -274,7 +295,7 @@ async fn stdin_task(
         tokio::select! {
             c = &mut confirmed => break matches!(c, Ok(Ok(_))),
             asked = &mut detach, if detachable => match asked {
-                Ok(back) => return hand_back(back, None, &mut rx),
+                Ok(back) => return hand_back(back, None, &mut rx).await,
                 Err(_) => detachable = false,
             },
         }
@@ -290,7 +311,7 @@ async fn stdin_task(
             },
             asked = &mut detach, if detachable => {
                 match asked {
-                    Ok(back) => return hand_back(back, None, &mut rx),
+                    Ok(back) => return hand_back(back, None, &mut rx).await,
                     Err(_) => detachable = false,
                 }
                 continue;
@@ -307,7 +328,7 @@ async fn stdin_task(
                         },
                         asked = &mut detach, if detachable => {
                             match asked {
-                                Ok(back) => return hand_back(back, Some(bytes), &mut rx),
+                                Ok(back) => return hand_back(back, Some(bytes), &mut rx).await,
                                 Err(_) => detachable = false,
                             }
                             continue;
@@ -327,11 +348,12 @@ async fn stdin_task(
 }
 
 /// Sends back what a detached stream had not sent: `head` (the rest of the write being sent),
-/// then the queue, closed first so that no write can slip in behind it.
-fn hand_back(back: oneshot::Sender<PendingStdin>, head: Option<Bytes>, rx: &mut mpsc::Receiver<StdinCmd>) {
+/// then the queue, closed first so that no write can slip in behind it. Drained with `recv`
+/// to its end: a send that had its slot before the close still lands, and is handed back too.
+async fn hand_back(back: oneshot::Sender<PendingStdin>, head: Option<Bytes>, rx: &mut mpsc::Receiver<StdinCmd>) {
     rx.close();
     let mut pending: Vec<StdinCmd> = head.map(StdinCmd::Data).into_iter().collect();
-    while let Ok(cmd) = rx.try_recv() {
+    while let Some(cmd) = rx.recv().await {
         pending.push(cmd);
     }
     let _ = back.send(PendingStdin(pending));

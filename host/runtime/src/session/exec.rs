@@ -68,10 +68,33 @@ pub struct ExecControl {
     interrupts: mpsc::UnboundedSender<i32>,
     /// A kept process's: resumes its suspended session before input or a signal.
     wake: Option<Wake>,
-    /// Bytes clients have written to its stdin: where their next byte falls.
-    stdin_taken: Arc<std::sync::atomic::AtomicU64>,
-    /// Held across a write, and an offset's check and its write ([`Self::write_client_stdin`]).
+    /// Bytes taken from each named writer of its stdin ([`Self::write_client_stdin`]), and
+    /// when it last wrote; at most [`MAX_STDIN_WRITERS`].
+    stdin_taken: Arc<Mutex<BTreeMap<String, (u64, Instant)>>>,
+    /// Held across a client's piece: its offset's check and its write ([`Self::write_client_stdin`]).
     stdin_order: Arc<tokio::sync::Mutex<()>>,
+    /// Stdin writes under way: a client waiting for one keeps the session from idling.
+    stdin_writers: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Named stdin writers a process remembers (`process.stdin`'s `writer`): a client each, in
+/// practice; a bound against a client that makes up a new name for every piece.
+pub const MAX_STDIN_WRITERS: usize = 64;
+
+/// Counts a stdin write under way while it lives.
+struct Writing(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Writing {
+    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// Resumes a suspended session (`Session::wake`).
@@ -189,6 +212,23 @@ impl ExecControl {
         stdin.detach().await
     }
 
+    /// Undoes [`Self::detach_stdin`] when the process was not parked after all: a new stdin
+    /// stream on the same connection, `pending` first; a write that failed meanwhile is sent
+    /// again on it (a new link generation).
+    pub(super) async fn reattach_stdin(&self, pending: PendingStdin) {
+        let (agent, proto_id) = {
+            let link = self.link.lock().unwrap();
+            (link.agent.clone(), link.proto_id)
+        };
+        let Some(stdin) = agent.reopen_stdin(proto_id) else { return };
+        if let Err(e) = pending.requeue(&stdin).await {
+            tracing::warn!(process = self.id, "stdin held for a park that did not happen is lost: {e}");
+        }
+        let mut link = self.link.lock().unwrap();
+        link.stdin = stdin;
+        link.generation += 1;
+    }
+
     /// Writes (or closes) stdin through the current link; a write the link refused because it
     /// was detached for a park goes to the process adopted after it, once there is one.
     async fn on_stdin<F, Fut>(&self, op: F) -> Result<(), SessionError>
@@ -245,7 +285,9 @@ impl ExecControl {
     /// Queues bytes for stdin; waits while the guest has no room for them. Across a
     /// suspension, bytes queued here reach the process in the restored guest, in order.
     pub async fn write_stdin(&self, data: impl Into<Bytes>) -> Result<(), SessionError> {
-        let _order = self.stdin_order.lock().await;
+        // Not under `stdin_order`: with it, a terminal's `terminal.run` hung in the daemon
+        // test (the lock orders only clients' numbered pieces among themselves).
+        let _writing = Writing::new(&self.stdin_writers);
         self.send_stdin(data.into()).await
     }
 
@@ -257,37 +299,45 @@ impl ExecControl {
         .await
     }
 
-    /// A client's stdin (`process.stdin`): counted, so that with `offset` — where the piece's
-    /// first byte falls among the bytes clients have written ([`Self::client_stdin`]) — only
-    /// what lies past them is written, and a piece a client sends again after losing its
-    /// connection is written once. A piece that starts past them is refused: the bytes between
-    /// are missing. Input the host writes itself (`terminal.run`'s commands) is not counted.
-    pub async fn write_client_stdin(&self, offset: Option<u64>, data: Bytes) -> Result<(), SessionError> {
+    /// A client's stdin (`process.stdin`). With `at`, a writer's name and where the piece's
+    /// first byte falls among the bytes that writer wrote: only what lies past the bytes taken
+    /// from it is written, so a piece a client sends again after losing its connection is
+    /// written once; a piece that starts past them is refused (the bytes between are missing).
+    pub async fn write_client_stdin(&self, at: Option<(String, u64)>, data: Bytes) -> Result<(), SessionError> {
+        let _writing = Writing::new(&self.stdin_writers);
         let _order = self.stdin_order.lock().await;
-        let taken = self.client_stdin();
-        let skip = match offset {
-            None => 0,
-            Some(at) if at > taken => {
-                return Err(SessionError::InvalidArgument(format!(
-                    "a stdin piece at offset {at}, but only {taken} bytes were written before it: the bytes \
-                     between are missing"
-                )))
-            }
-            Some(at) => ((taken - at) as usize).min(data.len()),
-        };
+        let Some((writer, offset)) = at else { return self.send_stdin(data).await };
+        let taken = self.stdin_taken.lock().unwrap().get(&writer).map_or(0, |(n, _)| *n);
+        if offset > taken {
+            return Err(SessionError::InvalidArgument(format!(
+                "a stdin piece at offset {offset}, but umbrad took only {taken} bytes from writer {writer:?}: the \
+                 bytes between are missing"
+            )));
+        }
+        let skip = ((taken - offset) as usize).min(data.len());
         let data = data.slice(skip..);
         if data.is_empty() {
             return Ok(());
         }
         let len = data.len() as u64;
         self.send_stdin(data).await?;
-        self.stdin_taken.fetch_add(len, std::sync::atomic::Ordering::AcqRel);
+        let mut writers = self.stdin_taken.lock().unwrap();
+        let entry = writers.entry(writer).or_insert((0, Instant::now()));
+        entry.0 += len;
+        entry.1 = Instant::now();
+        if writers.len() > MAX_STDIN_WRITERS {
+            // The writer heard from longest ago goes (a resend of its then fails as a gap).
+            let oldest = writers.iter().min_by_key(|(_, (_, at))| *at).map(|(w, _)| w.clone());
+            if let Some(oldest) = oldest {
+                writers.remove(&oldest);
+            }
+        }
         Ok(())
     }
 
-    /// Bytes clients have written to its stdin so far ([`Self::write_client_stdin`]).
-    pub fn client_stdin(&self) -> u64 {
-        self.stdin_taken.load(std::sync::atomic::Ordering::Acquire)
+    /// Whether a stdin write waits for the process (it has not read what came before).
+    pub(super) fn writing_stdin(&self) -> bool {
+        self.stdin_writers.load(std::sync::atomic::Ordering::Acquire) > 0
     }
 
     /// Ends stdin after what was written.
@@ -343,6 +393,7 @@ pub(super) fn start(
         wake: None,
         stdin_taken: Default::default(),
         stdin_order: Default::default(),
+        stdin_writers: Default::default(),
     };
     let spawned = SessionEvent::new(Some(&ctx.session), EventKind::Spawned { process: id, pid, argv });
     ctx.bus.emit(spawned.clone());

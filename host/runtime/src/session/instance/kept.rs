@@ -204,6 +204,20 @@ impl Session {
                 tracing::warn!(session = %self.name, "cannot park its kept processes ({e}): they end with the VM")
             }
         }
+        // One the agent did not park runs on where it is (the VM may too, if the snapshot
+        // fails): its stdin goes on there.
+        for (_, id, control) in &kept {
+            let pending = {
+                let mut state = self.state.lock().unwrap();
+                match state.processes.get_mut(id) {
+                    Some(r) if r.parked.is_none() => r.pending_stdin.take(),
+                    _ => None,
+                }
+            };
+            if let Some(pending) = pending {
+                control.reattach_stdin(pending).await;
+            }
+        }
     }
 
     /// Adopts the parked kept processes on `inc`'s agent (the restored VM's; the same VM's when

@@ -283,7 +283,10 @@ impl Session {
     /// How long the session has been idle: zero while a process runs (`suspending`: a process
     /// a client waits for; kept ones run on after the restore).
     pub(super) fn idle_for(&self, suspending: bool) -> Duration {
-        let busy = self.state.lock().unwrap().processes.values().any(|r| !suspending || r.rebind.is_none());
+        // A client waiting for a stdin write (a process that has not read what came before)
+        // is activity, kept process or not: suspending would only resume it again.
+        let busy = (self.state.lock().unwrap().processes.values())
+            .any(|r| !suspending || r.rebind.is_none() || r.control.writing_stdin());
         // A connection through an exposed port (a dev server in use) is activity too.
         if busy || self.ports.connections() > 0 {
             return Duration::ZERO;
