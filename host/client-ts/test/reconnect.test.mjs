@@ -14,6 +14,29 @@ let client;
 
 cleanUpAfter(() => ({ daemon, client }));
 
+/**
+ * A relay in front of `d`'s socket: the client connects through it, and destroying the sockets
+ * in `live` cuts the client's connection while umbrad runs on.
+ */
+async function startRelay(d) {
+  const net = await import("node:net");
+  const path = await import("node:path");
+  const relaySocket = path.join(d.dir, "relay.sock");
+  const live = new Set();
+  const relay = net.createServer((c) => {
+    const u = net.connect(d.socket);
+    live.add(c);
+    c.on("close", () => live.delete(c));
+    c.pipe(u).pipe(c);
+    c.on("error", () => u.destroy());
+    u.on("error", () => c.destroy());
+    u.on("close", () => c.destroy());
+    c.on("close", () => u.destroy());
+  });
+  await new Promise((r) => relay.listen(relaySocket, r));
+  return { relaySocket, live, relay };
+}
+
 test("after umbrad restarts, the client reconnects and subscribes again; running processes end lost", async () => {
   daemon = await TestDaemon.start("reconnect");
   client = await Umbra.connect({ socketPath: daemon.socket, reconnect: { initialDelayMs: 50, maxDelayMs: 500 } });
@@ -86,23 +109,9 @@ test("with reconnect off, the client stays disconnected and says so", async () =
 });
 
 test("a detached process and a terminal outlive a lost connection: the client attaches again by itself", async () => {
-  const net = await import("node:net");
-  const path = await import("node:path");
   const d3 = await TestDaemon.start("kept");
   // The client reaches umbrad through a relay that can cut its connection while umbrad runs on.
-  const relaySocket = path.join(d3.dir, "relay.sock");
-  const live = new Set();
-  const relay = net.createServer((c) => {
-    const u = net.connect(d3.socket);
-    live.add(c);
-    c.on("close", () => live.delete(c));
-    c.pipe(u).pipe(c);
-    c.on("error", () => u.destroy());
-    u.on("error", () => c.destroy());
-    u.on("close", () => c.destroy());
-    c.on("close", () => u.destroy());
-  });
-  await new Promise((r) => relay.listen(relaySocket, r));
+  const { relaySocket, live, relay } = await startRelay(d3);
   const c = await Umbra.connect({ socketPath: relaySocket, reconnect: { initialDelayMs: 50, maxDelayMs: 200 } });
   try {
     const session = await c.sessions.start({ name: "k" });
@@ -147,23 +156,9 @@ test("a detached process and a terminal outlive a lost connection: the client at
 });
 
 test("stdin of a detached process goes on across a lost connection, every byte once", async () => {
-  const net = await import("node:net");
-  const path = await import("node:path");
   const crypto = await import("node:crypto");
   const d4 = await TestDaemon.start("stdin");
-  const relaySocket = path.join(d4.dir, "relay.sock");
-  const live = new Set();
-  const relay = net.createServer((c) => {
-    const u = net.connect(d4.socket);
-    live.add(c);
-    c.on("close", () => live.delete(c));
-    c.pipe(u).pipe(c);
-    c.on("error", () => u.destroy());
-    u.on("error", () => c.destroy());
-    u.on("close", () => c.destroy());
-    c.on("close", () => u.destroy());
-  });
-  await new Promise((r) => relay.listen(relaySocket, r));
+  const { relaySocket, live, relay } = await startRelay(d4);
   const c = await Umbra.connect({ socketPath: relaySocket, reconnect: { initialDelayMs: 50, maxDelayMs: 200 } });
   try {
     const session = await c.sessions.start({ name: "s" });
