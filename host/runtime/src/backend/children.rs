@@ -16,9 +16,6 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// How long killing a helper waits for the rest of its process group (its jailed self) to go.
-const GROUP_GONE_WAIT: Duration = Duration::from_secs(1);
-
 #[cfg(target_os = "linux")]
 pub type Jail = super::helper_jail::HelperJail;
 /// No helper jail off Linux.
@@ -142,15 +139,6 @@ impl Supervised {
         unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
         let _ = self.child.kill();
         self.exited = self.child.wait().ok();
-        // A jailed helper is pid 1 of its own namespace, below the leader just reaped: the same
-        // SIGKILL ends it, but in its own time (on a loaded machine, after a caller that ends
-        // next has gone). Wait, briefly, until the group has no member left; a dead member is
-        // reaped at once by the host's init (a non-reaping init costs this bound).
-        let (group, deadline) = (self.child.id() as i32, Instant::now() + GROUP_GONE_WAIT);
-        // SAFETY: signal 0 only asks whether the group has members.
-        while unsafe { libc::kill(-group, 0) } == 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-        }
     }
 }
 
