@@ -111,8 +111,15 @@ fn ctrl_c_ends_the_command_and_the_vm() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130), "128 + SIGINT");
     assert!(t.elapsed() < Duration::from_secs(15), "ended promptly: {:?}", t.elapsed());
+    // vmctl SIGKILLs each helper's process group and reaps the jail's leader; the helper, pid
+    // 1 of its own namespace below it, dies of the same signal in its own time (on a loaded
+    // machine, after vmctl has gone).
     let alive = |p: &u32| umbra_tests::process_state(*p).is_some_and(|s| s != 'Z');
-    assert!(!helpers.iter().any(alive), "helpers ended with vmctl");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while helpers.iter().any(alive) {
+        assert!(Instant::now() < deadline, "helpers outlived vmctl by 2 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(std::fs::read_dir(runtime_dir.0.join("umbra/vms")).unwrap().count(), 0, "run directory removed");
 }
 
