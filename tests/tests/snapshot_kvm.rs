@@ -684,6 +684,119 @@ async fn a_session_pauses_into_a_snapshot_resumes_with_its_processes_and_forks()
     m.shutdown().await;
 }
 
+/// A live fork: a running session (a shadow folder, a disk, a detached process, a process the
+/// host runs printing the guest's uptime every 50 ms) forked twice runs on through both, its
+/// host process never stopping for longer than the reported pause and never ended; each fork
+/// sees the source's disk, shadow edit and detached process as of its fork, and nothing the
+/// source did after. Prints each fork's pause beside a full snapshot's of the same session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_session_forks_live_twice_and_runs_on_through_both() {
+    use umbra_api::methods::StartParams;
+    use umbra_api::{EventKind, SessionStatus};
+    use umbra_runtime::session::{ExecRequest, SessionManager};
+
+    if kvm_spec().is_none() {
+        return;
+    }
+    let dir = umbra_tests::TempDir::new("session-live-fork");
+    let m = SessionManager::new(kvm_manager(&dir.0, 0));
+    let script = |s: &str| ExecRequest { argv: vec!["sh".into(), "-c".into(), s.into()], ..Default::default() };
+    let run = |s: &std::sync::Arc<umbra_runtime::session::Session>, text: &str| {
+        let (s, text) = (s.clone(), text.to_string());
+        async move {
+            let out = s.spawn(script(&text)).await.unwrap().output().await;
+            assert_eq!(out.exit.code, Some(0), "{text}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+    };
+    let work = dir.0.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("notes"), "host\n").unwrap();
+    let folder =
+        umbra_api::FolderSpec { path: work.clone(), name: Some("work".into()), mode: umbra_proto::ShareMode::Shadow };
+    let a = m.start(StartParams { name: "a".into(), folders: vec![folder], ..Default::default() }).await.unwrap();
+    run(&a, "echo edited > /sessions/a/mnt/work/notes && echo before > /root/before && sync").await;
+    let detach = "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /root/detached; sleep 0.2; done' \
+                  </dev/null >/dev/null 2>&1 &";
+    run(&a, detach).await;
+    // The witness: its output is collected as it comes, each line the guest's uptime.
+    let mut ticker = a.spawn(script("while :; do cat /proc/uptime; sleep 0.05; done")).await.unwrap();
+    let ticker_control = ticker.control();
+    let collected = tokio::spawn(async move {
+        let (mut text, mut exit) = (Vec::new(), None);
+        while let Some(ev) = ticker.next_event().await {
+            match ev.kind {
+                EventKind::Stdout { data, .. } => text.extend(data.to_bytes().unwrap_or_default()),
+                EventKind::Exit(e) => exit = Some(e),
+                _ => {}
+            }
+        }
+        (String::from_utf8_lossy(&text).into_owned(), exit)
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut pauses = Vec::new();
+    for (fork, marker) in [("b", "after-b"), ("c", "after-c")] {
+        let took = Instant::now();
+        let f = m.fork("a", fork).await.unwrap();
+        let snap = f.info().snapshot.expect("the fork's snapshot");
+        eprintln!(
+            "snapshot-bench: live fork {fork}: source paused {} ms ({}); fork ready {} ms",
+            snap.pause_ms,
+            std::fs::read_to_string(dir.0.join(format!("data/{fork}/snapshot/session.json")))
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|v| v["pause_phases"].as_str().map(String::from))
+                .unwrap_or_default(),
+            took.elapsed().as_millis()
+        );
+        pauses.push(snap.pause_ms);
+        assert_eq!(a.status(), SessionStatus::Ready, "the source runs on");
+        assert_eq!(snap.source, "a");
+        // As of the fork: the disk, the shadow edit, the detached process (still counting, from
+        // where the source's count was), and nothing the source wrote since.
+        run(&a, &format!("echo {marker} > /root/{marker}; sync")).await;
+        let seen = run(
+            &f,
+            "cat /root/before /sessions/a/mnt/work/notes; hostname; ls /root; \
+             a=$(cat /root/detached); sleep 1; b=$(cat /root/detached); echo $a $b",
+        )
+        .await;
+        let lines: Vec<&str> = seen.lines().collect();
+        assert_eq!(lines[..3], ["before", "edited", fork], "{seen}");
+        assert!(!seen.contains(marker), "the source's later file is not in the fork: {seen}");
+        let counts: Vec<u64> = lines.last().unwrap().split(' ').map(|n| n.parse().unwrap()).collect();
+        assert!(counts[1] > counts[0], "the detached process runs on in the fork: {seen}");
+    }
+    // The source's own process: never ended, never silent for longer than a pause (plus the
+    // emulated lane's scheduling noise, bounded at a second).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ticker_control.signal(libc::SIGKILL).await.unwrap();
+    let (text, exit) = tokio::time::timeout(Duration::from_secs(30), collected).await.unwrap().unwrap();
+    let exit = exit.expect("an exit");
+    assert!(!exit.lost && exit.signal == Some(libc::SIGKILL), "ended only by our kill: {exit:?}");
+    let uptimes: Vec<f64> = text.lines().filter_map(|l| l.split(' ').next().and_then(|t| t.parse().ok())).collect();
+    assert!(uptimes.len() > 20, "{text}");
+    let longest = uptimes.windows(2).map(|w| w[1] - w[0]).fold(0.0f64, f64::max);
+    let pause = *pauses.iter().max().unwrap() as f64 / 1000.0;
+    eprintln!(
+        "snapshot-bench: live fork: the source's process printed {} times, its longest silence {:.2} s, the longest pause {:.2} s",
+        uptimes.len(),
+        longest,
+        pause
+    );
+    assert!(longest <= pause + 1.0, "silent {longest:.2} s, paused at most {pause:.2} s");
+
+    // The same session's full snapshot, for the pause beside it.
+    m.snapshot("a").await.unwrap();
+    let full = a.info().snapshot.expect("a snapshot");
+    eprintln!(
+        "snapshot-bench: live fork pauses {pauses:?} ms against a full snapshot's {} ms, same session",
+        full.pause_ms
+    );
+    m.shutdown().await;
+}
+
 /// Everything kept of `kept`'s stdout so far.
 async fn kept_stdout(kept: &std::sync::Arc<umbra_runtime::session::Kept>) -> String {
     use umbra_runtime::session::KeptEvent;

@@ -166,7 +166,7 @@ pub struct ResumeParams {
 /// Params of `session.fork`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ForkParams {
-    /// The session to fork: its snapshot, taken first if it is running.
+    /// The session to fork: its snapshot, or one taken of it as it runs on (kvm: a live fork).
     pub source: String,
     /// The new session's name.
     pub name: String,
@@ -596,8 +596,9 @@ methods! {
     /// error is `unsupported`.
     SessionSnapshot = "session.snapshot" (SessionRef) -> SessionInfo;
     /// A new session restored from another's snapshot, with its own disk, outputs, uploads,
-    /// entropy and hostname; a running source is snapshotted and resumed first (so its
-    /// processes end as at a snapshot; detached ones run on).
+    /// entropy and hostname; a running source on kvm runs on, paused only while the fork's
+    /// snapshot is captured (a live fork); on another backend it is snapshotted and resumed
+    /// first (so its processes end as at a snapshot; detached ones run on).
     SessionFork = "session.fork" (ForkParams) -> SessionInfo;
     /// Stops a session and removes it with its outputs, uploads and disk.
     SessionDelete = "session.delete" (SessionRef) -> Done;

@@ -11,7 +11,8 @@
 //!   bare guest, and the same kernel and initramfs to agent ready, runs interleaved.
 //! - Restore (hardware KVM): one snapshot of the booted guest, then process launch → restored
 //!   guest's agent answered, beside launch → agent ready for a boot in the same harness, and
-//!   beside Firecracker restoring its own snapshot of the same guest (interleaved).
+//!   beside Firecracker restoring its own snapshot of the same guest (interleaved). Before the
+//!   snapshot, N live forks of the same running guest: each fork's pause beside the snapshot's.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -322,20 +323,42 @@ async fn linux_restores(vmm: &Path, image: &BootImage, runs: usize, firecracker:
         std::fs::create_dir_all(d)?;
     }
     let measured = async {
-        // The snapshot: a booted guest whose agent answered.
+        // The snapshot: a booted guest whose agent answered. Live forks of it first: each
+        // pause beside the full snapshot's, of the same guest in the same run.
         let mut original = UmbraVmm::start(vmm, &spec, &boot_dir, None)?;
         original.agent().await?;
+        let mut fork_pauses = Vec::new();
+        for i in 0..runs.max(1) {
+            let fork_dir = scratch.join(format!("fork-{i}"));
+            std::fs::create_dir_all(&fork_dir)?;
+            let state = std::fs::File::create(fork_dir.join("state"))?;
+            let memory = std::fs::File::create(fork_dir.join("memory"))?;
+            let (_, phases, paused) = kvm::request_fork(&boot_dir.join("control.sock"), &state, &memory, || Ok(()))?;
+            anyhow::ensure!(original.child.try_wait()?.is_none(), "umbra-vmm ended after a live fork");
+            println!("{:<40} {:>8.1} ms ({phases})", format!("linux: umbra-vmm live fork {i}, paused"), ms(paused));
+            fork_pauses.push(paused);
+            let _ = std::fs::remove_dir_all(&fork_dir);
+        }
+        original.agent().await.context("the agent after the live forks")?;
         let (state, memory) = (std::fs::File::create(snap.join("state"))?, std::fs::File::create(snap.join("memory"))?);
         let t = Instant::now();
-        let (bytes, _) = kvm::request_snapshot(&boot_dir.join("control.sock"), &state, &memory)?;
+        let (bytes, phases) = kvm::request_snapshot(&boot_dir.join("control.sock"), &state, &memory)?;
+        let snapshot_pause = t.elapsed();
         let status = original.child.wait()?;
         anyhow::ensure!(status.code() == Some(6), "umbra-vmm ended with {status} after the snapshot, not 6");
         println!(
-            "{:<40} {:>8.1} ms ({} MiB of {} MiB guest memory written)",
+            "{:<40} {:>8.1} ms ({} MiB of {} MiB guest memory written; {phases})",
             "linux: umbra-vmm snapshot",
-            ms(t.elapsed()),
+            ms(snapshot_pause),
             bytes >> 20,
             spec.memory_mib
+        );
+        let fork_pause = median(fork_pauses);
+        println!(
+            "{:<40} median {:>8.1} ms, {:.2}x the full snapshot's pause",
+            "linux: umbra-vmm live fork pause",
+            ms(fork_pause),
+            ms(fork_pause) / ms(snapshot_pause).max(0.001)
         );
         drop(original);
         let fc_snap = match firecracker {

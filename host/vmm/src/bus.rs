@@ -47,6 +47,42 @@ impl IoBus {
             .collect()
     }
 
+    /// Stops every virtio device between batches for a live fork ([`MmioTransport::suspend`])
+    /// and returns each transport's state; [`IoBus::resume`] starts them again.
+    pub fn suspend(&self) -> Result<Vec<TransportState>, String> {
+        let mut states = Vec::with_capacity(self.mmio.len());
+        for (i, (base, t)) in self.mmio.iter().enumerate() {
+            match t.lock().unwrap_or_else(|p| p.into_inner()).suspend() {
+                Ok(state) => states.push(state),
+                Err(e) => {
+                    // The ones stopped already run again: the fork is refused, the VM runs on.
+                    let undo = self.resume_first(i + 1);
+                    let undo = undo.err().map(|u| format!("; and starting the others again: {u}")).unwrap_or_default();
+                    return Err(format!("device at {base:#x}: {e}{undo}"));
+                }
+            }
+        }
+        Ok(states)
+    }
+
+    /// Starts every device [`IoBus::suspend`] stopped. Each is tried; the first error says
+    /// which failed (those are marked failed for the driver).
+    pub fn resume(&self) -> Result<(), String> {
+        self.resume_first(self.mmio.len())
+    }
+
+    fn resume_first(&self, count: usize) -> Result<(), String> {
+        let mut first = Ok(());
+        for (base, t) in &self.mmio[..count] {
+            if let Err(e) = t.lock().unwrap_or_else(|p| p.into_inner()).resume() {
+                if first.is_ok() {
+                    first = Err(format!("device at {base:#x}: {e}"));
+                }
+            }
+        }
+        first
+    }
+
     pub fn pio_write(&self, port: u16, data: &[u8]) -> PioOutcome {
         let mut legacy = self.legacy.lock().unwrap_or_else(|p| p.into_inner());
         legacy.write(port, data);

@@ -3,6 +3,17 @@
 //! the state file then the memory file, both open for writing and empty; `{"ok":{…}}` or
 //! `{"error":"why"}` back).
 //!
+//! A fork (`{"fork":{}}`, the same two files) is a snapshot the VM survives: the guest pauses
+//! while its vCPUs, devices and interrupt controllers are read, and its memory is made
+//! copy-on-write (below); the VMM says `{"paused":…}`, waits for the caller's `{"resume":{}}`
+//! (the caller copies the session disk meanwhile, which must match the memory), starts every
+//! device again over the same queues and lets the vCPUs go. The files are complete when the
+//! `{"ok":…}` comes. Memory only this process maps (anonymous, or a restore's private
+//! mapping) is copied by a child process: `fork()` gives it the guest's pages as they were at
+//! the pause, copy-on-write, for the price of copying page tables, and it writes the memory
+//! file while the guest runs on. Memory a vhost-user backend maps too (a memfd, with shared
+//! folders) would not be copy-on-write in the child: it is written during the pause.
+//!
 //! The caller creates the files and hands them over: no VMM thread opens a path (the filters
 //! forbid `openat`), and in a jail there would be no path to open. A snapshot pauses every vCPU
 //! at an instruction boundary (kicked out of KVM_RUN), stops every device between batches,
@@ -25,6 +36,7 @@ use crate::exit::VmExit;
 use crate::snapshot::{self, SnapshotState, VcpuState, VmState};
 use crate::vstate::vcpu::kick;
 use crate::vstate::vm::Vm;
+use vm_memory::GuestMemoryBackend;
 
 /// Bounds a request line; far above any real one.
 const MAX_REQUEST: usize = 4096;
@@ -32,6 +44,35 @@ const MAX_REQUEST: usize = 4096;
 const PATIENCE: Duration = Duration::from_secs(5);
 
 use umbra_contract::control::{ControlReply, ControlRequest, Phases, SnapshotTaken};
+
+/// How long a fork waits for the caller's `resume` (it copies the session disk meanwhile);
+/// past it, or when the caller hangs up, the guest runs again and the fork fails.
+const RESUME_PATIENCE: Duration = Duration::from_secs(300);
+
+/// Where paused vCPUs wait to run again after a live fork.
+#[derive(Default)]
+pub struct Resume {
+    generation: std::sync::Mutex<u64>,
+    changed: std::sync::Condvar,
+}
+
+impl Resume {
+    /// The current pause's number, read by a vCPU as it pauses.
+    pub fn generation(&self) -> u64 {
+        *self.generation.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Blocks until the pause numbered `seen` ends (for ever after a snapshot, which ends the VM).
+    pub fn wait_past(&self, seen: u64) {
+        let guard = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        drop(self.changed.wait_while(guard, |g| *g == seen));
+    }
+
+    fn wake(&self) {
+        *self.generation.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.changed.notify_all();
+    }
+}
 
 /// What taking a snapshot needs of the running machine.
 pub struct Snapshotter {
@@ -44,6 +85,8 @@ pub struct Snapshotter {
     /// Where each paused vCPU sends its state.
     pub states: Receiver<VcpuState>,
     pub memory_size: u64,
+    /// Lets the paused vCPUs go after a fork.
+    pub resume: Arc<Resume>,
 }
 
 /// Why a snapshot failed, and whether the VM can go on.
@@ -58,18 +101,28 @@ enum Failure {
 /// how its VM ended.
 pub fn serve(listener: UnixListener, snapshotter: Snapshotter, exits: Sender<VmExit>) {
     for stream in listener.incoming() {
-        let Ok(mut stream) = stream else { continue };
-        let reply = match read_request(&stream) {
+        let Ok(stream) = stream else { continue };
+        // A fork leaves the VM running; a snapshot ends it.
+        let mut live = false;
+        let reply = match read_request(&stream, PATIENCE) {
             Err(e) => Err(Failure::Refused(e)),
-            Ok((ControlRequest::Snapshot {}, files)) => match <[File; 2]>::try_from(files) {
-                Ok([state, memory]) => snapshotter.take(&state, &memory),
-                Err(files) => Err(Failure::Refused(format!(
-                    "a snapshot request carries two files (state, memory), this one {}",
+            Ok((ControlRequest::Resume {}, _)) => {
+                Err(Failure::Refused("a resume comes on a fork's connection, after its pause".into()))
+            }
+            Ok((request, files)) => match (<[File; 2]>::try_from(files), request) {
+                (Ok([state, memory]), ControlRequest::Fork {}) => {
+                    live = true;
+                    snapshotter.fork(&stream, &state, &memory)
+                }
+                (Ok([state, memory]), _) => snapshotter.take(&state, &memory),
+                (Err(files), _) => Err(Failure::Refused(format!(
+                    "a snapshot or fork request carries two files (state, memory), this one {}",
                     files.len()
                 ))),
             },
         };
         let (answer, exit) = match reply {
+            Ok(taken) if live => (ControlReply::Ok(taken), None),
             Ok(taken) => (ControlReply::Ok(taken), Some(VmExit::Snapshotted)),
             Err(Failure::Refused(e)) => (ControlReply::Error(e), None),
             Err(Failure::Broken(e)) => {
@@ -77,8 +130,7 @@ pub fn serve(listener: UnixListener, snapshotter: Snapshotter, exits: Sender<VmE
                 (ControlReply::Error(why.clone()), Some(VmExit::Internal(why)))
             }
         };
-        let line = serde_json::to_string(&answer).unwrap_or_else(|_| r#"{"error":"unprintable reply"}"#.into());
-        let _ = writeln!(stream, "{line}");
+        send(&stream, &answer);
         if let Some(exit) = exit {
             let _ = exits.send(exit);
             return;
@@ -86,10 +138,16 @@ pub fn serve(listener: UnixListener, snapshotter: Snapshotter, exits: Sender<VmE
     }
 }
 
+/// Writes one reply line; a caller that hung up misses it.
+fn send(mut stream: &UnixStream, reply: &ControlReply) {
+    let line = serde_json::to_string(reply).unwrap_or_else(|_| r#"{"error":"unprintable reply"}"#.into());
+    let _ = writeln!(stream, "{line}");
+}
+
 /// One request line and the descriptors that came with it (at most two are kept; more close).
-fn read_request(stream: &UnixStream) -> Result<(ControlRequest, Vec<File>), String> {
+fn read_request(stream: &UnixStream, patience: Duration) -> Result<(ControlRequest, Vec<File>), String> {
     use vmm_sys_util::sock_ctrl_msg::ScmSocket;
-    stream.set_read_timeout(Some(PATIENCE)).map_err(|e| format!("control socket: {e}"))?;
+    stream.set_read_timeout(Some(patience)).map_err(|e| format!("control socket: {e}"))?;
     let mut buf = vec![0u8; MAX_REQUEST];
     let mut fds = [-1; 2];
     let mut iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() }];
@@ -116,17 +174,8 @@ impl Snapshotter {
             at = std::time::Instant::now();
             ms
         };
-        self.pause.store(true, Ordering::Release);
         let broken = |e: String| Failure::Broken(e);
-        let mut vcpus = Vec::with_capacity(self.vcpus.len());
-        for thread in &self.vcpus {
-            kick(*thread).map_err(|e| broken(e.to_string()))?;
-        }
-        for _ in &self.vcpus {
-            let state = self.states.recv_timeout(PATIENCE).map_err(|_| broken("a vCPU did not pause".into()))?;
-            vcpus.push(state);
-        }
-        vcpus.sort_by_key(|v| v.id);
+        let vcpus = self.pause_vcpus()?;
         let vcpus_ms = lap();
         // Devices stopped before the interrupt controllers are read: nothing raises an
         // interrupt after that (what they raised while stopping is in their saved status).
@@ -140,7 +189,213 @@ impl Snapshotter {
         let vmm = env!("CARGO_PKG_VERSION").into();
         let state = SnapshotState { vmm, memory_size: self.memory_size, vm, vcpus, devices, serial };
         snapshot::file::write_to(&state, state_file).map_err(|e| broken(e.to_string()))?;
-        let phases_ms = Phases { vcpus: vcpus_ms, devices: devices_ms, memory: memory_ms, state: lap() };
+        let phases_ms = Phases { vcpus: vcpus_ms, devices: devices_ms, memory: memory_ms, state: lap(), paused: 0 };
         Ok(SnapshotTaken { memory_bytes, phases_ms })
+    }
+
+    /// Every vCPU out of KVM_RUN at an instruction boundary, its state read (in vCPU order).
+    fn pause_vcpus(&self) -> Result<Vec<VcpuState>, Failure> {
+        self.pause.store(true, Ordering::Release);
+        let broken = |e: String| Failure::Broken(e);
+        let mut vcpus = Vec::with_capacity(self.vcpus.len());
+        for thread in &self.vcpus {
+            kick(*thread).map_err(|e| broken(e.to_string()))?;
+        }
+        for _ in &self.vcpus {
+            let state = self.states.recv_timeout(PATIENCE).map_err(|_| broken("a vCPU did not pause".into()))?;
+            vcpus.push(state);
+        }
+        vcpus.sort_by_key(|v| v.id);
+        Ok(vcpus)
+    }
+
+    /// Lets the paused vCPUs run again.
+    fn run_vcpus(&self) {
+        self.pause.store(false, Ordering::Release);
+        self.resume.wake();
+    }
+
+    /// A live fork (see the module's comment): `stream` is the caller's connection, which
+    /// gets the `paused` line and says `resume`.
+    fn fork(&self, stream: &UnixStream, state_file: &File, memory_file: &File) -> Result<SnapshotTaken, Failure> {
+        let paused_at = std::time::Instant::now();
+        let mut at = paused_at;
+        let mut lap = || {
+            let ms = at.elapsed().as_millis() as u64;
+            at = std::time::Instant::now();
+            ms
+        };
+        let vcpus = self.pause_vcpus()?;
+        let vcpus_ms = lap();
+        let devices = match self.bus.suspend() {
+            Ok(devices) => devices,
+            Err(e) => {
+                self.run_vcpus();
+                return Err(Failure::Refused(format!("a device could not stop for the fork: {e}")));
+            }
+        };
+        let devices_ms = lap();
+        let serial = Some(self.bus.serial_state());
+        let captured = VmState::capture(&self.vm.fd).map_err(|e| e.to_string()).and_then(|vm| {
+            // Shared memory is written now; private memory by a child, from its own copy.
+            let shared = self.vm.memory.iter().any(|r| r.flags() & libc::MAP_SHARED != 0);
+            let copy = match shared {
+                true => snapshot::memory::dump_to(&self.vm.memory, self.memory_size, memory_file)
+                    .map(MemoryCopy::Written)
+                    .map_err(|e| e.to_string()),
+                false => Copier::start(&self.vm.memory, self.memory_size, memory_file).map(MemoryCopy::Copying),
+            };
+            copy.map(|copy| (vm, copy))
+        });
+        let memory_ms = lap();
+        let resumed = match captured {
+            Ok(_) => {
+                send(
+                    stream,
+                    &ControlReply::Paused(umbra_contract::control::ForkPaused {
+                        ms: paused_at.elapsed().as_millis() as u64,
+                    }),
+                );
+                match read_request(stream, RESUME_PATIENCE) {
+                    Ok((ControlRequest::Resume {}, _)) => Ok(()),
+                    Ok((other, _)) => Err(format!("the caller sent {other:?} where a resume was due")),
+                    Err(e) => Err(format!("no resume from the caller: {e}")),
+                }
+            }
+            Err(_) => Ok(()),
+        };
+        // Whatever happened, the guest runs on: the devices first, so no vCPU finds one stopped.
+        self.bus.resume().map_err(|e| Failure::Broken(format!("a device did not start again after the fork: {e}")))?;
+        self.run_vcpus();
+        let paused = paused_at.elapsed().as_millis().max(1) as u64;
+        let (vm, copy) = captured.map_err(|e| Failure::Refused(format!("the fork's capture failed: {e}")))?;
+        resumed.map_err(Failure::Refused)?;
+        let vmm = env!("CARGO_PKG_VERSION").into();
+        let state = SnapshotState { vmm, memory_size: self.memory_size, vm, vcpus, devices, serial };
+        snapshot::file::write_to(&state, state_file).map_err(|e| Failure::Refused(e.to_string()))?;
+        let state_ms = lap();
+        let memory_bytes = match copy {
+            MemoryCopy::Written(bytes) => bytes,
+            MemoryCopy::Copying(copier) => copier.wait().map_err(Failure::Refused)?,
+        };
+        let memory_ms = memory_ms + lap();
+        let phases_ms = Phases { vcpus: vcpus_ms, devices: devices_ms, memory: memory_ms, state: state_ms, paused };
+        Ok(SnapshotTaken { memory_bytes, phases_ms })
+    }
+}
+
+impl Drop for Copier {
+    /// A fork that failed after its copier started still reaps it (once it has written).
+    fn drop(&mut self) {
+        if self.pid > 0 {
+            let _ = self.reap();
+        }
+    }
+}
+
+/// A fork's memory file: written during the pause, or being written by a child.
+enum MemoryCopy {
+    Written(u64),
+    Copying(Copier),
+}
+
+/// A child process writing the memory file from its copy-on-write view of guest memory as it
+/// was when it was forked; it reports the bytes written (or why it failed) on a pipe.
+struct Copier {
+    pid: libc::pid_t,
+    report: File,
+}
+
+impl Copier {
+    fn start(memory: &crate::vstate::memory::GuestMemory, size: u64, file: &File) -> Result<Copier, String> {
+        let mut fds = [-1; 2];
+        // SAFETY: pipe2 writes two descriptors into the array it is given.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(format!("a pipe for the memory copier: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: both descriptors are new and owned here from now on.
+        let (report, mut child_end) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        // SAFETY: fork() in a threaded process: the child runs only this thread. glibc's fork
+        // resets the allocator's locks in the child, so it may allocate; it touches guest memory
+        // (its own copy-on-write view), the memory file and the pipe, and leaves with _exit,
+        // running no destructor and no other thread's code. It keeps this thread's seccomp
+        // filter.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(format!("fork the memory copier: {}", std::io::Error::last_os_error()));
+        }
+        if pid == 0 {
+            let (code, report) = match snapshot::memory::dump_to(memory, size, file) {
+                Ok(bytes) => (0, [b"o".as_slice(), &bytes.to_le_bytes()].concat()),
+                Err(e) => (1, format!("e{e}").into_bytes()),
+            };
+            let _ = child_end.write_all(&report);
+            // SAFETY: ends the child at once, as fork's child must.
+            unsafe { libc::_exit(code) };
+        }
+        drop(child_end);
+        Ok(Copier { pid, report })
+    }
+
+    /// Waits for the copy; returns the bytes of memory written.
+    fn wait(mut self) -> Result<u64, String> {
+        let result = self.reap();
+        self.pid = 0;
+        result
+    }
+
+    fn reap(&mut self) -> Result<u64, String> {
+        use std::io::Read;
+        let mut report = Vec::new();
+        let read = (&mut self.report).take(4096).read_to_end(&mut report);
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is written by the call.
+        let waited = unsafe { libc::waitpid(self.pid, &mut status, 0) };
+        if waited != self.pid {
+            return Err(format!("waiting for the memory copier: {}", std::io::Error::last_os_error()));
+        }
+        if libc::WIFSIGNALED(status) {
+            return Err(format!("the memory copier was killed by signal {}", libc::WTERMSIG(status)));
+        }
+        read.map_err(|e| format!("the memory copier's report: {e}"))?;
+        match report.split_first() {
+            Some((b'o', bytes)) if bytes.len() == 8 => Ok(u64::from_le_bytes(bytes.try_into().expect("eight bytes"))),
+            Some((b'e', why)) => Err(format!("writing the memory file: {}", String::from_utf8_lossy(why))),
+            _ => Err(format!("the memory copier ended with status {status} and no report")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestAddress};
+
+    #[test]
+    fn the_copier_writes_memory_as_it_was_when_forked_while_the_guest_writes_on() {
+        let size = 8u64 << 20;
+        let memory = crate::vstate::memory::anonymous(size as usize).unwrap();
+        memory.write_slice(&[0xaa; 4096], GuestAddress(0x1000)).unwrap();
+        memory.write_slice(&[0xbb; 4096], GuestAddress(size - 4096)).unwrap();
+        let dir = std::env::temp_dir().join(format!("umbra-copier-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("memory");
+        let file = File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        let copier = Copier::start(&memory, size, &file).unwrap();
+        // The running guest: its writes after the fork are not the fork's.
+        memory.write_slice(&[0xcc; 4096], GuestAddress(0x1000)).unwrap();
+        memory.write_slice(&[0xdd; 4096], GuestAddress(0x3000)).unwrap();
+        assert_eq!(copier.wait().unwrap(), 2 * 4096, "two pages of data, the rest holes");
+        let written = std::fs::read(&path).unwrap();
+        assert_eq!(written.len() as u64, size);
+        assert!(written[0x1000..0x2000].iter().all(|&b| b == 0xaa));
+        assert!(written[0x3000..0x4000].iter().all(|&b| b == 0));
+        assert!(written[size as usize - 4096..].iter().all(|&b| b == 0xbb));
+
+        // A copier that fails says why (a file opened read-only cannot be written).
+        let read_only = File::open(&path).unwrap();
+        let e = Copier::start(&memory, size, &read_only).unwrap().wait().unwrap_err();
+        assert!(e.contains("writing the memory file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

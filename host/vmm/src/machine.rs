@@ -453,6 +453,7 @@ impl Machine {
         let mut handles = Vec::new();
         let vm = Arc::new(self.vm);
         let pause = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let resume = Arc::new(crate::control::Resume::default());
         let (states_tx, states) = mpsc::channel();
         // Every vCPU paused before any reads its state: an IPI from a still-running vCPU after
         // one had read its LAPIC would be lost.
@@ -463,6 +464,7 @@ impl Machine {
         for mut vcpu in self.vcpus {
             let (bus, tx, filtered) = (self.bus.clone(), tx.clone(), filtered.clone());
             let (vm, pause, states_tx, all_paused) = (vm.clone(), pause.clone(), states_tx.clone(), all_paused.clone());
+            let resume = resume.clone();
             let handle = crate::seccomp::spawn_filtered(
                 crate::seccomp::ThreadKind::Vcpu,
                 &format!("vcpu{}", vcpu.id()),
@@ -471,23 +473,26 @@ impl Machine {
                     // A panic in a vCPU thread must end the VM with a status, not leave the
                     // other threads (or none) running: report it as an internal error.
                     let id = vcpu.id();
-                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vcpu.run_until(&bus, &pause)));
-                    let exit = match run {
-                        Ok(Run::Exit(exit)) => exit,
-                        Ok(Run::Paused) => {
-                            // A snapshot: hand the state over and stay paused for good.
-                            all_paused.wait();
-                            match crate::snapshot::VcpuState::capture(&vm.kvm, &vcpu.fd, id) {
-                                Ok(state) => {
-                                    let _ = states_tx.send(state);
-                                    loop {
-                                        std::thread::park();
+                    let exit = loop {
+                        let run =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vcpu.run_until(&bus, &pause)));
+                        match run {
+                            Ok(Run::Exit(exit)) => break exit,
+                            Ok(Run::Paused) => {
+                                // A snapshot or a fork: hand the state over and wait. A snapshot
+                                // ends the VM, so its pause never ends; a fork's does.
+                                let pause_number = resume.generation();
+                                all_paused.wait();
+                                match crate::snapshot::VcpuState::capture(&vm.kvm, &vcpu.fd, id) {
+                                    Ok(state) => {
+                                        let _ = states_tx.send(state);
+                                        resume.wait_past(pause_number);
                                     }
+                                    Err(e) => break VmExit::Internal(format!("vCPU {id}: {e}")),
                                 }
-                                Err(e) => VmExit::Internal(format!("vCPU {id}: {e}")),
                             }
+                            Err(_) => break VmExit::Internal(format!("vCPU {id} thread panicked")),
                         }
-                        Err(_) => VmExit::Internal(format!("vCPU {id} thread panicked")),
                     };
                     let _ = tx.send(exit);
                 },
@@ -504,6 +509,7 @@ impl Machine {
                 vcpus: handles.iter().map(|h| h.as_pthread_t()).collect(),
                 states,
                 memory_size: self.memory_size,
+                resume,
             };
             let tx = tx.clone();
             let control =

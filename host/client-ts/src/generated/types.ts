@@ -593,7 +593,7 @@ export interface FolderSpec {
 
 /** Params of `session.fork`. */
 export interface ForkParams {
-  /** The session to fork: its snapshot, taken first if it is running. */
+  /** The session to fork: its snapshot, or one taken of it as it runs on (kvm: a live fork). */
   source: string;
   /** The new session's name. */
   name: string;
@@ -2490,7 +2490,7 @@ export interface Methods {
    */
   "session.snapshot": { params: SessionRef; result: SessionInfo };
   /**
-   * A new session restored from another's snapshot, with its own disk, outputs, uploads, entropy and hostname; a running source is snapshotted and resumed first (so its processes end as at a snapshot; detached ones run on).
+   * A new session restored from another's snapshot, with its own disk, outputs, uploads, entropy and hostname; a running source on kvm runs on, paused only while the fork's snapshot is captured (a live fork); on another backend it is snapshotted and resumed first (so its processes end as at a snapshot; detached ones run on).
    */
   "session.fork": { params: ForkParams; result: SessionInfo };
   /** Stops a session and removes it with its outputs, uploads and disk. */

@@ -33,7 +33,7 @@ pub use host::KvmKind;
 pub use rundir::{open_to_vmm, vsock_port_socket, vsock_socket, RunDir};
 pub use spec::*;
 pub use umbra_sys::FolderIdentity;
-pub use vm::{host_memory_kib, Backend, FolderShare, Machine, Vm};
+pub use vm::{host_memory_kib, Backend, DuringPause, FolderShare, Machine, Vm};
 
 #[cfg(test)]
 mod arch_tests {

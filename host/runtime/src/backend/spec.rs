@@ -66,6 +66,8 @@ impl BackendKind {
 pub struct Capabilities {
     /// [`Vm::snapshot`] and [`VmSpec::restore`] work.
     pub snapshot: bool,
+    /// [`Vm::fork`] works: a snapshot the running VM survives (a live fork).
+    pub live_fork: bool,
     /// A share can keep `.git` read-only and hide ignored files ([`Protection`]).
     pub folder_protection: bool,
     /// The guest architectures it boots at all.

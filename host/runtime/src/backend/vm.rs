@@ -47,9 +47,24 @@ pub trait Machine: Send + Sync {
     /// open for writing); returns the memory bytes written and where the pause went. Only a
     /// backend whose capabilities say `snapshot` is asked.
     async fn snapshot(&mut self, state: std::fs::File, memory: std::fs::File) -> Result<(u64, String), VmError>;
+    /// Writes a snapshot of the guest into `state` and `memory` and lets it run on: the guest
+    /// is paused only while its state is read and `during_pause` copies what must match the
+    /// memory (the session disk). Returns the memory bytes written, where the time went, and
+    /// how long the guest was paused. Only a backend whose capabilities say `live_fork` is asked.
+    async fn fork(
+        &mut self,
+        _state: std::fs::File,
+        _memory: std::fs::File,
+        _during_pause: DuringPause,
+    ) -> Result<(u64, String, Duration), VmError> {
+        Err(VmError::BackendUnavailable("this backend cannot fork a running VM".into()))
+    }
     /// Opens streams to the guest's vsock ports (exposed ports).
     fn dialer(&self) -> super::Dialer;
 }
+
+/// What a live fork copies while the guest is paused ([`Machine::fork`]).
+pub type DuringPause = Box<dyn FnOnce() -> Result<(), String> + Send>;
 
 /// The set of host folders a running VM's guest can mount (under [`super::fsd::FS_TAG`]).
 #[async_trait]
@@ -103,25 +118,36 @@ impl Vm {
                 self.backend.name()
             )));
         }
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(dir)
-            .map_err(io(format!("create the snapshot directory {}", dir.display())))?;
+        let files = create_snapshot_files(dir)?;
         let taken = async {
-            let create = |name: &str| {
-                let path = dir.join(name);
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&path)
-                    .map_err(io(format!("create {}", path.display())))
-            };
-            let (state, memory) = (create("state")?, create("memory")?);
+            let (state, memory) = files;
             let started = Instant::now();
             let (memory_bytes, phases) = self.machine.snapshot(state, memory).await?;
             Ok(SnapshotTaken { memory_bytes, took: started.elapsed(), phases })
+        }
+        .await;
+        if taken.is_err() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        taken
+    }
+
+    /// Snapshots the running VM into `dir` (as [`Vm::snapshot`]) and lets it run on: a live
+    /// fork's snapshot. `during_pause` runs while the guest is paused (it copies the session
+    /// disk, which must match the memory); `took` is how long the guest was paused. A failure
+    /// leaves no `dir` behind, and the VM running unless it says the VM ended.
+    pub async fn fork(&mut self, dir: &Path, during_pause: DuringPause) -> Result<SnapshotTaken, VmError> {
+        if !self.capabilities.live_fork {
+            return Err(VmError::BackendUnavailable(format!(
+                "the {} backend cannot fork a running VM: that needs the kvm backend (umbra-vmm)",
+                self.backend.name()
+            )));
+        }
+        let files = create_snapshot_files(dir)?;
+        let taken = async {
+            let (state, memory) = files;
+            let (memory_bytes, phases, took) = self.machine.fork(state, memory, during_pause).await?;
+            Ok(SnapshotTaken { memory_bytes, took, phases })
         }
         .await;
         if taken.is_err() {
@@ -250,6 +276,29 @@ pub fn host_memory_kib(pids: &[u32]) -> Option<u64> {
         }
     }
     Some(total)
+}
+
+/// Creates `dir` (0700) with its empty `state` and `memory` files (0600), open for writing.
+fn create_snapshot_files(dir: &Path) -> Result<(std::fs::File, std::fs::File), VmError> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(io(format!("create the snapshot directory {}", dir.display())))?;
+    let create = |name: &str| {
+        let path = dir.join(name);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io(format!("create {}", path.display())))
+    };
+    let files = create("state").and_then(|state| Ok((state, create("memory")?)));
+    if files.is_err() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    files
 }
 
 #[cfg(test)]

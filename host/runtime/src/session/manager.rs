@@ -300,7 +300,9 @@ impl SessionManager {
 
     /// Creates session `name` from the snapshot of `source` and starts it: the same settings
     /// and folders, its own disk (a copy of the snapshot's), outputs and uploads (copies of the
-    /// source's), entropy and hostname (its name). A running source is snapshotted and resumed
+    /// source's), entropy and hostname (its name). A running source on the kvm backend runs on:
+    /// its guest pauses only while the fork's state is captured and its disk copied (a live
+    /// fork, [`crate::backend::Vm::fork`]); on another backend it is snapshotted and resumed
     /// first, so it pauses for the time of a snapshot and a restore.
     pub async fn fork(&self, source: &str, name: &str) -> Result<Arc<Session>, SessionError> {
         check_name(name)?;
@@ -313,9 +315,15 @@ impl SessionManager {
         if let Ok(existing) = self.get(name) {
             return Err(SessionError::Exists { name: name.into(), status: existing.status() });
         }
-        let just_taken = src.status().is_active();
-        if just_taken {
+        let running = src.status().is_active();
+        if running {
             src.wait_ready().await?;
+        }
+        // A running session on a backend that forks live runs on (paused for the fork's
+        // capture); on any other, it is snapshotted and resumed first.
+        let live = running && src.can_fork_live().await;
+        let just_taken = running && !live;
+        if just_taken {
             src.snapshot().await?;
             self.resume(source).await?;
         }
@@ -342,7 +350,11 @@ impl SessionManager {
             sessions.insert(name.into(), session.clone());
             session
         };
-        match src.fork_into(&dest, just_taken).await {
+        let snapshot = match live {
+            true => src.fork_live_into(&dest).await,
+            false => src.fork_into(&dest, just_taken).await,
+        };
+        match snapshot {
             Ok(snapshot) => session.set_snapshot(snapshot),
             Err(e) => {
                 self.sessions.lock().unwrap().remove(name);

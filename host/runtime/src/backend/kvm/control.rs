@@ -25,13 +25,69 @@ pub fn request_snapshot(
     state: &std::fs::File,
     memory: &std::fs::File,
 ) -> Result<(u64, String), ControlError> {
-    use std::io::BufRead;
+    let stream = send_request(control, &ControlRequest::Snapshot {}, state, memory)?;
+    match read_reply(&stream)? {
+        ControlReply::Ok(taken) => Ok((taken.memory_bytes, taken.phases_ms.to_string())),
+        ControlReply::Error(e) => Err(ControlError::Refused(e)),
+        ControlReply::Paused(_) => Err(ControlError::Refused("a paused answer to a snapshot".into())),
+    }
+}
+
+/// A live fork (umbra_vmm::control): like [`request_snapshot`], but the VM runs on. While its
+/// guest is paused, `during_pause` copies what must match the fork point (the session disk);
+/// the guest runs again when it returns, and the files are complete when this returns: the
+/// memory bytes written, where the time went (the pause first) and the pause.
+pub fn request_fork(
+    control: &Path,
+    state: &std::fs::File,
+    memory: &std::fs::File,
+    during_pause: impl FnOnce() -> Result<(), String>,
+) -> Result<(u64, String, std::time::Duration), ControlError> {
+    use std::io::Write;
+    let stream = send_request(control, &ControlRequest::Fork {}, state, memory)?;
+    let mut reader = std::io::BufReader::new(&stream);
+    match read_reply_from(&mut reader)? {
+        ControlReply::Paused(_) => {}
+        ControlReply::Error(e) => return Err(ControlError::Refused(e)),
+        ControlReply::Ok(_) => return Err(ControlError::Refused("a fork answered before its pause".into())),
+    }
+    // Whatever the copy did, the guest must run again: resume is sent either way.
+    let copied = during_pause();
+    let line = serde_json::to_string(&ControlRequest::Resume {}).expect("a request serialises") + "\n";
+    (&stream).write_all(line.as_bytes()).map_err(ControlError::Send)?;
+    let taken = match read_reply_from(&mut reader)? {
+        ControlReply::Ok(taken) => taken,
+        ControlReply::Error(e) => return Err(ControlError::Refused(e)),
+        ControlReply::Paused(_) => return Err(ControlError::Refused("a second paused answer".into())),
+    };
+    copied.map_err(|e| ControlError::Refused(format!("the copy during the pause failed: {e}")))?;
+    let paused = std::time::Duration::from_millis(taken.phases_ms.paused);
+    Ok((taken.memory_bytes, taken.phases_ms.to_string(), paused))
+}
+
+fn read_reply(stream: &std::os::unix::net::UnixStream) -> Result<ControlReply, ControlError> {
+    read_reply_from(&mut std::io::BufReader::new(stream))
+}
+
+fn read_reply_from(reader: &mut impl std::io::BufRead) -> Result<ControlReply, ControlError> {
+    let mut reply = String::new();
+    reader.read_line(&mut reply).map_err(ControlError::NoAnswer)?;
+    serde_json::from_str::<ControlReply>(&reply).map_err(|source| ControlError::BadAnswer { reply, source })
+}
+
+/// Connects to `control` and sends `request` with the two files.
+fn send_request(
+    control: &Path,
+    request: &ControlRequest,
+    state: &std::fs::File,
+    memory: &std::fs::File,
+) -> Result<std::os::unix::net::UnixStream, ControlError> {
     use std::os::fd::AsRawFd;
     let stream = std::os::unix::net::UnixStream::connect(control)
         .map_err(|source| ControlError::Connect { socket: control.to_path_buf(), source })?;
     // A VMM that never answers must not hold the caller's thread for ever.
     stream.set_read_timeout(Some(SNAPSHOT_ANSWER)).map_err(ControlError::Send)?;
-    let line = serde_json::to_string(&ControlRequest::Snapshot {}).expect("a request serialises") + "\n";
+    let line = serde_json::to_string(request).expect("a request serialises") + "\n";
     let line = line.as_bytes();
     let fds = [state.as_raw_fd(), memory.as_raw_fd()];
     // SAFETY: CMSG_SPACE only computes a size.
@@ -57,13 +113,7 @@ pub fn request_snapshot(
     if sent != line.len() as isize {
         return Err(ControlError::Send(std::io::Error::last_os_error()));
     }
-    let mut reply = String::new();
-    std::io::BufReader::new(&stream).read_line(&mut reply).map_err(ControlError::NoAnswer)?;
-    match serde_json::from_str::<ControlReply>(&reply) {
-        Ok(ControlReply::Ok(taken)) => Ok((taken.memory_bytes, taken.phases_ms.to_string())),
-        Ok(ControlReply::Error(e)) => Err(ControlError::Refused(e)),
-        Err(source) => Err(ControlError::BadAnswer { reply, source }),
-    }
+    Ok(stream)
 }
 
 /// Why a snapshot request through the control socket failed.

@@ -3,7 +3,7 @@
 //! QEMU's vhost-device-vsock, so the agent connection is the same code; no helper daemons.
 
 mod control;
-pub use control::{control_socket, request_snapshot, ControlError};
+pub use control::{control_socket, request_fork, request_snapshot, ControlError};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,7 +40,13 @@ impl Backend for KvmBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { snapshot: true, folder_protection: true, guest_arches: &[Arch::X86_64], emulates: false }
+        Capabilities {
+            snapshot: true,
+            live_fork: true,
+            folder_protection: true,
+            guest_arches: &[Arch::X86_64],
+            emulates: false,
+        }
     }
 
     async fn launch(&self, spec: &VmSpec) -> Result<Vm, VmError> {
@@ -136,6 +142,19 @@ impl Machine for KvmMachine {
 
     fn dialer(&self) -> crate::backend::Dialer {
         self.helpers.dialer()
+    }
+
+    async fn fork(
+        &mut self,
+        state: std::fs::File,
+        memory: std::fs::File,
+        during_pause: crate::backend::DuringPause,
+    ) -> Result<(u64, String, Duration), VmError> {
+        let control = self.control.clone();
+        tokio::task::spawn_blocking(move || request_fork(&control, &state, &memory, during_pause))
+            .await
+            .map_err(|e| VmError::Snapshot(format!("the fork request failed: {e}")))?
+            .map_err(|e| VmError::Snapshot(e.to_string()))
     }
 
     async fn snapshot(&mut self, state: std::fs::File, memory: std::fs::File) -> Result<(u64, String), VmError> {

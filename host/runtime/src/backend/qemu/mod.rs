@@ -41,6 +41,7 @@ impl Backend for QemuBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             snapshot: false,
+            live_fork: false,
             folder_protection: true,
             guest_arches: &[Arch::X86_64, Arch::Aarch64],
             emulates: true,

@@ -30,7 +30,13 @@ impl Backend for VzBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { snapshot: false, folder_protection: false, guest_arches: &[Arch::Aarch64], emulates: false }
+        Capabilities {
+            snapshot: false,
+            live_fork: false,
+            folder_protection: false,
+            guest_arches: &[Arch::Aarch64],
+            emulates: false,
+        }
     }
 
     #[cfg(target_os = "macos")]

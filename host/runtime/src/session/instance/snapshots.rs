@@ -154,7 +154,24 @@ impl Session {
                 .map_err(SessionError::task("the disk copy"))?
                 .map_err(|source| SessionError::Snapshot { name: self.name.clone(), source })?;
         }
-        let meta = SnapshotMeta {
+        let meta = self.snapshot_meta(inc, settings, &taken, has_disk, folder_sharing, folders);
+        let meta = tokio::task::spawn_blocking(move || pending.commit(&meta).map(|_| meta))
+            .await
+            .map_err(SessionError::task("writing the snapshot"))??;
+        tracing::info!(session = %self.name, took_ms = taken.took.as_millis() as u64, "snapshot taken");
+        Ok(meta.info(true))
+    }
+
+    fn snapshot_meta(
+        &self,
+        inc: &Incarnation,
+        settings: &SessionSettings,
+        taken: &crate::backend::SnapshotTaken,
+        disk: bool,
+        folder_sharing: bool,
+        folders: Vec<crate::share::folders::SavedFolder>,
+    ) -> SnapshotMeta {
+        SnapshotMeta {
             version: crate::session::snapshot::META_VERSION,
             session: self.name.clone(),
             hostname: inc.hostname.clone(),
@@ -164,17 +181,67 @@ impl Session {
             cpus: settings.cpus,
             memory_mib: settings.memory_mib,
             folder_sharing,
-            disk: has_disk,
+            disk,
             memory_bytes: taken.memory_bytes,
             pause_ms: taken.took.as_millis() as u64,
             pause_phases: taken.phases.clone(),
             folders,
+        }
+    }
+
+    /// Whether a fork of this running session can leave it running: its backend forks live
+    /// (kvm) and it has storage.
+    pub(in crate::session) async fn can_fork_live(&self) -> bool {
+        let Some(inc) = self.state.lock().unwrap().current.clone() else { return false };
+        self.storage_dir().is_some() && inc.machine.lock().await.vm.capabilities.live_fork
+    }
+
+    /// Gives `dest` (a new fork's storage) a snapshot of this running session, which runs on:
+    /// its guest pauses while the VM's state is read, its memory made copy-on-write and its disk
+    /// copied ([`crate::backend::Vm::fork`]); nothing in it restarts, no process of it sees the
+    /// fork, and its own snapshot (if any) stays its own. Outputs and uploads are copied after.
+    pub(in crate::session) async fn fork_live_into(
+        &self,
+        dest: &Path,
+    ) -> Result<umbra_api::session::SnapshotInfo, SessionError> {
+        let _lifecycle = self.lifecycle.lock().await;
+        if self.status() != SessionStatus::Ready {
+            return Err(self.invalid_state("fork it"));
+        }
+        let Some(storage) = self.storage_dir() else {
+            return Err(SessionError::Unsupported(format!("session {:?} has no storage", self.name)));
         };
-        let meta = tokio::task::spawn_blocking(move || pending.commit(&meta).map(|_| meta))
+        let inc = self.state.lock().unwrap().current.clone().ok_or_else(|| self.invalid_state("fork it"))?;
+        self.touch();
+        let settings = self.settings();
+        let pending = PendingSnapshot::begin(dest)?;
+        let disk = storage.join(crate::session::DISK_FILE);
+        let has_disk = settings.disk_size_mib > 0 && disk.is_file();
+        let disk_copy = pending.disk();
+        // The disk must be what the memory expects: copied while the guest is paused.
+        let during_pause: crate::backend::DuringPause = Box::new(move || match has_disk {
+            true => crate::backend::disk::copy_sparse(&disk, &disk_copy).map(|_| ()).map_err(|e| e.to_string()),
+            false => Ok(()),
+        });
+        let mut machine = inc.machine.lock().await;
+        let folders = machine.folders.saved();
+        let folder_sharing = machine.vm.shares_folders();
+        let taken = machine
+            .vm
+            .fork(&pending.vm_dir(), during_pause)
             .await
-            .map_err(SessionError::task("writing the snapshot"))??;
-        tracing::info!(session = %self.name, took_ms = taken.took.as_millis() as u64, "snapshot taken");
-        Ok(meta.info(true))
+            .map_err(|source| SessionError::Snapshot { name: self.name.clone(), source })?;
+        drop(machine);
+        let meta = self.snapshot_meta(&inc, &settings, &taken, has_disk, folder_sharing, folders);
+        tracing::info!(session = %self.name, paused_ms = taken.took.as_millis() as u64, phases = %taken.phases, "forked live");
+        let dest = dest.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            pending.commit(&meta)?;
+            copy_guest_trees(&storage, &dest)?;
+            Ok(meta.info(true))
+        })
+        .await
+        .map_err(SessionError::task("the fork's copy"))?
     }
 
     /// Gives `dest` (a new fork's storage) this session's snapshot, by hard links, while no
@@ -204,17 +271,7 @@ impl Session {
         let dest = dest.to_path_buf();
         tokio::task::spawn_blocking(move || {
             let meta = crate::session::snapshot::link(&storage, &dest)?;
-            // The guest writes these trees (and may still, if the source runs): they are
-            // copied beneath-only, following no symlink, within the guest-tree bounds.
-            for dir in [crate::share::paths::OUTPUTS, crate::share::paths::UPLOADS] {
-                let src = storage.join(dir);
-                if src.is_dir() {
-                    let what = || format!("copy {} into the fork", src.display());
-                    let root = tree::open_root(&src).map_err(|source| SessionError::Tree { what: what(), source })?;
-                    tree::copy(&root, &src, &dest.join(dir), tree::TreeLimits::GUEST_TREE)
-                        .map_err(|source| SessionError::Tree { what: what(), source })?;
-                }
-            }
+            copy_guest_trees(&storage, &dest)?;
             Ok(meta.info(true))
         })
         .await
@@ -263,6 +320,22 @@ impl Session {
         self.state.lock().unwrap().record.snapshot = Some(snapshot);
         self.persist();
     }
+}
+
+/// Copies the session's outputs and uploads from `storage` into a fork's `dest`. The guest
+/// writes these trees (and may still, if the source runs): they are copied beneath-only,
+/// following no symlink, within the guest-tree bounds.
+fn copy_guest_trees(storage: &Path, dest: &Path) -> Result<(), SessionError> {
+    for dir in [crate::share::paths::OUTPUTS, crate::share::paths::UPLOADS] {
+        let src = storage.join(dir);
+        if src.is_dir() {
+            let what = || format!("copy {} into the fork", src.display());
+            let root = tree::open_root(&src).map_err(|source| SessionError::Tree { what: what(), source })?;
+            tree::copy(&root, &src, &dest.join(dir), tree::TreeLimits::GUEST_TREE)
+                .map_err(|source| SessionError::Tree { what: what(), source })?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -244,13 +244,9 @@ impl MmioTransport {
             q.set_avail_ring_address(Some(c.avail_ring as u32), Some((c.avail_ring >> 32) as u32));
             q.set_used_ring_address(Some(c.used_ring as u32), Some((c.used_ring >> 32) as u32));
             q.set_ready(c.ready);
-            if c.ready && state.activated {
-                // struct virtq_used { le16 flags; le16 idx; ... }
-                let idx: u16 = vm_memory::Bytes::read_obj(&t.mem, vm_memory::GuestAddress(c.used_ring.wrapping_add(2)))
-                    .map_err(|source| refuse(RestoreError::UsedRing { queue: i, addr: c.used_ring, source }))?;
-                q.set_next_avail(idx);
-                q.set_next_used(idx);
-            }
+        }
+        if state.activated {
+            t.queues_from_used_rings().map_err(refuse)?;
         }
         t.acked_features = state.acked_features & t.avail_features();
         t.device_features_sel = state.device_features_sel;
@@ -273,6 +269,57 @@ impl MmioTransport {
             let _ = t.irq.write(1);
         }
         Ok(t)
+    }
+
+    /// Sets each ready queue's next available and next used index to its used ring's index:
+    /// where a device quiesced between batches left it (see [`TransportState`]).
+    fn queues_from_used_rings(&mut self) -> Result<(), RestoreError> {
+        for (i, q) in self.queues.iter_mut().enumerate() {
+            if !q.ready() {
+                continue;
+            }
+            let used_ring = q.used_ring();
+            // struct virtq_used { le16 flags; le16 idx; ... }
+            let idx: u16 = vm_memory::Bytes::read_obj(&self.mem, vm_memory::GuestAddress(used_ring.wrapping_add(2)))
+                .map_err(|source| RestoreError::UsedRing { queue: i, addr: used_ring, source })?;
+            q.set_next_avail(idx);
+            q.set_next_used(idx);
+        }
+        Ok(())
+    }
+
+    /// [`MmioTransport::quiesce`] for a live fork: the device stops between batches
+    /// ([`VirtioDevice::suspend`]) and [`MmioTransport::resume`] starts it again in this VM.
+    pub fn suspend(&mut self) -> Result<TransportState, TransportError> {
+        let device = if self.activated {
+            let device_type = self.device.device_type();
+            self.device.suspend().map_err(|source| TransportError::Save { device_type, source })?
+        } else {
+            DeviceState::Stateless
+        };
+        let mut state = self.save();
+        state.device = device;
+        Ok(state)
+    }
+
+    /// Starts a device [`MmioTransport::suspend`] stopped, over the same queues, each going on
+    /// from its used ring's index: the driver sees nothing change. A device that does not
+    /// start again is failed (DEVICE_NEEDS_RESET), and the error says why.
+    pub fn resume(&mut self) -> Result<(), TransportError> {
+        if !self.activated {
+            return Ok(());
+        }
+        let device_type = self.device.device_type();
+        self.activated = false;
+        if let Err(source) = self.queues_from_used_rings() {
+            self.fail();
+            return Err(TransportError::Restore { device_type, source });
+        }
+        self.activate();
+        match self.activated {
+            true => Ok(()),
+            false => Err(TransportError::Restore { device_type, source: RestoreError::NotActivated }),
+        }
     }
 
     /// Saves the transport's state and stops the device (its worker joined between batches, so
@@ -779,6 +826,36 @@ mod tests {
         // Still resettable and usable as before.
         w32(&mut r, 0x70, 0);
         assert!(!r.is_activated());
+    }
+
+    #[test]
+    fn a_suspended_device_starts_again_in_place_at_the_used_rings_index() {
+        let probe = Probe { resettable: true, ..Default::default() };
+        let (seen, positions) = (probe.activated.clone(), probe.positions.clone());
+        let m = mem();
+        let mut t = MmioTransport::new(Box::new(probe), m.clone()).unwrap();
+        negotiate(&mut t);
+        setup_queue(&mut t, 0, &m, 0x1000);
+        setup_queue(&mut t, 1, &m, 0x8000);
+        w32(&mut t, 0x70, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK);
+        *seen.lock().unwrap() = None;
+        let state = t.suspend().unwrap();
+        assert!(state.activated && t.is_activated(), "suspended, not reset: {state:?}");
+        // The device went 3 and 7 buffers round its rings before it stopped.
+        vm_memory::Bytes::write_obj(&m, 3u16, GuestAddress(state.queues[0].used_ring + 2)).unwrap();
+        vm_memory::Bytes::write_obj(&m, 7u16, GuestAddress(state.queues[1].used_ring + 2)).unwrap();
+        t.resume().unwrap();
+        assert_eq!(*seen.lock().unwrap(), Some(((1 << 32) | (1 << 3), 2)), "activated again");
+        assert_eq!(*positions.lock().unwrap(), vec![(3, 3), (7, 7)]);
+        assert_eq!(t.save(), state, "the driver sees the registers it set");
+
+        // A device that cannot stop refuses the suspension and keeps running.
+        let (mut stuck, _, m) = transport(false);
+        negotiate(&mut stuck);
+        setup_queue(&mut stuck, 0, &m, 0x1000);
+        w32(&mut stuck, 0x70, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK);
+        assert!(stuck.suspend().is_err());
+        assert!(stuck.is_activated() && stuck.status() & status::DEVICE_NEEDS_RESET == 0);
     }
 
     #[test]

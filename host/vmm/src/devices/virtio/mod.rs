@@ -112,6 +112,13 @@ pub trait VirtioDevice: Send {
             Err(DeviceStateError::CannotStop)
         }
     }
+    /// Stops the device for a live fork: as [`VirtioDevice::quiesce`], but the VM runs on
+    /// afterwards, activated again by its transport over the same queues
+    /// ([`super::mmio::MmioTransport::resume`]), so whatever the device holds for the running
+    /// guest (vsock's connections) must survive. By default the same as `quiesce`.
+    fn suspend(&mut self) -> Result<DeviceState, DeviceStateError> {
+        self.quiesce()
+    }
     /// Called on a device about to be activated by a restored transport (the driver set it up
     /// in the VM the snapshot was taken of), with what [`VirtioDevice::quiesce`] returned: e.g.
     /// vsock tells the driver its connections are gone, virtio-fs loads virtiofsd's state.

@@ -75,12 +75,16 @@ impl Vsock {
         self.reset_event = true;
     }
 
-    fn stop_worker(&mut self) -> bool {
+    /// Joins the worker and takes its muxer back; `reset` drops its connections (a reset
+    /// device), otherwise they are kept for the next activation (a live fork's pause).
+    fn stop_worker(&mut self, reset: bool) -> bool {
         match self.worker.take() {
             None => true,
             Some(worker) => match worker.stop() {
                 Some(mut muxer) => {
-                    muxer.reset();
+                    if reset {
+                        muxer.reset();
+                    }
                     self.muxer = Some(muxer);
                     true
                 }
@@ -138,13 +142,23 @@ impl VirtioDevice for Vsock {
     }
 
     fn reset(&mut self) -> bool {
-        self.stop_worker()
+        self.stop_worker(true)
+    }
+
+    /// The guest's connections stay: the worker stops between batches and the next activation
+    /// (the same queues, the same driver) carries on with them. A fork made of this pause gets
+    /// no connection (its restore queues a transport reset, as every restore does).
+    fn suspend(&mut self) -> Result<DeviceState, DeviceStateError> {
+        match self.stop_worker(false) {
+            true => Ok(DeviceState::Stateless),
+            false => Err(DeviceStateError::CannotStop),
+        }
     }
 }
 
 impl Drop for Vsock {
     fn drop(&mut self) {
         // Joins the worker; the muxer, and with it the socket file, goes right after.
-        self.stop_worker();
+        self.stop_worker(true);
     }
 }

@@ -832,6 +832,34 @@ mod device {
         assert!(!dir.socket().exists());
     }
 
+    #[test]
+    fn a_suspension_for_a_fork_keeps_the_connections_a_reset_drops() {
+        let dir = TempDir::new();
+        let mem = guest_memory();
+        let mut dev = Vsock::new(GUEST_CID, dir.socket()).unwrap();
+        let interrupt = Arc::new(CountingInterrupt::default());
+        let mut d = Driver::new(&mem);
+        d.post_rx(8);
+        let (queues, _, tx_kick) = active_queues(&d);
+        dev.activate(mem.clone(), interrupt.clone(), 0, queues).unwrap();
+        let mut host = UnixStream::connect(dir.socket()).unwrap();
+        host.write_all(b"CONNECT 1024\n").unwrap();
+        let req = wait_rx(&mut d)[0].hdr;
+        d.queue_packet(&guest_hdr(op::RESPONSE, 1024, req.src_port()), &[]);
+        tx_kick.write(1).unwrap();
+        assert_eq!(read_line(&mut host), format!("OK {}\n", req.src_port()));
+
+        assert_eq!(dev.suspend().unwrap(), crate::devices::virtio::persist::DeviceState::Stateless);
+        host.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        let mut byte = [0u8; 1];
+        let err = host.read(&mut byte).expect_err("no end of file: the connection stays");
+        assert!(matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "{err}");
+        // The next activation carries on with it; a reset then drops it.
+        dev.activate(mem.clone(), interrupt.clone(), 0, active_queues(&d).0).unwrap();
+        assert!(dev.reset());
+        assert!(reads_eof(&mut host), "reset drops connections");
+    }
+
     /// An event queue at SCRATCH with its buffers after it, each filled with 0xff.
     fn event_ring(mem: &vm_memory::GuestMemoryMmap) -> Ring<'_> {
         let ring = Ring::new(mem, SCRATCH, SCRATCH + 0x1_0000);
