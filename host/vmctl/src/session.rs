@@ -32,8 +32,9 @@ pub enum SessionCommand {
     /// Pause a running session into a snapshot in its storage and stop it (kvm backend). Its
     /// processes end (detached ones run on).
     Snapshot(NameArgs),
-    /// Start a new session from another's snapshot (a running source is snapshotted and
-    /// resumed first): its own disk, outputs, uploads and hostname.
+    /// Start a new session from another's snapshot (of a running source on kvm, one taken as
+    /// it runs on; elsewhere it is snapshotted and resumed first): its own disk, outputs,
+    /// uploads and hostname.
     Fork(ForkArgs),
     /// Stop a session and delete it with its outputs, uploads and disk.
     Rm(NameArgs),
