@@ -2,7 +2,8 @@
 # @umbra/client's tests, from the lock file: install the pinned toolchain, build with tsc, run
 # the node:test suites one file at a time (unit tests against a fake daemon; then a real umbrad
 # booting real VMs: sessions and processes, reconnection after a restart, 100 MiB of
-# backpressure, and the npm-pack tarball compiled in a fresh project and its README example run).
+# backpressure, the npm-pack tarball compiled in a fresh project and its README example run, and
+# `vmctl mcp` driven by the official MCP SDKs, TypeScript and Python).
 # Needs `cargo build --workspace` and the minimal bundle (`scripts/build-agent`, then
 # `target/debug/vmctl bundle build --flavor minimal`); see README.md. The network is used only
 # by `npm ci`, for the registry (nothing when ~/.cache/umbra/npm already holds the packages).
@@ -29,6 +30,10 @@ npm ci --cache "$UMBRA_NPM_CACHE" --prefer-offline --no-audit --no-fund --loglev
 step "build (tsc)"
 rm -rf dist
 npx --no-install tsc -p .
+
+step "the MCP Python SDK (a cached venv, scripts/mcp-python)"
+UMBRA_MCP_PYTHON=$(../../scripts/mcp-python)
+export UMBRA_MCP_PYTHON
 
 step "tests (node --test, one file at a time)"
 # Every test/*.test.mjs (test/daemon.mjs is their helper). A test that hangs fails after

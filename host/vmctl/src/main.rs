@@ -5,6 +5,7 @@ mod bundle_build;
 mod bundle_pull;
 mod bundle_store;
 mod doctor;
+mod mcp;
 mod network;
 mod paths;
 mod policy;
@@ -37,6 +38,8 @@ enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
+    /// Serve sessions to an MCP client (an agent) on stdin and stdout, through umbrad.
+    Mcp(mcp::McpArgs),
     /// Guest bundles.
     Bundle {
         #[command(subcommand)]
@@ -122,6 +125,7 @@ fn main() {
         Command::Bench { command: BenchCommand::Boot(args) } => {
             async_main(async move { exit_code(umbra_bench::boot::boot(args).await) })
         }
+        Command::Mcp(args) => async_main(async move { exit_code(mcp::serve(args).await) }),
         Command::Run(args) => async_main(run::run(*args)),
         Command::Session { command } => async_main(session::run(command)),
     };
