@@ -89,7 +89,7 @@ export class TestDaemon {
    * Starts umbrad with `config` merged over test defaults (the minimal bundle, 256 MiB guests,
    * no idle stop, a small disk).
    */
-  static async start(tag, config = {}) {
+  static async start(tag, config = {}, args = []) {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), `umbra-ts-${tag}-`));
     const base = {
       bundle: minimalBundle(),
@@ -101,13 +101,15 @@ export class TestDaemon {
     };
     fs.mkdirSync(path.join(dir, "config/umbra"), { recursive: true });
     fs.writeFileSync(path.join(dir, "config/umbra/umbrad.json"), JSON.stringify(base, null, 2));
-    const d = new TestDaemon(dir);
+    const d = new TestDaemon(dir, args);
     await d.launch();
     return d;
   }
 
-  constructor(dir) {
+  constructor(dir, args = []) {
     this.dir = dir;
+    /** umbrad's command-line arguments. */
+    this.args = args;
     this.socket = path.join(dir, "run/umbra/umbrad.sock");
     this.logPath = path.join(dir, "umbrad.log");
     this.child = null;
@@ -126,7 +128,7 @@ export class TestDaemon {
     delete env.UMBRA_DATA_DIR;
     delete env.UMBRA_SOCKET;
     const log = fs.openSync(this.logPath, "a");
-    const child = spawn(umbradBin(), [], { env, stdio: ["ignore", "ignore", log] });
+    const child = spawn(umbradBin(), this.args, { env, stdio: ["ignore", "ignore", log] });
     fs.closeSync(log);
     this.child = child;
     let exited = null;

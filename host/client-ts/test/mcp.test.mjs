@@ -9,11 +9,13 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import * as fs from "node:fs";
+import * as os from "node:os";
 import * as path from "node:path";
-import { before, test } from "node:test";
+import { after, before, test } from "node:test";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 import { Umbra } from "../dist/index.js";
@@ -28,14 +30,15 @@ let work;
 const vmctl = process.env.UMBRA_VMCTL_BIN || path.join(REPO, "target/debug/vmctl");
 
 before(async () => {
-  daemon = await TestDaemon.start("mcp");
-  work = path.join(daemon.dir, "work");
-  fs.mkdirSync(work);
+  work = fs.mkdtempSync(path.join(os.tmpdir(), "umbra-mcp-work-"));
   fs.writeFileSync(path.join(work, "notes"), "host\n");
+  // Its MCP endpoint too (streamable HTTP on a free loopback port), offering the same folder.
+  daemon = await TestDaemon.start("mcp", {}, ["--mcp-listen", "127.0.0.1:0", "--mcp-folder", `${work}:work:shadow`]);
   umbra = await Umbra.connect({ socketPath: daemon.socket });
 });
 
 cleanUpAfter(() => ({ daemon, client: umbra }));
+after(() => fs.rmSync(work, { recursive: true, force: true }));
 
 /** An MCP client on a new `vmctl mcp` offering `work` as "work" (shadow); `elicit` answers approvals. */
 async function connect(elicit) {
@@ -187,4 +190,39 @@ test("the Python SDK runs a session through the same tools", async () => {
   assert.equal(seen.read, "written by python\n");
   assert.equal(seen.changes, 1);
   assert.equal(fs.readFileSync(path.join(work, "py.txt"), "utf8"), "py-edited\n");
+});
+
+test("umbrad's MCP endpoint serves the same tools on HTTP, to the bearer of its token only", async () => {
+  const { url, token } = JSON.parse(fs.readFileSync(path.join(path.dirname(daemon.socket), "mcp.json"), "utf8"));
+  assert.match(url, /^http:\/\/127\.0\.0\.1:\d+\/mcp$/);
+  const stat = fs.statSync(path.join(path.dirname(daemon.socket), "mcp.json"));
+  assert.equal(stat.mode & 0o777, 0o600, "the token is the user's alone");
+
+  const bare = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+  assert.equal(bare.status, 401);
+  const wrong = new Client({ name: "umbra-test", version: "1.0.0" });
+  await assert.rejects(
+    wrong.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers: { Authorization: "Bearer nope-nope-nope-nope" } } })),
+  );
+
+  const mcp = new Client({ name: "umbra-test", version: "1.0.0" });
+  await mcp.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers: { Authorization: `Bearer ${token}` } } }));
+  try {
+    assert.ok((await mcp.listTools()).tools.some((t) => t.name === "run"));
+    const started = await mcp.callTool({ name: "session_start", arguments: { name: "h", folders: ["work"] } });
+    assert.notEqual(started.isError, true, text(started));
+    const progress = [];
+    const ran = await mcp.callTool(
+      { name: "run", arguments: { session: "h", argv: ["sh", "-c", "ls /sessions/h/mnt/work; echo over-http"] } },
+      undefined,
+      { onprogress: (p) => progress.push(p.message) },
+    );
+    assert.equal(ran.structuredContent.exit_code, 0, text(ran));
+    assert.match(ran.structuredContent.stdout, /notes\n(py\.txt\n)?over-http\n/);
+    assert.match(progress.join(""), /over-http/);
+    const stopped = await mcp.callTool({ name: "session_stop", arguments: { name: "h" } });
+    assert.equal(stopped.structuredContent.status, "stopped");
+  } finally {
+    await mcp.close();
+  }
 });

@@ -57,6 +57,16 @@ struct Args {
     /// and umbrad does not start, unless root alone can write it.
     #[arg(long, default_value = umbra_api::system::SYSTEM_POLICY_PATH)]
     system_policy: PathBuf,
+    /// Also serve MCP on streamable HTTP at this loopback address (`127.0.0.1:PORT`; port 0: a
+    /// free one), for agents (docs/mcp.md). Every request needs `Authorization: Bearer` the
+    /// token in `$UMBRA_MCP_TOKEN`, else one umbrad makes; the URL and token are written to
+    /// `mcp.json` (0600) beside the socket.
+    #[arg(long, value_name = "ADDR")]
+    mcp_listen: Option<std::net::SocketAddr>,
+    /// A host folder MCP sessions may share, `HOST_PATH[:NAME][:MODE]` (default mode shadow).
+    /// Repeatable; no other folder is offered to MCP clients.
+    #[arg(long = "mcp-folder", value_name = "SPEC")]
+    mcp_folders: Vec<String>,
 }
 
 fn main() {
@@ -115,6 +125,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         env!("CARGO_PKG_VERSION")
     );
     let socket = options.socket.clone();
+    if let Some(addr) = args.mcp_listen {
+        serve_mcp(addr, &args.mcp_folders, &socket).await?;
+    }
     let daemon = Arc::new(Daemon::new(manager, options));
     bundles::warm_in_background(daemon.clone());
     watch::start(daemon.clone(), args.system_policy.clone());
@@ -129,10 +142,56 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     server::serve(daemon.clone(), listening, stop).await;
     let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(socket.with_file_name("mcp.json"));
     // Sessions are stopped, not deleted: their records say stopped, and a new umbrad can
     // resume them.
     if tokio::time::timeout(SHUTDOWN_GRACE, daemon.manager.shutdown()).await.is_err() {
         tracing::warn!("sessions did not stop within {SHUTDOWN_GRACE:?}; their VMs are killed");
     }
+    Ok(())
+}
+
+/// Starts the MCP endpoint (`--mcp-listen`): umbra-mcp's server on streamable HTTP, a client of
+/// this daemon's own socket like any other, and `mcp.json` beside the socket saying where it is
+/// and its token.
+async fn serve_mcp(addr: std::net::SocketAddr, folders: &[String], socket: &std::path::Path) -> anyhow::Result<()> {
+    umbra_mcp::http::check_address(&addr).map_err(anyhow::Error::msg)?;
+    let folders = umbra_mcp::server::offered_folders(folders).map_err(|e| anyhow::anyhow!("--mcp-folder {e}"))?;
+    let token = match std::env::var("UMBRA_MCP_TOKEN") {
+        Ok(t) if t.len() >= 16 => t,
+        Ok(_) => anyhow::bail!("UMBRA_MCP_TOKEN must have at least 16 characters"),
+        Err(_) => {
+            let mut bytes = [0u8; 32];
+            std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)
+                .context("cannot read /dev/urandom for the MCP token")?;
+            bytes.iter().map(|b| format!("{b:02x}")).collect()
+        }
+    };
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen for MCP on {addr}"))?;
+    let bound = listener.local_addr()?;
+    let url = format!("http://{bound}/mcp");
+    let info = socket.with_file_name("mcp.json");
+    let text = serde_json::to_vec_pretty(&serde_json::json!({ "url": url, "token": token }))?;
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::remove_file(&info);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&info)
+            .with_context(|| format!("cannot write {}", info.display()))?;
+        f.write_all(&text)?;
+    }
+    tracing::info!(%url, info = %info.display(), folders = folders.len(), "serving MCP");
+    let socket = socket.to_path_buf();
+    tokio::spawn(async move {
+        let make = move || umbra_mcp::server::UmbraMcp::new(Some(socket.clone()), folders.clone());
+        if let Err(e) = umbra_mcp::http::serve(listener, token, make).await {
+            tracing::error!("the MCP endpoint stopped: {e}");
+        }
+    });
     Ok(())
 }
