@@ -91,6 +91,15 @@ async fn standard_bundle_runs_debian_tools_and_writes_only_to_the_overlay() {
     assert_eq!(out.status.code, Some(0), "{text} {}", String::from_utf8_lossy(&out.stderr));
     assert!(text.starts_with("git version 2.39") && text.ends_with("1\n"), "{text:?}");
 
+    // What agents reach for: pip and venv, Node.js with npm, ripgrep, jq.
+    let tools = "python3 -m pip --version | cut -d' ' -f1,2 && python3 -m venv /tmp/venv && /tmp/venv/bin/python -m pip --version | cut -d' ' -f1 && \
+                 node --version | cut -c1-4 && npm --version | cut -d. -f1 && rg --version | head -1 | cut -d' ' -f1 && \
+                 echo '{\"a\":[1,2]}' | jq -c '.a | length'";
+    let out = vm.agent().spawn(sh(tools)).unwrap().output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code, Some(0), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text, "pip 23.0.1\npip\nv18.\n9\nripgrep\n2\n", "{text:?}");
+
     // Writes anywhere (even over image files) land in the tmpfs upper layer of the overlay.
     let out = vm
         .agent()
