@@ -704,7 +704,11 @@ async fn a_running_session_forks_live_twice_and_runs_on_through_both() {
     let run = |s: &std::sync::Arc<umbra_runtime::session::Session>, text: &str| {
         let (s, text) = (s.clone(), text.to_string());
         async move {
-            let out = s.spawn(script(&text)).await.unwrap().output().await;
+            // Bounded, so a hang says where it is and what the guest printed.
+            let spawned = async { s.spawn(script(&text)).await.unwrap().output().await };
+            let Ok(out) = tokio::time::timeout(Duration::from_secs(120), spawned).await else {
+                panic!("{}: {text:?} did not end within 120 s; console:\n{}", s.name(), s.console_tail(40).await)
+            };
             assert_eq!(out.exit.code, Some(0), "{text}: {}", String::from_utf8_lossy(&out.stderr));
             String::from_utf8_lossy(&out.stdout).into_owned()
         }
@@ -719,20 +723,40 @@ async fn a_running_session_forks_live_twice_and_runs_on_through_both() {
     let detach = "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /root/detached; sleep 0.2; done' \
                   </dev/null >/dev/null 2>&1 &";
     run(&a, detach).await;
+    // Shared-folder I/O all along: each write a FUSE request to virtiofsd, whose rings the
+    // forks stop and start again.
+    let writer = "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /sessions/a/mnt/outputs/io; sleep 0.05; done' \
+                  </dev/null >/dev/null 2>&1 &";
+    run(&a, writer).await;
     // The witness: its output is collected as it comes, each line the guest's uptime.
     let mut ticker = a.spawn(script("while :; do cat /proc/uptime; sleep 0.05; done")).await.unwrap();
     let ticker_control = ticker.control();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let collecting = seen.clone();
     let collected = tokio::spawn(async move {
-        let (mut text, mut exit) = (Vec::new(), None);
+        let mut exit = None;
         while let Some(ev) = ticker.next_event().await {
             match ev.kind {
-                EventKind::Stdout { data, .. } => text.extend(data.to_bytes().unwrap_or_default()),
+                EventKind::Stdout { data, .. } => {
+                    collecting.lock().unwrap().extend(data.to_bytes().unwrap_or_default())
+                }
                 EventKind::Exit(e) => exit = Some(e),
                 _ => {}
             }
         }
-        (String::from_utf8_lossy(&text).into_owned(), exit)
+        exit
     });
+    let lines_so_far = || seen.lock().unwrap().iter().filter(|&&b| b == b'\n').count();
+    // The guest rewrites the file each time (truncate, then write): a read may find it empty.
+    let host_io = || {
+        (0..100).find_map(|_| {
+            let n = std::fs::read_to_string(dir.0.join("data/a/outputs/io")).ok()?.trim().parse::<u64>().ok();
+            if n.is_none() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            n
+        })
+    };
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let mut pauses = Vec::new();
@@ -768,11 +792,17 @@ async fn a_running_session_forks_live_twice_and_runs_on_through_both() {
         let counts: Vec<u64> = lines.last().unwrap().split(' ').map(|n| n.parse().unwrap()).collect();
         assert!(counts[1] > counts[0], "the detached process runs on in the fork: {seen}");
     }
-    // The source's own process: never ended, never silent for longer than a pause (plus the
-    // emulated lane's scheduling noise, bounded at a second).
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The source goes on after both: its process's output still arrives, and its writes to
+    // the shared folder still reach the host (a lost completion would hang them).
+    let (lines, io) = (lines_so_far(), host_io());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(lines_so_far() > lines, "the source's process still prints after the forks ({lines} lines)");
+    assert!(host_io() > io, "the source's shared-folder writes go on after the forks: {io:?} then {:?}", host_io());
+    // Its own process: never ended, never silent for longer than a pause (plus the emulated
+    // lane's scheduling noise, bounded at a second).
     ticker_control.signal(libc::SIGKILL).await.unwrap();
-    let (text, exit) = tokio::time::timeout(Duration::from_secs(30), collected).await.unwrap().unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(30), collected).await.unwrap().unwrap();
+    let text = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
     let exit = exit.expect("an exit");
     assert!(!exit.lost && exit.signal == Some(libc::SIGKILL), "ended only by our kill: {exit:?}");
     let uptimes: Vec<f64> = text.lines().filter_map(|l| l.split(' ').next().and_then(|t| t.parse().ok())).collect();

@@ -71,6 +71,11 @@ pub struct Phases {
     /// again (the phases above then overlap the run: memory is copied in the background).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub paused: u64,
+    /// A live fork: how long the devices were stopped (the guest's I/O waited), from the
+    /// request on. With shared folders the guest runs on meanwhile while its memory is copied,
+    /// and only `paused` of it has its vCPUs stopped; otherwise the same as `paused`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub devices_held: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -79,8 +84,10 @@ fn is_zero(n: &u64) -> bool {
 
 impl std::fmt::Display for Phases {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let Phases { vcpus, devices, memory, state, paused } = self;
-        if *paused > 0 {
+        let Phases { vcpus, devices, memory, state, paused, devices_held } = self;
+        if *paused > 0 && devices_held > paused {
+            write!(f, "paused {paused} ms, devices held {devices_held} ms: ")?;
+        } else if *paused > 0 {
             write!(f, "paused {paused} ms: ")?;
         }
         write!(f, "vcpus {vcpus} ms, devices {devices} ms, memory {memory} ms, state {state} ms")
@@ -96,7 +103,7 @@ mod tests {
         assert_eq!(serde_json::to_string(&ControlRequest::Snapshot {}).unwrap(), r#"{"snapshot":{}}"#);
         let ok = ControlReply::Ok(SnapshotTaken {
             memory_bytes: 1234,
-            phases_ms: Phases { vcpus: 1, devices: 2, memory: 30, state: 1, paused: 0 },
+            phases_ms: Phases { vcpus: 1, devices: 2, memory: 30, state: 1, paused: 0, devices_held: 0 },
         });
         let line = serde_json::to_string(&ok).unwrap();
         assert_eq!(line, r#"{"ok":{"memory_bytes":1234,"phases_ms":{"vcpus":1,"devices":2,"memory":30,"state":1}}}"#);
@@ -105,15 +112,20 @@ mod tests {
         assert_eq!(refused, ControlReply::Error("no files".into()));
         assert!(serde_json::from_str::<ControlRequest>(r#"{"snapshot":{},"x":1}"#).is_err());
         assert_eq!(
-            Phases { vcpus: 1, devices: 2, memory: 30, state: 1, paused: 0 }.to_string(),
+            Phases { vcpus: 1, devices: 2, memory: 30, state: 1, paused: 0, devices_held: 0 }.to_string(),
             "vcpus 1 ms, devices 2 ms, memory 30 ms, state 1 ms"
         );
         assert_eq!(serde_json::to_string(&ControlRequest::Fork {}).unwrap(), r#"{"fork":{}}"#);
         assert_eq!(serde_json::to_string(&ControlRequest::Resume {}).unwrap(), r#"{"resume":{}}"#);
         let paused = serde_json::to_string(&ControlReply::Paused(ForkPaused { ms: 3 })).unwrap();
         assert_eq!(paused, r#"{"paused":{"ms":3}}"#);
-        let live = Phases { vcpus: 1, devices: 2, memory: 300, state: 1, paused: 9 };
+        let live = Phases { vcpus: 1, devices: 2, memory: 300, state: 1, paused: 9, devices_held: 9 };
         assert_eq!(live.to_string(), "paused 9 ms: vcpus 1 ms, devices 2 ms, memory 300 ms, state 1 ms");
+        let precopy = Phases { devices_held: 310, ..live };
+        assert_eq!(
+            precopy.to_string(),
+            "paused 9 ms, devices held 310 ms: vcpus 1 ms, devices 2 ms, memory 300 ms, state 1 ms"
+        );
         assert_eq!(serde_json::from_str::<Phases>(&serde_json::to_string(&live).unwrap()).unwrap(), live);
     }
 }

@@ -218,7 +218,7 @@ pub async fn run(command: SessionCommand) -> i32 {
             simple::<SessionResume>(ResumeParams { name: a.name, discard_snapshot: a.discard_snapshot }, "ready").await
         }
         SessionCommand::Snapshot(a) => simple::<SessionSnapshot>(SessionRef { name: a.name }, "paused").await,
-        SessionCommand::Fork(a) => simple::<SessionFork>(ForkParams { source: a.source, name: a.name }, "ready").await,
+        SessionCommand::Fork(a) => simple::<SessionFork>(ForkParams { source: a.source, name: a.name }, "forked").await,
         SessionCommand::Rm(a) => rm(a).await,
         SessionCommand::Logs(args) => logs(args).await,
         SessionCommand::Expose(args) => expose(args).await,
@@ -256,6 +256,14 @@ async fn simple<M: Method<Result = SessionInfo>>(params: M::Params, word: &str) 
             info.status,
             s.memory_bytes >> 20,
             info.storage_dir.display()
+        ),
+        Some(s) if word == "forked" => eprintln!(
+            "vmctl: session {} {} ({}), forked from a snapshot of {} (which paused it {} ms)",
+            info.name,
+            if info.status == umbra_api::SessionStatus::Ready { "ready" } else { "started" },
+            info.status,
+            s.source,
+            s.pause_ms
         ),
         _ => eprintln!("vmctl: session {} {word} ({})", info.name, info.status),
     }

@@ -56,13 +56,26 @@ impl IoBus {
                 Ok(state) => states.push(state),
                 Err(e) => {
                     // The ones stopped already run again: the fork is refused, the VM runs on.
-                    let undo = self.resume_first(i + 1);
+                    // Not the one that refused: it either runs still (it refused before
+                    // stopping) or cannot start again anyway.
+                    let undo = self.resume_first(i);
                     let undo = undo.err().map(|u| format!("; and starting the others again: {u}")).unwrap_or_default();
                     return Err(format!("device at {base:#x}: {e}{undo}"));
                 }
             }
         }
         Ok(states)
+    }
+
+    /// Each transport's registers as they are now, with the device states [`IoBus::suspend`]
+    /// returned: for a fork whose guest ran on while its devices were stopped (the driver may
+    /// have acknowledged interrupts meanwhile).
+    pub fn transport_states(&self, suspended: Vec<TransportState>) -> Vec<TransportState> {
+        self.mmio
+            .iter()
+            .zip(suspended)
+            .map(|((_, t), before)| t.lock().unwrap_or_else(|p| p.into_inner()).fork_state(before.device))
+            .collect()
     }
 
     /// Starts every device [`IoBus::suspend`] stopped. Each is tried; the first error says

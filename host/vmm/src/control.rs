@@ -12,7 +12,11 @@
 //! mapping) is copied by a child process: `fork()` gives it the guest's pages as they were at
 //! the pause, copy-on-write, for the price of copying page tables, and it writes the memory
 //! file while the guest runs on. Memory a vhost-user backend maps too (a memfd, with shared
-//! folders) would not be copy-on-write in the child: it is written during the pause.
+//! folders) would not be copy-on-write in the child, so it is pre-copied instead: the devices
+//! stop first (the guest runs on; its I/O waits), KVM's dirty-page log starts, the memory is
+//! written while the vCPUs run, and the vCPUs pause only to have the pages they wrote meanwhile
+//! written again and their state read. With the devices stopped nothing but the vCPUs (and KVM
+//! on their behalf, which logs it too) writes guest memory.
 //!
 //! The caller creates the files and hands them over: no VMM thread opens a path (the filters
 //! forbid `openat`), and in a jail there would be no path to open. A snapshot pauses every vCPU
@@ -189,7 +193,14 @@ impl Snapshotter {
         let vmm = env!("CARGO_PKG_VERSION").into();
         let state = SnapshotState { vmm, memory_size: self.memory_size, vm, vcpus, devices, serial };
         snapshot::file::write_to(&state, state_file).map_err(|e| broken(e.to_string()))?;
-        let phases_ms = Phases { vcpus: vcpus_ms, devices: devices_ms, memory: memory_ms, state: lap(), paused: 0 };
+        let phases_ms = Phases {
+            vcpus: vcpus_ms,
+            devices: devices_ms,
+            memory: memory_ms,
+            state: lap(),
+            paused: 0,
+            devices_held: 0,
+        };
         Ok(SnapshotTaken { memory_bytes, phases_ms })
     }
 
@@ -218,13 +229,18 @@ impl Snapshotter {
     /// A live fork (see the module's comment): `stream` is the caller's connection, which
     /// gets the `paused` line and says `resume`.
     fn fork(&self, stream: &UnixStream, state_file: &File, memory_file: &File) -> Result<SnapshotTaken, Failure> {
+        match self.vm.memory.iter().any(|r| r.flags() & libc::MAP_SHARED != 0) {
+            true => self.fork_precopy(stream, state_file, memory_file),
+            false => self.fork_cow(stream, state_file, memory_file),
+        }
+    }
+
+    /// Private memory: vCPUs and devices pause together, a forked child gets guest memory
+    /// copy-on-write and writes it while the guest runs on; the pause is the state's capture,
+    /// the `fork()` and the caller's disk copy.
+    fn fork_cow(&self, stream: &UnixStream, state_file: &File, memory_file: &File) -> Result<SnapshotTaken, Failure> {
         let paused_at = std::time::Instant::now();
-        let mut at = paused_at;
-        let mut lap = || {
-            let ms = at.elapsed().as_millis() as u64;
-            at = std::time::Instant::now();
-            ms
-        };
+        let mut lap = laps(paused_at);
         let vcpus = self.pause_vcpus()?;
         let vcpus_ms = lap();
         let devices = match self.bus.suspend() {
@@ -236,31 +252,14 @@ impl Snapshotter {
         };
         let devices_ms = lap();
         let serial = Some(self.bus.serial_state());
-        let captured = VmState::capture(&self.vm.fd).map_err(|e| e.to_string()).and_then(|vm| {
-            // Shared memory is written now; private memory by a child, from its own copy.
-            let shared = self.vm.memory.iter().any(|r| r.flags() & libc::MAP_SHARED != 0);
-            let copy = match shared {
-                true => snapshot::memory::dump_to(&self.vm.memory, self.memory_size, memory_file)
-                    .map(MemoryCopy::Written)
-                    .map_err(|e| e.to_string()),
-                false => Copier::start(&self.vm.memory, self.memory_size, memory_file).map(MemoryCopy::Copying),
-            };
-            copy.map(|copy| (vm, copy))
-        });
+        let captured = VmState::capture(&self.vm.fd)
+            .map_err(|e| e.to_string())
+            .and_then(|vm| Copier::start(&self.vm.memory, self.memory_size, memory_file).map(|copier| (vm, copier)));
         let memory_ms = lap();
         let resumed = match captured {
             Ok(_) => {
-                send(
-                    stream,
-                    &ControlReply::Paused(umbra_contract::control::ForkPaused {
-                        ms: paused_at.elapsed().as_millis() as u64,
-                    }),
-                );
-                match read_request(stream, RESUME_PATIENCE) {
-                    Ok((ControlRequest::Resume {}, _)) => Ok(()),
-                    Ok((other, _)) => Err(format!("the caller sent {other:?} where a resume was due")),
-                    Err(e) => Err(format!("no resume from the caller: {e}")),
-                }
+                send_paused(stream, paused_at);
+                await_resume(stream)
             }
             Err(_) => Ok(()),
         };
@@ -268,19 +267,119 @@ impl Snapshotter {
         self.bus.resume().map_err(|e| Failure::Broken(format!("a device did not start again after the fork: {e}")))?;
         self.run_vcpus();
         let paused = paused_at.elapsed().as_millis().max(1) as u64;
-        let (vm, copy) = captured.map_err(|e| Failure::Refused(format!("the fork's capture failed: {e}")))?;
+        let (vm, copier) = captured.map_err(|e| Failure::Refused(format!("the fork's capture failed: {e}")))?;
         resumed.map_err(Failure::Refused)?;
         let vmm = env!("CARGO_PKG_VERSION").into();
         let state = SnapshotState { vmm, memory_size: self.memory_size, vm, vcpus, devices, serial };
         snapshot::file::write_to(&state, state_file).map_err(|e| Failure::Refused(e.to_string()))?;
         let state_ms = lap();
-        let memory_bytes = match copy {
-            MemoryCopy::Written(bytes) => bytes,
-            MemoryCopy::Copying(copier) => copier.wait().map_err(Failure::Refused)?,
-        };
+        let memory_bytes = copier.wait().map_err(Failure::Refused)?;
         let memory_ms = memory_ms + lap();
-        let phases_ms = Phases { vcpus: vcpus_ms, devices: devices_ms, memory: memory_ms, state: state_ms, paused };
+        let phases_ms = Phases {
+            vcpus: vcpus_ms,
+            devices: devices_ms,
+            memory: memory_ms,
+            state: state_ms,
+            paused,
+            devices_held: paused,
+        };
         Ok(SnapshotTaken { memory_bytes, phases_ms })
+    }
+
+    /// Memory a vhost-user backend maps too (a memfd): a child would not see it copy-on-write.
+    /// The devices stop first (nothing but the vCPUs and KVM writes guest memory then), KVM's
+    /// dirty-page log starts, the caller copies the disk and umbra-vmm copies guest memory while
+    /// the guest runs on; then the vCPUs pause only to have the pages written meanwhile copied
+    /// again and the state read.
+    fn fork_precopy(
+        &self,
+        stream: &UnixStream,
+        state_file: &File,
+        memory_file: &File,
+    ) -> Result<SnapshotTaken, Failure> {
+        let held_at = std::time::Instant::now();
+        let mut lap = laps(held_at);
+        let suspended =
+            self.bus.suspend().map_err(|e| Failure::Refused(format!("a device could not stop for the fork: {e}")))?;
+        let devices_ms = lap();
+        let precopied = self.vm.set_dirty_logging(true).map_err(|e| e.to_string()).and_then(|()| {
+            // The caller copies the disk (in its own process) while guest memory is copied here.
+            send_paused(stream, held_at);
+            let copied = snapshot::memory::write_to(&self.vm.memory, self.memory_size, memory_file);
+            await_resume(stream)?;
+            copied.map_err(|e| e.to_string())
+        });
+        let precopy_ms = lap();
+        let bytes = match precopied {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                let _ = self.vm.set_dirty_logging(false);
+                self.bus
+                    .resume()
+                    .map_err(|r| Failure::Broken(format!("{e}; and a device did not start again: {r}")))?;
+                return Err(Failure::Refused(format!("the fork's memory copy failed: {e}")));
+            }
+        };
+        let paused_at = std::time::Instant::now();
+        let vcpus = self.pause_vcpus()?;
+        let vcpus_ms = lap();
+        let captured = self
+            .vm
+            .take_dirty_pages()
+            .map_err(|e| e.to_string())
+            .and_then(|pages| {
+                snapshot::memory::rewrite_pages(&self.vm.memory, self.memory_size, memory_file, &pages)
+                    .map_err(|e| e.to_string())
+            })
+            .and_then(|rewritten| VmState::capture(&self.vm.fd).map(|vm| (vm, rewritten)).map_err(|e| e.to_string()));
+        let logging_off = self.vm.set_dirty_logging(false);
+        let serial = Some(self.bus.serial_state());
+        let devices = self.bus.transport_states(suspended);
+        let dirty_ms = lap();
+        self.bus.resume().map_err(|e| Failure::Broken(format!("a device did not start again after the fork: {e}")))?;
+        self.run_vcpus();
+        let paused = paused_at.elapsed().as_millis().max(1) as u64;
+        let devices_held = held_at.elapsed().as_millis() as u64;
+        logging_off.map_err(|e| Failure::Broken(format!("KVM's dirty-page log did not stop: {e}")))?;
+        let (vm, _rewritten) = captured.map_err(|e| Failure::Refused(format!("the fork's capture failed: {e}")))?;
+        // Durable now that the guest runs again.
+        memory_file.sync_all().map_err(|e| Failure::Refused(format!("sync the memory file: {e}")))?;
+        let vmm = env!("CARGO_PKG_VERSION").into();
+        let state = SnapshotState { vmm, memory_size: self.memory_size, vm, vcpus, devices, serial };
+        snapshot::file::write_to(&state, state_file).map_err(|e| Failure::Refused(e.to_string()))?;
+        let phases_ms = Phases {
+            vcpus: vcpus_ms,
+            devices: devices_ms,
+            memory: precopy_ms + dirty_ms,
+            state: lap(),
+            paused,
+            devices_held,
+        };
+        Ok(SnapshotTaken { memory_bytes: bytes, phases_ms })
+    }
+}
+
+/// Tells the caller the fork's devices are stopped: it copies what must match (the disk).
+fn send_paused(stream: &UnixStream, since: std::time::Instant) {
+    send(stream, &ControlReply::Paused(umbra_contract::control::ForkPaused { ms: since.elapsed().as_millis() as u64 }));
+}
+
+/// Waits for the caller's `resume` (its copy is done), at most [`RESUME_PATIENCE`].
+fn await_resume(stream: &UnixStream) -> Result<(), String> {
+    match read_request(stream, RESUME_PATIENCE) {
+        Ok((ControlRequest::Resume {}, _)) => Ok(()),
+        Ok((other, _)) => Err(format!("the caller sent {other:?} where a resume was due")),
+        Err(e) => Err(format!("no resume from the caller: {e}")),
+    }
+}
+
+/// Milliseconds since `from`, then since the previous call.
+fn laps(from: std::time::Instant) -> impl FnMut() -> u64 {
+    let mut at = from;
+    move || {
+        let ms = at.elapsed().as_millis() as u64;
+        at = std::time::Instant::now();
+        ms
     }
 }
 
@@ -291,12 +390,6 @@ impl Drop for Copier {
             let _ = self.reap();
         }
     }
-}
-
-/// A fork's memory file: written during the pause, or being written by a child.
-enum MemoryCopy {
-    Written(u64),
-    Copying(Copier),
 }
 
 /// A child process writing the memory file from its copy-on-write view of guest memory as it
@@ -325,9 +418,20 @@ impl Copier {
             return Err(format!("fork the memory copier: {}", std::io::Error::last_os_error()));
         }
         if pid == 0 {
-            let (code, report) = match snapshot::memory::dump_to(memory, size, file) {
-                Ok(bytes) => (0, [b"o".as_slice(), &bytes.to_le_bytes()].concat()),
-                Err(e) => (1, format!("e{e}").into_bytes()),
+            use std::os::fd::AsRawFd;
+            // The child holds nothing but what it writes: a host peer whose guest connection
+            // closes meanwhile sees its end at once, not when the copy is done. It dies with
+            // the VMM.
+            close_all_but(&[file.as_raw_fd(), child_end.as_raw_fd()]);
+            // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and no pointers.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+            let copied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                snapshot::memory::dump_to(memory, size, file)
+            }));
+            let (code, report) = match copied {
+                Ok(Ok(bytes)) => (0, [b"o".as_slice(), &bytes.to_le_bytes()].concat()),
+                Ok(Err(e)) => (1, format!("e{e}").into_bytes()),
+                Err(_) => (1, b"ethe copy panicked".to_vec()),
             };
             let _ = child_end.write_all(&report);
             // SAFETY: ends the child at once, as fork's child must.
@@ -349,10 +453,16 @@ impl Copier {
         let mut report = Vec::new();
         let read = (&mut self.report).take(4096).read_to_end(&mut report);
         let mut status = 0;
-        // SAFETY: waits for our own child; `status` is written by the call.
-        let waited = unsafe { libc::waitpid(self.pid, &mut status, 0) };
-        if waited != self.pid {
-            return Err(format!("waiting for the memory copier: {}", std::io::Error::last_os_error()));
+        loop {
+            // SAFETY: waits for our own child; `status` is written by the call.
+            let waited = unsafe { libc::waitpid(self.pid, &mut status, 0) };
+            if waited == self.pid {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(format!("waiting for the memory copier: {e}"));
+            }
         }
         if libc::WIFSIGNALED(status) {
             return Err(format!("the memory copier was killed by signal {}", libc::WTERMSIG(status)));
@@ -363,6 +473,21 @@ impl Copier {
             Some((b'e', why)) => Err(format!("writing the memory file: {}", String::from_utf8_lossy(why))),
             _ => Err(format!("the memory copier ended with status {status} and no report")),
         }
+    }
+}
+
+/// Closes every descriptor above stderr except `keep` (in a forked child).
+fn close_all_but(keep: &[std::os::fd::RawFd]) {
+    let mut keep: Vec<u32> = keep.iter().map(|&fd| fd as u32).collect();
+    keep.sort_unstable();
+    let mut from = 3u32;
+    for fd in keep.into_iter().chain(std::iter::once(u32::MAX)) {
+        if fd > from {
+            // SAFETY: close_range closes descriptors by number; none of them is used after
+            // (the caller keeps the ones it uses).
+            unsafe { libc::syscall(libc::SYS_close_range, from, fd - 1, 0) };
+        }
+        from = fd.saturating_add(1);
     }
 }
 

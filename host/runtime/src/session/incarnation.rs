@@ -65,6 +65,9 @@ pub(super) struct Incarnation {
     _egress: crate::egress::EgressProxy,
     /// Opens streams to the guest's ports (exposed ports' connections).
     pub dialer: crate::backend::Dialer,
+    /// Live forks begun and ended (odd while one holds the VM's devices): a heartbeat the
+    /// agent missed across one is not a failure.
+    pub forks: std::sync::atomic::AtomicU64,
 }
 
 /// Why a VM failed, as the supervisor saw it.
@@ -322,6 +325,7 @@ impl Incarnation {
             ended,
             _outputs: outputs,
             _egress: egress,
+            forks: Default::default(),
         })
     }
 
@@ -360,9 +364,13 @@ impl Incarnation {
     /// One heartbeat: the agent must answer a ping within `timeout`. When it does not, the
     /// failure names the VM's own end if it ended meanwhile (a panic says more than a timeout).
     pub async fn heartbeat(&self, timeout: Duration) -> Result<(), Failure> {
+        use std::sync::atomic::Ordering;
+        let forks = self.forks.load(Ordering::Acquire);
         let why = match tokio::time::timeout(timeout, self.agent.ping()).await {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(e)) => format!("the agent connection failed: {e}"),
+            // A live fork holds the devices (vsock with them) for as long as its copies take.
+            Err(_) if forks % 2 == 1 || self.forks.load(Ordering::Acquire) != forks => return Ok(()),
             Err(_) => format!("the agent did not answer a heartbeat within {timeout:?}"),
         };
         let mut machine = self.machine.lock().await;

@@ -38,6 +38,14 @@ pub fn dump(memory: &GuestMemory, size: u64, path: &Path) -> Result<u64, Snapsho
 /// [`dump`] into a file opened by someone else (umbra-vmm's threads open no paths); whatever it
 /// held is discarded.
 pub fn dump_to(memory: &GuestMemory, size: u64, file: &File) -> Result<u64, SnapshotError> {
+    let written = write_to(memory, size, file)?;
+    file.sync_all().map_err(SnapshotError::io("write the memory file".to_string()))?;
+    Ok(written)
+}
+
+/// [`dump_to`] without making the file durable (a live fork syncs it once the guest runs
+/// again).
+pub fn write_to(memory: &GuestMemory, size: u64, file: &File) -> Result<u64, SnapshotError> {
     let what = || "write the memory file".to_string();
     // Emptied first: zero pages are not written, so old bytes of a reused file would survive.
     file.set_len(0).map_err(SnapshotError::io(what()))?;
@@ -97,7 +105,35 @@ pub fn dump_to(memory: &GuestMemory, size: u64, file: &File) -> Result<u64, Snap
         }
         offset += len;
     }
-    file.sync_all().map_err(SnapshotError::io(what()))?;
+    Ok(written)
+}
+
+/// Writes the pages at guest addresses `pages` of `memory` into a memory file [`dump_to`] wrote
+/// earlier (a live fork's pre-copy: the pages written since), at their places in it; zero pages
+/// are written too, as the earlier copy may hold data there. Returns the bytes written; the
+/// file is not synced.
+pub fn rewrite_pages(memory: &GuestMemory, size: u64, file: &File, pages: &[u64]) -> Result<u64, SnapshotError> {
+    let what = || "write the memory file".to_string();
+    let ranges = ram_ranges(size);
+    let mut buf = [0u8; PAGE];
+    let mut written = 0u64;
+    for &addr in pages {
+        let mut offset = 0u64;
+        let Some((start, _)) = ranges.iter().find(|(start, len)| {
+            let inside = addr >= *start && addr < start + len;
+            if !inside {
+                offset += len;
+            }
+            inside
+        }) else {
+            return Err(SnapshotError::Mismatch(format!("dirty page {addr:#x} is outside guest RAM")));
+        };
+        memory
+            .read_slice(&mut buf, GuestAddress(addr))
+            .map_err(|e| SnapshotError::Mismatch(format!("guest memory at {addr:#x}: {e}")))?;
+        file.write_all_at(&buf, offset + (addr - start)).map_err(SnapshotError::io(what()))?;
+        written += PAGE as u64;
+    }
     Ok(written)
 }
 

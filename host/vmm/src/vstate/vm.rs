@@ -24,23 +24,63 @@ impl Vm {
     /// The VM on a `/dev/kvm` opened earlier (umbra-vmm opens it before it enters its jail).
     pub fn with_kvm(kvm: Kvm, memory: GuestMemory) -> Result<Self, VstateError> {
         let fd = kvm.create_vm().map_err(|source| VstateError::Ioctl { step: "create VM", source })?;
-        for (slot, region) in memory.iter().enumerate() {
-            let host = memory
+        let vm = Self { kvm, fd, memory };
+        vm.register_memory(0, "register guest memory")?;
+        Ok(vm)
+    }
+
+    /// Registers (or registers again, with new `flags`) every memory region as a slot, in
+    /// region order.
+    fn register_memory(&self, flags: u32, step: &'static str) -> Result<(), VstateError> {
+        for (slot, region) in self.memory.iter().enumerate() {
+            let host = self
+                .memory
                 .get_host_address(region.start_addr())
                 .map_err(|e| VstateError::Memory(format!("host address of region {slot}: {e}")))?;
             let mem_region = kvm_userspace_memory_region {
                 slot: slot as u32,
-                flags: 0,
+                flags,
                 guest_phys_addr: region.start_addr().0,
                 memory_size: region.len(),
                 userspace_addr: host as u64,
             };
             // SAFETY: the mapping behind `host` is owned by `memory`, which this Vm owns and
-            // keeps alive (and mapped) for as long as the VM fd exists.
-            unsafe { fd.set_user_memory_region(mem_region) }
-                .map_err(|source| VstateError::Ioctl { step: "register guest memory", source })?;
+            // keeps alive (and mapped) for as long as the VM fd exists; a slot registered again
+            // keeps its address and size and changes only its flags.
+            unsafe { self.fd.set_user_memory_region(mem_region) }
+                .map_err(|source| VstateError::Ioctl { step, source })?;
         }
-        Ok(Self { kvm, fd, memory })
+        Ok(())
+    }
+
+    /// Starts or stops KVM's dirty-page log over all guest memory (a live fork's pre-copy):
+    /// from the start, every page a vCPU (or KVM itself, for the guest) writes is recorded
+    /// until [`Vm::take_dirty_pages`] reads it.
+    pub fn set_dirty_logging(&self, on: bool) -> Result<(), VstateError> {
+        let flags = if on { kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES } else { 0 };
+        self.register_memory(flags, "switch the dirty-page log")
+    }
+
+    /// The guest-physical addresses of the pages written since logging started or the last
+    /// call (the log is cleared as it is read).
+    pub fn take_dirty_pages(&self) -> Result<Vec<u64>, VstateError> {
+        const PAGE: u64 = 4096;
+        let mut pages = Vec::new();
+        for (slot, region) in self.memory.iter().enumerate() {
+            let bitmap = self
+                .fd
+                .get_dirty_log(slot as u32, region.len() as usize)
+                .map_err(|source| VstateError::Ioctl { step: "read the dirty-page log", source })?;
+            for (word_index, word) in bitmap.iter().enumerate() {
+                let mut bits = *word;
+                while bits != 0 {
+                    let bit = bits.trailing_zeros() as u64;
+                    bits &= bits - 1;
+                    pages.push(region.start_addr().0 + (word_index as u64 * 64 + bit) * PAGE);
+                }
+            }
+        }
+        Ok(pages)
     }
 
     /// The in-kernel PIC, IOAPIC, LAPICs and PIT a Linux guest needs. Must precede the vCPUs.

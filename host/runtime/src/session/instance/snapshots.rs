@@ -226,11 +226,10 @@ impl Session {
         let mut machine = inc.machine.lock().await;
         let folders = machine.folders.saved();
         let folder_sharing = machine.vm.shares_folders();
-        let taken = machine
-            .vm
-            .fork(&pending.vm_dir(), during_pause)
-            .await
-            .map_err(|source| SessionError::Snapshot { name: self.name.clone(), source })?;
+        inc.forks.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let taken = machine.vm.fork(&pending.vm_dir(), during_pause).await;
+        inc.forks.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let taken = taken.map_err(|source| SessionError::Snapshot { name: self.name.clone(), source })?;
         drop(machine);
         let meta = self.snapshot_meta(&inc, &settings, &taken, has_disk, folder_sharing, folders);
         tracing::info!(session = %self.name, paused_ms = taken.took.as_millis() as u64, phases = %taken.phases, "forked live");

@@ -262,6 +262,10 @@ impl MmioTransport {
             if !t.activated {
                 return Err(refuse(RestoreError::NotActivated));
             }
+            // The driver may have queued buffers and notified the VM the state was taken of
+            // (a live fork's guest runs on while its devices are stopped): the notifications
+            // went there. One notification per queue makes the device look at what is queued.
+            t.notify_queues();
         }
         if state.interrupt_status != 0 {
             // An interrupt the driver had not acknowledged yet: raise it again (a spurious one
@@ -297,9 +301,21 @@ impl MmioTransport {
         } else {
             DeviceState::Stateless
         };
+        Ok(self.fork_state(device))
+    }
+
+    /// The transport's registers as they are now, with `device` (what [`MmioTransport::suspend`]
+    /// returned), as a fork records them. An activated device's used-ring interrupt is set: a
+    /// batch the device finished while it stopped may have signalled an interrupt nobody
+    /// forwarded (virtio-fs: virtiofsd completing the request GET_VRING_BASE waited for), and a
+    /// spurious one costs the driver a look at its rings.
+    pub fn fork_state(&self, device: DeviceState) -> TransportState {
         let mut state = self.save();
         state.device = device;
-        Ok(state)
+        if state.activated {
+            state.interrupt_status |= INTERRUPT_USED_RING;
+        }
+        state
     }
 
     /// Starts a device [`MmioTransport::suspend`] stopped, over the same queues, each going on
@@ -316,9 +332,24 @@ impl MmioTransport {
             return Err(TransportError::Restore { device_type, source });
         }
         self.activate();
-        match self.activated {
-            true => Ok(()),
-            false => Err(TransportError::Restore { device_type, source: RestoreError::NotActivated }),
+        if !self.activated {
+            return Err(TransportError::Restore { device_type, source: RestoreError::NotActivated });
+        }
+        // What finished while the device was stopped may have signalled no one (see
+        // `fork_state`): the driver looks at its rings once more, and so does the device.
+        self.interrupt_status.fetch_or(INTERRUPT_USED_RING, Ordering::SeqCst);
+        let _ = self.irq.write(1);
+        self.notify_queues();
+        Ok(())
+    }
+
+    /// Signals every queue's notification eventfd once, as a driver's notify would: a device
+    /// with nothing queued finds nothing.
+    fn notify_queues(&self) {
+        for (q, evt) in self.queues.iter().zip(&self.queue_evts) {
+            if q.ready() {
+                let _ = evt.write(1);
+            }
         }
     }
 

@@ -333,12 +333,11 @@ impl Backend {
         self.check("CHECK_DEVICE_STATE", r)
     }
 
-    fn check_state_transfer(&mut self) -> Result<(), FsError> {
+    pub(crate) fn check_state_transfer(&mut self) -> Result<(), FsError> {
         if self.broken {
             return Err(FsError::Broken { socket: self.socket.clone() });
         }
         if !self.protocol.contains(VhostUserProtocolFeatures::DEVICE_STATE) {
-            self.broken = true;
             return Err(self.unsupported(
                 "cannot save or load its state (no VHOST_USER_PROTOCOL_F_DEVICE_STATE; virtiofsd 1.9 or later has it)",
             ));

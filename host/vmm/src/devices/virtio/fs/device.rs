@@ -221,6 +221,12 @@ impl VirtioDevice for FsDevice {
     /// The device as a snapshot records it: the interrupt thread stopped, then the backend's
     /// rings, and virtiofsd's FUSE session read out (see [`Backend::save_state`]).
     fn quiesce(&mut self) -> Result<DeviceState, DeviceStateError> {
+        if self.forwarder.is_none() {
+            return Ok(DeviceState::Stateless);
+        }
+        // A virtiofsd that cannot save its state refuses before anything stops: a live fork
+        // refused for it leaves the folder running.
+        self.backend.check_state_transfer().map_err(|e| self.state_error(e))?;
         let Some(mut forwarder) = self.forwarder.take() else { return Ok(DeviceState::Stateless) };
         forwarder.stop();
         if forwarder.hung_up() {
