@@ -146,26 +146,43 @@ test("the TypeScript SDK lists the tools and runs a session through them", async
   }
 });
 
-test("a command that needs approval is put to the client, or refused with why", async () => {
-  const session = await umbra.sessions.get("m");
-  await session.update({ approval: { mode: "allowlist", allow: ["sh -c"], timeout_secs: 30 } });
+test("a command that needs approval is put to the client, or refused with why; only its own sessions", async () => {
+  const approval = { approval: { mode: "allowlist", allow: ["sh -c"], timeout_secs: 30 } };
   const asked = [];
   const mcp = await connect(async (request) => {
     asked.push(request.params.message);
     return { action: "accept", content: { allow: true } };
   });
   try {
-    const ran = await mcp.callTool({ name: "run", arguments: { session: "m", argv: ["uname", "-s"] } });
+    const started = await mcp.callTool({ name: "session_start", arguments: { name: "ap" } });
+    assert.notEqual(started.isError, true, text(started));
+    await (await umbra.sessions.get("ap")).update(approval);
+    const ran = await mcp.callTool({
+      name: "run",
+      arguments: { session: "ap", argv: ["uname", "-s"], env: { BASH_ENV: "/tmp/x" } },
+    });
     assert.notEqual(ran.isError, true, text(ran));
     assert.equal(ran.structuredContent.stdout, "Linux\n");
     assert.equal(asked.length, 1);
     assert.match(asked[0], /uname -s/);
+    assert.match(asked[0], /BASH_ENV/, "the question names what changes what runs");
   } finally {
     await mcp.close();
   }
   const blind = await connect();
   try {
-    const refused = await blind.callTool({ name: "run", arguments: { session: "m", argv: ["uname", "-s"] } });
+    // Another server's session (and the operator's) is out of reach, by any tool.
+    const foreign = await blind.callTool({ name: "run", arguments: { session: "ap", argv: ["true"] } });
+    assert.equal(foreign.isError, true);
+    assert.match(text(foreign), /not_found: no session "ap" was started through this MCP server/);
+    const taken = await blind.callTool({ name: "session_start", arguments: { name: "ap" } });
+    assert.match(text(taken), /session_exists/);
+    const mine = (await blind.callTool({ name: "session_list", arguments: {} })).structuredContent.sessions;
+    assert.deepEqual(mine, [], "it lists none of the others'");
+
+    await blind.callTool({ name: "session_start", arguments: { name: "ap2" } });
+    await (await umbra.sessions.get("ap2")).update(approval);
+    const refused = await blind.callTool({ name: "run", arguments: { session: "ap2", argv: ["uname", "-s"] } });
     assert.equal(refused.isError, true);
     assert.match(text(refused), /permission_denied.*could not be asked/s);
   } finally {

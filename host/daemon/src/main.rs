@@ -125,9 +125,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         env!("CARGO_PKG_VERSION")
     );
     let socket = options.socket.clone();
-    if let Some(addr) = args.mcp_listen {
-        serve_mcp(addr, &args.mcp_folders, &socket).await?;
-    }
+    // Removed on every way out of here (and by the next umbrad if this one is killed).
+    let _mcp_info = match args.mcp_listen {
+        Some(addr) => Some(serve_mcp(addr, &args.mcp_folders, &socket).await?),
+        None => None,
+    };
     let daemon = Arc::new(Daemon::new(manager, options));
     bundles::warm_in_background(daemon.clone());
     watch::start(daemon.clone(), args.system_policy.clone());
@@ -142,7 +144,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     server::serve(daemon.clone(), listening, stop).await;
     let _ = std::fs::remove_file(&socket);
-    let _ = std::fs::remove_file(socket.with_file_name("mcp.json"));
     // Sessions are stopped, not deleted: their records say stopped, and a new umbrad can
     // resume them.
     if tokio::time::timeout(SHUTDOWN_GRACE, daemon.manager.shutdown()).await.is_err() {
@@ -154,7 +155,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
 /// Starts the MCP endpoint (`--mcp-listen`): umbra-mcp's server on streamable HTTP, a client of
 /// this daemon's own socket like any other, and `mcp.json` beside the socket saying where it is
 /// and its token.
-async fn serve_mcp(addr: std::net::SocketAddr, folders: &[String], socket: &std::path::Path) -> anyhow::Result<()> {
+async fn serve_mcp(
+    addr: std::net::SocketAddr,
+    folders: &[String],
+    socket: &std::path::Path,
+) -> anyhow::Result<McpInfo> {
     umbra_mcp::http::check_address(&addr).map_err(anyhow::Error::msg)?;
     let folders = umbra_mcp::server::offered_folders(folders).map_err(|e| anyhow::anyhow!("--mcp-folder {e}"))?;
     let token = match std::env::var("UMBRA_MCP_TOKEN") {
@@ -187,11 +192,23 @@ async fn serve_mcp(addr: std::net::SocketAddr, folders: &[String], socket: &std:
     }
     tracing::info!(%url, info = %info.display(), folders = folders.len(), "serving MCP");
     let socket = socket.to_path_buf();
+    // One agent behind the token: every MCP session of the endpoint reaches the sessions any of
+    // them started, and no others.
+    let (folders, owned) = (Arc::new(folders), umbra_mcp::server::Owned::default());
     tokio::spawn(async move {
-        let make = move || umbra_mcp::server::UmbraMcp::new(Some(socket.clone()), folders.clone());
+        let make = move || umbra_mcp::server::UmbraMcp::sharing(Some(socket.clone()), folders.clone(), owned.clone());
         if let Err(e) = umbra_mcp::http::serve(listener, token, make).await {
             tracing::error!("the MCP endpoint stopped: {e}");
         }
     });
-    Ok(())
+    Ok(McpInfo(info))
+}
+
+/// `mcp.json`, removed when dropped.
+struct McpInfo(PathBuf);
+
+impl Drop for McpInfo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }

@@ -18,13 +18,18 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 
 use crate::server::UmbraMcp;
 
-/// Why the endpoint cannot listen.
+/// Connections served at once; more wait to be accepted.
+const MAX_CONNECTIONS: usize = 64;
+/// How long a connection may take to send a request's headers.
+const HEADER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why the endpoint cannot listen: only 127.0.0.1 and ::1, the addresses whose names the MCP
+/// layer's `Host` check accepts.
 pub fn check_address(addr: &SocketAddr) -> Result<(), String> {
-    match addr.ip().is_loopback() {
+    let ip = addr.ip();
+    match ip == std::net::Ipv4Addr::LOCALHOST || ip == std::net::Ipv6Addr::LOCALHOST {
         true => Ok(()),
-        false => {
-            Err(format!("the MCP endpoint listens on a loopback address only (127.0.0.1, ::1), not {}", addr.ip()))
-        }
+        false => Err(format!("the MCP endpoint listens on 127.0.0.1 or ::1 only, not {ip}")),
     }
 }
 
@@ -42,10 +47,22 @@ pub async fn serve(
     );
     // Compared as digests: the time taken says nothing of how much of a guess was right.
     let expected: Arc<[u8; 32]> = Arc::new(digest(token.as_bytes()));
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let (stream, peer) = listener.accept().await?;
+        let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, a connection reset before it was accepted: the endpoint
+                // stays up.
+                tracing::warn!("MCP endpoint: accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let (service, expected) = (service.clone(), expected.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let (service, expected) = (service.clone(), expected.clone());
                 async move {
@@ -55,9 +72,9 @@ pub async fn serve(
                     Ok(service.handle(req).await)
                 }
             });
-            let served = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), handler)
-                .await;
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_PATIENCE);
+            let served = builder.serve_connection(TokioIo::new(stream), handler).await;
             if let Err(e) = served {
                 tracing::debug!(%peer, "MCP connection ended: {e}");
             }
@@ -114,7 +131,8 @@ mod tests {
         assert!(check_address(&"127.0.0.1:7000".parse().unwrap()).is_ok());
         assert!(check_address(&"[::1]:7000".parse().unwrap()).is_ok());
         let e = check_address(&"0.0.0.0:7000".parse().unwrap()).unwrap_err();
-        assert!(e.contains("loopback"), "{e}");
+        assert!(e.contains("127.0.0.1 or ::1"), "{e}");
         assert!(check_address(&"192.168.1.2:7000".parse().unwrap()).is_err());
+        assert!(check_address(&"127.0.0.2:7000".parse().unwrap()).is_err(), "a name the Host check refuses");
     }
 }

@@ -40,11 +40,9 @@ pub fn offered_folders(specs: &[String]) -> Result<Vec<FolderSpec>, String> {
     let mut folders = Vec::new();
     for spec in specs {
         // Shadow unless the operator said otherwise: the agent's edits wait for review.
-        let spec = if spec.rsplit(':').next().is_some_and(|m| m.parse::<umbra_proto::ShareMode>().is_ok()) {
-            spec.clone()
-        } else {
-            format!("{spec}:shadow")
-        };
+        let has_mode =
+            spec.contains(':') && spec.rsplit(':').next().is_some_and(|m| m.parse::<umbra_proto::ShareMode>().is_ok());
+        let spec = if has_mode { spec.clone() } else { format!("{spec}:shadow") };
         let mut folder = parse_folder_spec(&spec)?;
         folder.path = std::fs::canonicalize(&folder.path).map_err(|e| format!("{}: {e}", folder.path.display()))?;
         folders.push(folder);
@@ -57,8 +55,16 @@ pub fn offered_folders(specs: &[String]) -> Result<Vec<FolderSpec>, String> {
 pub struct UmbraMcp {
     socket: Option<PathBuf>,
     folders: Arc<Vec<FolderSpec>>,
+    /// The sessions this server started: the only ones its tools reach (the operator's own,
+    /// and other servers', have folders, secrets and settings this agent was not given).
+    owned: Owned,
+    /// Approval requests already put to the client (two `run`s in a session both see each).
+    asked: Arc<Mutex<std::collections::HashSet<String>>>,
     tool_router: ToolRouter<Self>,
 }
+
+/// The session names a server (or every MCP session of umbrad's endpoint) started.
+pub type Owned = Arc<Mutex<std::collections::BTreeSet<String>>>;
 
 /// `session_start`'s input.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -158,11 +164,9 @@ pub struct McpApply {
     pub session: String,
     /// The shadow folder's name.
     pub folder: String,
-    /// The change-set `shadow_diff` returned: its captured bytes are what is applied.
+    /// The change-set `shadow_diff` returned: its captured bytes are what is applied (the
+    /// entries that apply by default: never `.git`, git hooks or ignored files).
     pub changeset: String,
-    /// Apply only these paths of the change-set (`.git` and ignored paths only when named).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub paths: Option<Vec<String>>,
 }
 
 /// `port_expose`'s input.
@@ -187,7 +191,24 @@ fn api(e: ApiError) -> String {
 
 impl UmbraMcp {
     pub fn new(socket: Option<PathBuf>, folders: Vec<FolderSpec>) -> Self {
-        Self { socket, folders: Arc::new(folders), tool_router: Self::tool_router() }
+        Self::sharing(socket, Arc::new(folders), Owned::default())
+    }
+
+    /// A server whose started sessions are `owned`, shared with others (umbrad's endpoint:
+    /// one server per MCP session, one agent's set of sessions).
+    pub fn sharing(socket: Option<PathBuf>, folders: Arc<Vec<FolderSpec>>, owned: Owned) -> Self {
+        Self { socket, folders, owned, asked: Arc::default(), tool_router: Self::tool_router() }
+    }
+
+    /// Refuses a session this server did not start.
+    fn check_owned(&self, session: &str) -> Result<(), String> {
+        match self.owned.lock().unwrap().contains(session) {
+            true => Ok(()),
+            false => Err(format!(
+                "not_found: no session {session:?} was started through this MCP server (its tools reach only \
+                 those; start one with session_start)"
+            )),
+        }
     }
 
     /// One connection per tool call: calls are independent, and a `run`'s process events go to
@@ -234,17 +255,29 @@ impl UmbraMcp {
     )]
     async fn session_start(&self, Parameters(req): Parameters<McpStart>) -> Result<Json<SessionInfo>, String> {
         let params = self.start_params(req)?;
-        self.call::<SessionStart>(params).await
+        let name = params.name.clone();
+        let (client, _notes) = self.connect().await?;
+        // A start naming an existing session would hand that session over, with whatever it has.
+        let exists = client.call::<SessionGet>(SessionRef { name: name.clone() }).await.is_ok();
+        if exists && !self.owned.lock().unwrap().contains(&name) {
+            return Err(format!("session_exists: a session {name:?} exists already and was not started here"));
+        }
+        self.owned.lock().unwrap().insert(name);
+        client.call::<SessionStart>(params).await.map(Json).map_err(api)
     }
 
     #[tool(description = "Stop a session: its processes end and its VM is destroyed; its folders and disk stay.")]
     async fn session_stop(&self, Parameters(req): Parameters<SessionRef>) -> Result<Json<SessionInfo>, String> {
+        self.check_owned(&req.name)?;
         self.call::<SessionStop>(req).await
     }
 
-    #[tool(description = "List the sessions, with their status.")]
+    #[tool(description = "List the sessions started through this server, with their status.")]
     async fn session_list(&self) -> Result<Json<SessionList>, String> {
-        self.call::<SessionListMethod>(NoParams {}).await
+        let Json(mut list) = self.call::<SessionListMethod>(NoParams {}).await?;
+        let owned = self.owned.lock().unwrap().clone();
+        list.sessions.retain(|s| owned.contains(&s.name));
+        Ok(Json(list))
     }
 
     #[tool(description = "Run a command in a session and wait for it: its output streams as progress, the result \
@@ -257,11 +290,13 @@ impl UmbraMcp {
         peer: Peer<RoleServer>,
         cancel: tokio_util::sync::CancellationToken,
     ) -> Result<Json<McpRunResult>, String> {
+        self.check_owned(&req.session)?;
         let (client, notes) = self.connect().await?;
         let session = req.session.clone();
         let process: Arc<Mutex<Option<u64>>> = Arc::default();
+        let asking = Asking { peer: &peer, asked: &self.asked, tasks: Mutex::default() };
         tokio::select! {
-            r = run(&client, notes, req, meta.get_progress_token(), &peer, &process) => r.map(Json),
+            r = run(&client, notes, req, meta.get_progress_token(), &asking, &process) => r.map(Json),
             _ = cancel.cancelled() => {
                 // The client gave up on the call: the command goes with it.
                 let id = *process.lock().unwrap();
@@ -277,6 +312,7 @@ impl UmbraMcp {
     #[tool(description = "Read a file in a session's guest (at most 1 MiB at a time, from `offset`): text as it is, \
                           anything else base64 (`encoding` says which).")]
     async fn file_read(&self, Parameters(req): Parameters<McpRead>) -> Result<Json<FileData>, String> {
+        self.check_owned(&req.session)?;
         let params = ReadParams { session: req.session, path: req.path, host: false, offset: req.offset, len: req.len };
         let Json(mut read) = self.call::<FileRead>(params).await?;
         // umbrad sends file contents as base64; a model reads text.
@@ -287,6 +323,7 @@ impl UmbraMcp {
 
     #[tool(description = "Write (or append to) a file in a session's guest.")]
     async fn file_write(&self, Parameters(req): Parameters<McpWrite>) -> Result<Json<Written>, String> {
+        self.check_owned(&req.session)?;
         let params = WriteParams {
             session: req.session,
             path: req.path,
@@ -302,6 +339,7 @@ impl UmbraMcp {
 
     #[tool(description = "List a directory in a session's guest.")]
     async fn file_list(&self, Parameters(req): Parameters<McpList>) -> Result<Json<DirList>, String> {
+        self.check_owned(&req.session)?;
         let params = ListParams { session: req.session, path: req.path, host: false, limit: req.limit };
         self.call::<FileList>(params).await
     }
@@ -309,18 +347,18 @@ impl UmbraMcp {
     #[tool(description = "What the session changed in a shadow folder, captured as a change-set: review it, then \
                           `shadow_apply` it.")]
     async fn shadow_diff(&self, Parameters(req): Parameters<ShadowParams>) -> Result<Json<ShadowDiffResult>, String> {
+        self.check_owned(&req.session)?;
         self.call::<ShadowDiff>(req).await
     }
 
     #[tool(description = "Write a reviewed change-set of a shadow folder to the host folder (the bytes `shadow_diff` \
                           captured; conflicts are left alone and reported).")]
     async fn shadow_apply(&self, Parameters(req): Parameters<McpApply>) -> Result<Json<ShadowApplyReport>, String> {
-        let params = ShadowApplyParams {
-            session: req.session,
-            folder: req.folder,
-            changeset: Some(req.changeset),
-            paths: req.paths,
-        };
+        self.check_owned(&req.session)?;
+        // No `paths`: the entries that apply by default, never `.git`, hooks or ignored files
+        // (those need a person naming them, `folders.md`).
+        let params =
+            ShadowApplyParams { session: req.session, folder: req.folder, changeset: Some(req.changeset), paths: None };
         self.call::<ShadowApply>(params).await
     }
 
@@ -330,6 +368,7 @@ impl UmbraMcp {
         &self,
         Parameters(req): Parameters<McpExpose>,
     ) -> Result<Json<umbra_api::ports::PortInfo>, String> {
+        self.check_owned(&req.session)?;
         let port = umbra_api::ports::PortSpec { guest_port: req.guest_port, host_port: None, bind: None };
         self.call::<SessionExpose>(umbra_api::ports::ExposeParams { session: req.session, port }).await
     }
@@ -358,9 +397,11 @@ impl ServerHandler for UmbraMcp {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let Json(list) = self.call::<SessionListMethod>(NoParams {}).await.map_err(internal)?;
+        let owned = self.owned.lock().unwrap().clone();
         let resources = list
             .sessions
             .iter()
+            .filter(|s| owned.contains(&s.name))
             .map(|s| {
                 Resource::new(logs_uri(&s.name), format!("{} logs", s.name))
                     .with_description(format!("Session {}'s recent events and console lines", s.name))
@@ -379,6 +420,7 @@ impl ServerHandler for UmbraMcp {
         let Some(name) = uri.strip_prefix("umbra://sessions/").and_then(|r| r.strip_suffix("/logs")) else {
             return Err(ErrorData::resource_not_found(format!("no resource {uri}"), None));
         };
+        self.check_owned(name).map_err(|e| ErrorData::resource_not_found(e, None))?;
         let logs = self
             .call::<SessionLogsMethod>(LogsParams { name: name.into(), lines: Some(200) })
             .await
@@ -407,15 +449,23 @@ fn logs_text(logs: &SessionLogs) -> String {
     text
 }
 
-/// Runs `req` on `client`'s connection: spawns it (putting approval questions to `peer`),
-/// streams its output to `peer` as progress when the call carries a progress token, and
-/// collects it until the exit.
+/// Where a `run` puts approval questions: the client, the requests already asked (by any
+/// call of this server), and the questions this call has open (aborted when it ends).
+struct Asking<'a> {
+    peer: &'a Peer<RoleServer>,
+    asked: &'a Mutex<std::collections::HashSet<String>>,
+    tasks: Mutex<tokio::task::JoinSet<()>>,
+}
+
+/// Runs `req` on `client`'s connection: spawns it (putting approval questions to the client),
+/// streams its output as progress when the call carries a progress token, and collects it
+/// until the exit. `started` gets the process's id once it runs.
 async fn run(
     client: &Client,
     mut notes: Notifications,
     req: McpRun,
     progress: Option<rmcp::model::ProgressToken>,
-    peer: &Peer<RoleServer>,
+    asking: &Asking<'_>,
     started: &Mutex<Option<u64>>,
 ) -> Result<McpRunResult, String> {
     // Approval questions come as events of the session, while the spawn waits for them.
@@ -441,7 +491,7 @@ async fn run(
                 let Some(n) = n else { break spawning.await };
                 if n.method == NOTIFY_EVENT {
                     if let Ok(ev) = serde_json::from_value::<SessionEvent>(n.params) {
-                        ask(client, peer, ev, &refused);
+                        ask(client, asking, ev, &refused);
                     }
                 }
             }
@@ -452,12 +502,14 @@ async fn run(
         None => api(e),
     })?;
     *started.lock().unwrap() = Some(spawned.process);
-    let mut result = McpRunResult::default();
+    // Bytes, made text once at the end: a character split between two chunks stays whole.
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let mut truncated = false;
     let mut sent = 0u64;
     while let Some(n) = notes.recv().await {
         if n.method == NOTIFY_EVENT {
             if let Ok(ev) = serde_json::from_value::<SessionEvent>(n.params) {
-                ask(client, peer, ev, &refused);
+                ask(client, asking, ev, &refused);
             }
             continue;
         }
@@ -465,24 +517,23 @@ async fn run(
             continue;
         }
         let Ok(ev) = serde_json::from_value::<SessionEvent>(n.params) else { continue };
-        let stdout = matches!(ev.kind, EventKind::Stdout { .. });
+        let is_stdout = matches!(ev.kind, EventKind::Stdout { .. });
         match ev.kind {
             EventKind::Stdout { process, data, .. } | EventKind::Stderr { process, data, .. }
                 if process == spawned.process =>
             {
                 let bytes = data.to_bytes().map_err(|e| format!("umbrad sent output that is not base64: {e}"))?;
-                let kept = if stdout { &mut result.stdout } else { &mut result.stderr };
+                let kept = if is_stdout { &mut stdout } else { &mut stderr };
                 let room = OUTPUT_KEPT.saturating_sub(kept.len());
-                result.truncated |= bytes.len() > room;
-                kept.push_str(&String::from_utf8_lossy(&bytes[..bytes.len().min(room)]));
+                truncated |= bytes.len() > room;
+                kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
                 sent += bytes.len() as u64;
                 if let Some(token) = &progress {
                     let text = String::from_utf8_lossy(&bytes).into_owned();
-                    let _ = peer
-                        .notify_progress(ProgressNotificationParam::new(token.clone(), sent as f64).with_message(text))
-                        .await;
+                    let note = ProgressNotificationParam::new(token.clone(), sent as f64).with_message(text);
+                    let _ = asking.peer.notify_progress(note).await;
                 }
-                let stream = if stdout { Stream::Stdout } else { Stream::Stderr };
+                let stream = if is_stdout { Stream::Stdout } else { Stream::Stderr };
                 let ack = AckParams { session: req.session.clone(), process, stream, bytes: bytes.len() as u64 };
                 client.notify::<ProcessAck>(ack).await.map_err(api)?;
             }
@@ -490,11 +541,15 @@ async fn run(
                 if e.lost {
                     return Err(format!("the command's VM went away: {}", e.reason.unwrap_or_default()));
                 }
-                result.exit_code = e.code;
-                result.signal = e.signal;
-                result.timed_out = e.timed_out;
-                result.duration_ms = e.duration_ms;
-                return Ok(result);
+                return Ok(McpRunResult {
+                    exit_code: e.code,
+                    signal: e.signal,
+                    timed_out: e.timed_out,
+                    stdout: String::from_utf8_lossy(&stdout).into_owned(),
+                    stderr: String::from_utf8_lossy(&stderr).into_owned(),
+                    truncated,
+                    duration_ms: e.duration_ms,
+                });
             }
             _ => {}
         }
@@ -502,19 +557,46 @@ async fn run(
     Err("umbrad closed the connection before the command ended".into())
 }
 
-/// Puts a command's `permission_request` to the person behind the MCP client (an elicitation)
-/// and answers umbrad; a client that cannot be asked gets it refused, and `refused` says why
-/// for the tool's error.
-fn ask(client: &Client, peer: &Peer<RoleServer>, ev: SessionEvent, refused: &Arc<Mutex<Option<String>>>) {
-    let EventKind::PermissionRequest { request_id, kind: PermissionKind::Command, command, decision, .. } = ev.kind
+/// Puts a command's `permission_request` to the person behind the MCP client (an elicitation,
+/// until the request's own timeout) and answers umbrad; a client that cannot be asked gets it
+/// refused, and `refused` says why for the tool's error. Each request is asked once, however
+/// many calls of this server see it. The session is this server's (see `check_owned`), so the
+/// commands asked about are its agent's.
+fn ask(client: &Client, asking: &Asking<'_>, ev: SessionEvent, refused: &Arc<Mutex<Option<String>>>) {
+    let EventKind::PermissionRequest {
+        request_id,
+        kind: PermissionKind::Command,
+        command,
+        cwd,
+        env,
+        env_changes_what_runs,
+        decision,
+        timeout_secs,
+        ..
+    } = ev.kind
     else {
         return;
     };
+    if !asking.asked.lock().unwrap().insert(request_id.clone()) {
+        return;
+    }
     let why = decision.map(|d| d.reason.to_string()).unwrap_or_default();
-    let question = format!("Umbra: the agent wants to run {command:?}, which needs approval ({why}). Allow it?");
-    let (client, peer, refused) = (client.clone(), peer.clone(), refused.clone());
-    tokio::spawn(async move {
-        let asked = peer.elicit::<Approval>(question).await;
+    let mut question = format!("Umbra: the agent wants to run {command:?}, which needs approval ({why}).");
+    if !cwd.is_empty() {
+        question.push_str(&format!(" In {cwd:?}."));
+    }
+    if !env.is_empty() {
+        let vars: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+        question.push_str(&format!(" With {}.", vars.join(" ")));
+    }
+    if !env_changes_what_runs.is_empty() {
+        question.push_str(&format!(" Note: {} change what actually runs.", env_changes_what_runs.join(", ")));
+    }
+    question.push_str(" Allow it?");
+    let (client, peer, refused) = (client.clone(), asking.peer.clone(), refused.clone());
+    let patience = std::time::Duration::from_secs(timeout_secs.max(1));
+    asking.tasks.lock().unwrap().spawn(async move {
+        let asked = peer.elicit_with_timeout::<Approval>(question, Some(patience)).await;
         let approved = match asked {
             Ok(Some(Approval { allow })) => allow,
             Ok(None) | Err(rmcp::service::ElicitationError::UserDeclined) => false,
