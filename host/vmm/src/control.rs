@@ -172,12 +172,7 @@ fn read_request(stream: &UnixStream, patience: Duration) -> Result<(ControlReque
 impl Snapshotter {
     fn take(&self, state_file: &File, memory_file: &File) -> Result<SnapshotTaken, Failure> {
         // Each phase's milliseconds go back with the answer: where a long pause goes.
-        let mut at = std::time::Instant::now();
-        let mut lap = || {
-            let ms = at.elapsed().as_millis() as u64;
-            at = std::time::Instant::now();
-            ms
-        };
+        let mut lap = laps(std::time::Instant::now());
         let broken = |e: String| Failure::Broken(e);
         let vcpus = self.pause_vcpus()?;
         let vcpus_ms = lap();

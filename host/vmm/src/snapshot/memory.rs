@@ -113,26 +113,39 @@ pub fn write_to(memory: &GuestMemory, size: u64, file: &File) -> Result<u64, Sna
 /// are written too, as the earlier copy may hold data there. Returns the bytes written; the
 /// file is not synced.
 pub fn rewrite_pages(memory: &GuestMemory, size: u64, file: &File, pages: &[u64]) -> Result<u64, SnapshotError> {
-    let what = || "write the memory file".to_string();
-    let ranges = ram_ranges(size);
-    let mut buf = [0u8; PAGE];
+    // Each RAM range with the offset its bytes start at in the file.
+    let mut placed = Vec::new();
+    let mut offset = 0u64;
+    for (start, len) in ram_ranges(size) {
+        placed.push((start, len, offset));
+        offset += len;
+    }
+    // Runs of consecutive pages (the log lists them in address order) go in one write each:
+    // this runs while the vCPUs are paused.
+    let mut buf = vec![0u8; CHUNK];
     let mut written = 0u64;
-    for &addr in pages {
-        let mut offset = 0u64;
-        let Some((start, _)) = ranges.iter().find(|(start, len)| {
-            let inside = addr >= *start && addr < start + len;
-            if !inside {
-                offset += len;
-            }
-            inside
-        }) else {
-            return Err(SnapshotError::Mismatch(format!("dirty page {addr:#x} is outside guest RAM")));
+    let mut rest = pages;
+    while let Some(&first) = rest.first() {
+        let Some(&(start, len, base)) = placed.iter().find(|(start, len, _)| first >= *start && first < start + len)
+        else {
+            return Err(SnapshotError::Mismatch(format!("dirty page {first:#x} is outside guest RAM")));
         };
+        let mut count = 1;
+        while count < rest.len()
+            && count * PAGE < CHUNK
+            && rest[count] == first + (count * PAGE) as u64
+            && rest[count] < start + len
+        {
+            count += 1;
+        }
+        let bytes = &mut buf[..count * PAGE];
         memory
-            .read_slice(&mut buf, GuestAddress(addr))
-            .map_err(|e| SnapshotError::Mismatch(format!("guest memory at {addr:#x}: {e}")))?;
-        file.write_all_at(&buf, offset + (addr - start)).map_err(SnapshotError::io(what()))?;
-        written += PAGE as u64;
+            .read_slice(bytes, GuestAddress(first))
+            .map_err(|e| SnapshotError::Mismatch(format!("guest memory at {first:#x}: {e}")))?;
+        file.write_all_at(bytes, base + (first - start))
+            .map_err(|e| SnapshotError::io("write the memory file".to_string())(e))?;
+        written += bytes.len() as u64;
+        rest = &rest[count..];
     }
     Ok(written)
 }
@@ -268,6 +281,31 @@ mod tests {
         let (anon, (memfd, file)) = (anonymous(4 << 20).unwrap(), memfd_backed(4 << 20).unwrap());
         dump_and_compare(&anon, "anon", None);
         dump_and_compare(&memfd, "memfd", Some(&file));
+    }
+
+    #[test]
+    fn pages_written_again_land_at_their_places_runs_and_zeros_included() {
+        let size = 4u64 << 20;
+        let mem = anonymous(size as usize).unwrap();
+        let dir = std::env::temp_dir().join(format!("umbra-rewrite-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("memory");
+        mem.write_slice(&[1; 3 * PAGE], GuestAddress(0x10_000)).unwrap();
+        mem.write_slice(&[2; PAGE], GuestAddress(0x30_000)).unwrap();
+        dump(&mem, size, &path).unwrap();
+        // Written since: a run of three, a lone page, and one zeroed again.
+        mem.write_slice(&[3; 3 * PAGE], GuestAddress(0x20_000)).unwrap();
+        mem.write_slice(&[4; PAGE], GuestAddress(0x3f_f000)).unwrap();
+        mem.write_slice(&[0; PAGE], GuestAddress(0x30_000)).unwrap();
+        let file = File::options().write(true).open(&path).unwrap();
+        let pages = [0x20_000, 0x21_000, 0x22_000, 0x30_000, 0x3f_f000];
+        assert_eq!(rewrite_pages(&mem, size, &file, &pages).unwrap(), 5 * PAGE as u64);
+        let mut expected = vec![0u8; size as usize];
+        mem.read_slice(&mut expected, GuestAddress(0)).unwrap();
+        assert!(std::fs::read(&path).unwrap() == expected, "the file is guest memory as it is now");
+        let e = rewrite_pages(&mem, size, &file, &[size]).unwrap_err();
+        assert!(e.to_string().contains("outside guest RAM"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn dump_and_compare(mem: &GuestMemory, tag: &str, memfd: Option<&File>) {
