@@ -11,8 +11,14 @@ use serde_json::Value;
 use umbra_bundle::testserver::Fault;
 use umbra_tests::workspace_bin;
 
+/// vmctl with this test's store and configuration: it trusts the test key (a .pub file in its
+/// trusted-keys directory), and `pull` may use the test server's loopback `http://`.
 fn vmctl(env: &Env, args: &[&str]) -> Output {
-    Command::new(workspace_bin("vmctl")).args(args).env("UMBRA_DATA_DIR", env.data_dir()).output().unwrap()
+    let mut args = args.to_vec();
+    if args[..2] == ["bundle", "pull"] {
+        args.insert(2, "--allow-http-loopback");
+    }
+    Command::new(workspace_bin("vmctl")).args(args).envs(env.vmctl_env()).output().unwrap()
 }
 
 fn text(b: &[u8]) -> String {
@@ -157,8 +163,8 @@ fn two_vmctl_processes_pulling_one_version_download_it_once() {
     );
     let spawn = || {
         Command::new(workspace_bin("vmctl"))
-            .args(["bundle", "pull", "--json", &env.url("v1")])
-            .env("UMBRA_DATA_DIR", env.data_dir())
+            .args(["bundle", "pull", "--allow-http-loopback", "--json", &env.url("v1")])
+            .envs(env.vmctl_env())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -177,4 +183,65 @@ fn two_vmctl_processes_pulling_one_version_download_it_once() {
     assert_eq!(hows, ["already_installed", "downloaded"]);
     assert_eq!(env.server.count(&env.path("v1", "kernel.zst")), 1);
     assert_eq!(env.server.count(&env.path("v1", "initramfs.zst")), 1);
+}
+
+#[test]
+fn keygen_sign_verify_and_pull_only_what_a_trusted_key_signed() {
+    let env = &Env::new("bundle-cli-sign");
+    env.bundle("v1", 100_000, 200_000);
+    let www = env.dir.0.join("www").join("v1");
+    std::fs::remove_file(www.join(umbra_bundle::SIGNATURE_FILE)).unwrap();
+    let dir = www.to_str().unwrap();
+
+    // Unsigned: verify and pull both refuse it by name; nothing is installed.
+    let out = vmctl(env, &["bundle", "verify", dir]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("bundle v1 is not signed"), "{}", text(&out.stderr));
+    let out = vmctl(env, &["bundle", "pull", &env.url("v1")]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("bundle v1 is not signed"), "{}", text(&out.stderr));
+    assert!(env.store.current().is_none());
+
+    // A publisher's key, and the bundle signed with it.
+    let key = env.dir.0.join("publisher.key");
+    let out = vmctl(env, &["bundle", "keygen", "--out", key.to_str().unwrap(), "--comment", "publisher"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("umbra-ed25519 ") && text(&out.stdout).trim_end().ends_with(" publisher"));
+    let public = umbra_bundle::public_path(&key);
+    let out = vmctl(env, &["bundle", "sign", dir, "--key", key.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // Signed by a key nobody trusts yet: refused, naming the signer.
+    let id = umbra_bundle::PublicKey::read(&public).unwrap().id();
+    let out = vmctl(env, &["bundle", "pull", &env.url("v1")]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("signed only by {id}, which this host does not trust")), "{err}");
+
+    // Trusted with --trusted-key: verify says who signed, and the pull installs.
+    let trusted = ["--trusted-key", public.to_str().unwrap()];
+    let out = vmctl(env, &[&["bundle", "verify", "--json", dir][..], &trusted].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(json_lines(&out)[0]["signer"], id.as_str());
+    let out = vmctl(env, &[&["bundle", "pull", &env.url("v1")][..], &trusted].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(env.store.current().as_deref(), Some("v1"));
+    // An installed bundle's verify checks the signature it was installed with, too.
+    let out = vmctl(env, &[&["bundle", "verify", "--json"][..], &trusted].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(json_lines(&out)[0]["signer"], id.as_str());
+    let out = vmctl(env, &["bundle", "verify", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "without the key the signature is not trusted");
+    assert!(json_lines(&out)[0]["signature_error"].as_str().unwrap().contains("does not trust"));
+
+    // Plain http:// without the loopback flag is refused before any request.
+    let n = env.server.requests().len();
+    let out = Command::new(workspace_bin("vmctl"))
+        .args(["bundle", "pull", &env.url("v1")])
+        .envs(env.vmctl_env())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("http:// is refused"), "{}", text(&out.stderr));
+    assert_eq!(env.server.requests().len(), n);
 }

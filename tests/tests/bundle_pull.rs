@@ -29,7 +29,7 @@ fn a_good_bundle_installs_becomes_current_and_verifies() {
     let n = env.server.requests().len();
     assert_eq!(env.pull("v1").unwrap().how, PulledHow::AlreadyInstalled);
     let again: Vec<_> = env.server.requests()[n..].iter().map(|r| r.path.clone()).collect();
-    assert_eq!(again, ["/v1/manifest.json"]);
+    assert_eq!(again, ["/v1/manifest.json", "/v1/manifest.sig"], "the signature is checked every time");
 }
 
 #[test]
@@ -306,7 +306,7 @@ fn a_warm_pull_is_promoted_instead_of_downloaded() {
     let n = env.server.requests().len();
     assert_eq!(env.pull("v3").unwrap().how, PulledHow::PromotedWarm);
     let paths: Vec<_> = env.server.requests()[n..].iter().map(|r| r.path.clone()).collect();
-    assert_eq!(paths, ["/v3/manifest.json"]);
+    assert_eq!(paths, ["/v3/manifest.json", "/v3/manifest.sig"]);
     assert_eq!(env.store.current().as_deref(), Some("v3"));
 }
 
@@ -403,4 +403,97 @@ fn a_reinstall_downloads_again_and_a_failed_one_keeps_the_old_copy() {
     assert_eq!(pulled.how, PulledHow::Downloaded, "downloaded again, not found installed");
     assert_eq!(env.server.count(&env.path("v1", "kernel.zst")), n + 1);
     assert_untouched(&env.store, "v1", &before);
+}
+
+/// The paths the server was asked for from request `from` on.
+fn asked(env: &Env, from: usize) -> Vec<String> {
+    env.server.requests()[from..].iter().map(|r| r.path.clone()).collect()
+}
+
+#[test]
+fn an_unsigned_bundle_is_refused_by_name_and_the_installed_one_kept() {
+    let env = Env::new("bundle-unsigned");
+    let before = install_previous(&env);
+    env.bundle("v2", 300_000, 600_000);
+    std::fs::remove_file(env.dir.0.join("www/v2").join(umbra_bundle::SIGNATURE_FILE)).unwrap();
+    let n = env.server.requests().len();
+    let e = env.pull("v2").unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, BundleError::Unsigned { ref version, .. } if version == "v2"), "{msg}");
+    assert!(msg.contains("bundle v2 is not signed") && msg.contains(&env.server.url("v2/manifest.json")), "{msg}");
+    assert_eq!(asked(&env, n), ["/v2/manifest.json", "/v2/manifest.sig"], "no artifact was fetched");
+    assert_untouched(&env.store, "v1", &before);
+}
+
+#[test]
+fn a_wrongly_signed_bundle_is_refused_and_the_installed_one_kept() {
+    let env = Env::new("bundle-badsig");
+    let before = install_previous(&env);
+    let m = env.bundle("v2", 300_000, 600_000);
+    let www = env.dir.0.join("www/v2");
+    let manifest = std::fs::read_to_string(www.join("manifest.json")).unwrap();
+
+    // Whoever serves the bundle changes the boot command line after it was signed...
+    let mut altered = m.clone();
+    altered.boot.cmdline = "init=/bin/sh".into();
+    std::fs::write(www.join("manifest.json"), altered.to_json()).unwrap();
+    let n = env.server.requests().len();
+    let e = env.pull("v2").unwrap_err();
+    assert!(matches!(e, BundleError::BadSignature { .. }), "{e}");
+    assert!(e.to_string().contains("does not match this manifest"), "{e}");
+    assert_eq!(asked(&env, n), ["/v2/manifest.json", "/v2/manifest.sig"], "no artifact was fetched");
+    assert_untouched(&env.store, "v1", &before);
+
+    // ...or an artifact's digest (to serve other bytes under it).
+    let mut altered = m.clone();
+    altered.artifacts[0].sha256 = "0".repeat(64);
+    std::fs::write(www.join("manifest.json"), altered.to_json()).unwrap();
+    assert!(matches!(env.pull("v2").unwrap_err(), BundleError::BadSignature { .. }));
+    assert_untouched(&env.store, "v1", &before);
+
+    // ...or signs it with a key of its own.
+    std::fs::write(www.join("manifest.json"), &manifest).unwrap();
+    std::fs::remove_file(www.join(umbra_bundle::SIGNATURE_FILE)).unwrap();
+    let stranger = umbra_bundle::SecretKey::from_seed([9; 32]);
+    umbra_bundle::sign_dir(&www, &stranger).unwrap();
+    let e = env.pull("v2").unwrap_err();
+    assert!(matches!(e, BundleError::UntrustedSigner { .. }), "{e}");
+    assert!(e.to_string().contains(&stranger.public().id()), "names the signer: {e}");
+    assert_untouched(&env.store, "v1", &before);
+
+    // Signed again by the trusted key, it installs.
+    umbra_bundle::sign_dir(&www, &umbra_bundle::testserver::test_key()).unwrap();
+    assert_eq!(env.pull("v2").unwrap().how, PulledHow::Downloaded);
+    let trust = umbra_bundle::testserver::test_trust();
+    let signer = env.store.check_installed_signature("current", &trust).unwrap();
+    assert_eq!(signer, umbra_bundle::testserver::test_key().public().id());
+    assert!(env.store.check_installed_signature("current", &umbra_bundle::Trust::default()).is_err());
+}
+
+#[test]
+fn plain_http_is_refused_unless_to_loopback_and_allowed() {
+    let env = Env::new("bundle-http");
+    env.bundle("v1", 100_000, 100_000);
+    // Without the flag: refused before any request.
+    let strict = PullOptions { trust: umbra_bundle::Trust { allow_http_loopback: false, ..fast().trust }, ..fast() };
+    let e = env.store.pull(&env.url("v1"), &strict, &mut |_| {}).unwrap_err();
+    assert!(matches!(e, BundleError::Url { .. }), "{e}");
+    assert!(e.to_string().contains("http:// is refused") && e.to_string().contains("--allow-http-loopback"), "{e}");
+    assert!(env.server.requests().is_empty(), "nothing was sent");
+    // With it, only a loopback address: the decision comes before any connection, so the
+    // private address here is never contacted.
+    for url in ["http://10.0.0.1:9/v1/", "http://localhost:9/v1/"] {
+        let e = env.store.pull(url, &fast(), &mut |_| {}).unwrap_err();
+        assert!(e.to_string().contains("only to a loopback address"), "{url}: {e}");
+    }
+    // A redirect is held to the same rule, and refused before its target is contacted.
+    let port = env.server.url("").trim_start_matches("http://127.0.0.1:").trim_end_matches('/').to_string();
+    let elsewhere = format!("http://localhost:{port}/v1/manifest.json");
+    env.server.push_fault("/v1/manifest.json", umbra_bundle::testserver::Fault::Redirect(elsewhere.clone()));
+    let e = env.pull("v1").unwrap_err().to_string();
+    assert!(e.contains(&format!("redirect to {elsewhere} refused")), "{e}");
+    assert_eq!(env.server.count("/v1/manifest.json"), 1, "the redirect target was not fetched");
+    assert!(env.store.current().is_none());
+    // With the flag and a loopback address it installs.
+    assert_eq!(env.pull("v1").unwrap().how, PulledHow::Downloaded);
 }

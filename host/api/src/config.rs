@@ -53,6 +53,12 @@ pub struct DaemonConfig {
     pub ports_beyond_loopback: bool,
     /// Whether `session.expose` may listen on a host port below 1024.
     pub ports_privileged: bool,
+    /// Public keys (`umbra-ed25519 <base64>` lines) a downloaded bundle may be signed by,
+    /// besides the `*.pub` files in `$XDG_CONFIG_HOME/umbra/trusted-keys/`. A system policy
+    /// with `trusted_keys` replaces both. Not settable by `config.set`: whom to trust is the
+    /// file's owner's decision, not any client's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trusted_keys: Vec<String>,
 }
 
 impl Default for DaemonConfig {
@@ -72,6 +78,7 @@ impl Default for DaemonConfig {
             no_proxy: None,
             ports_beyond_loopback: false,
             ports_privileged: false,
+            trusted_keys: Vec::new(),
         }
     }
 }
@@ -121,6 +128,10 @@ impl DaemonConfig {
                 "pool_size {} is above {MAX_POOL_SIZE}",
                 self.pool_size
             )));
+        }
+        for (i, key) in self.trusted_keys.iter().enumerate() {
+            umbra_bundle::PublicKey::parse(key)
+                .map_err(|e| crate::ApiError::invalid_params(format!("trusted_keys[{i}]: {e}")))?;
         }
         Ok(())
     }

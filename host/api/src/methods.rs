@@ -96,8 +96,9 @@ pub struct PoolStatus {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct DownloadParams {
-    /// `http(s)://` or `file://` of a bundle's `manifest.json` (or its directory); default: the
-    /// configured `bundle_url`.
+    /// `https://` or `file://` of a bundle's `manifest.json` (or its directory); default: the
+    /// configured `bundle_url`. The bundle must be signed by a trusted key (`bundle_error`
+    /// otherwise, naming the signer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     /// Into the warm slot: the next session start promotes it.
@@ -108,7 +109,7 @@ pub struct DownloadParams {
 /// Params of `bundle.delete_and_reinstall`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ReinstallParams {
-    /// `http(s)://` or `file://` of the bundle to download again; default: the configured
+    /// `https://` or `file://` of the bundle to download again; default: the configured
     /// `bundle_url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,

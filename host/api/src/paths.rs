@@ -132,6 +132,16 @@ pub fn config_dir() -> PathBuf {
     xdg("XDG_CONFIG_HOME", ".config").join("umbra")
 }
 
+/// The user's trusted bundle keys: every `*.pub` file here.
+pub fn trusted_keys_dir() -> PathBuf {
+    config_dir().join("trusted-keys")
+}
+
+/// The key `vmctl bundle build` signs with when it is given none (created on first use).
+pub fn signing_key_path() -> PathBuf {
+    config_dir().join("bundle-signing.key")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,6 +53,11 @@ pub struct SystemPolicy {
     /// Git metadata (`.git`) read-only in every shared folder.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub block_git_writes: Option<bool>,
+    /// The only public keys (`umbra-ed25519 <base64>` lines) downloaded bundles may be signed
+    /// by: the user's own trusted keys (umbrad's `trusted_keys`, the trusted-keys directory,
+    /// `vmctl --trusted-key`) are not consulted. Unset: the user's keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trusted_keys: Option<Vec<String>>,
 }
 
 impl Default for SystemPolicy {
@@ -67,6 +72,7 @@ impl Default for SystemPolicy {
             network: None,
             approval_mode: None,
             block_git_writes: None,
+            trusted_keys: None,
         }
     }
 }
@@ -89,6 +95,9 @@ impl SystemPolicy {
         }
         if let Some(network) = &self.network {
             network.validate().map_err(|e| format!("network: {e}"))?;
+        }
+        for (i, key) in self.trusted_keys.iter().flatten().enumerate() {
+            umbra_bundle::PublicKey::parse(key).map_err(|e| format!("trusted_keys[{i}]: {e}"))?;
         }
         if self.max_memory_mib == Some(0) || self.max_cpus == Some(0) {
             return Err("max_memory_mib and max_cpus must be at least 1".into());
@@ -252,5 +261,9 @@ mod tests {
         assert!(SystemPolicy { trusted_roots: Some(vec!["relative".into()]), ..Default::default() }
             .validate()
             .is_err());
+        let bad_key = SystemPolicy { trusted_keys: Some(vec!["umbra-ed25519 AAAA".into()]), ..Default::default() };
+        assert!(bad_key.validate().unwrap_err().contains("trusted_keys[0]"));
+        let key = umbra_bundle::SecretKey::from_seed([7; 32]).public().to_line("admin");
+        assert!(SystemPolicy { trusted_keys: Some(vec![key]), ..Default::default() }.validate().is_ok());
     }
 }

@@ -77,7 +77,9 @@ fn anchor(server: &TestServer, prefix: &str, m: &Manifest) -> anyhow::Result<Dur
 fn install(server: &TestServer, prefix: &str, store_root: &Path) -> anyhow::Result<Duration> {
     let store = Store::new(store_root);
     let start = Instant::now();
-    store.pull(&server.url(&format!("{prefix}/")), &PullOptions::default(), &mut |_| {})?;
+    // The synthetic bundle is signed by the test key; the server is on loopback.
+    let opts = PullOptions { trust: umbra_bundle::testserver::test_trust(), ..PullOptions::default() };
+    store.pull(&server.url(&format!("{prefix}/")), &opts, &mut |_| {})?;
     let took = start.elapsed();
     std::fs::remove_dir_all(store_root).with_context(|| format!("cannot remove {}", store_root.display()))?;
     Ok(took)

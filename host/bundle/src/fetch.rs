@@ -50,6 +50,15 @@ impl Location {
         }
     }
 
+    /// Refuses a URL this pull may not fetch (see [`crate::check_url`]), before any request.
+    pub fn check(&self, original: &str, allow_http_loopback: bool) -> Result<(), BundleError> {
+        match self {
+            Self::Http(u) => crate::check_url(u, allow_http_loopback)
+                .map_err(|reason| BundleError::Url { url: original.to_string(), reason }),
+            Self::File(_) => Ok(()),
+        }
+    }
+
     /// The file `name` beside this one (an artifact beside its manifest).
     pub fn sibling(&self, name: &str) -> Self {
         match self {
@@ -134,12 +143,13 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
 pub(crate) struct Fetcher {
     client: OnceLock<Result<Client, String>>,
     idle_timeout: Duration,
+    allow_http_loopback: bool,
     pub retry: RetryPolicy,
 }
 
 impl Fetcher {
-    pub fn new(retry: RetryPolicy, idle_timeout: Duration) -> Self {
-        Self { client: OnceLock::new(), idle_timeout, retry }
+    pub fn new(retry: RetryPolicy, idle_timeout: Duration, allow_http_loopback: bool) -> Self {
+        Self { client: OnceLock::new(), idle_timeout, allow_http_loopback, retry }
     }
 
     /// Built on first use: a blocking client owns a runtime thread that `file://` never needs.
@@ -148,7 +158,23 @@ impl Fetcher {
             // reqwest is built without a default crypto provider; ring is ours. Installing fails
             // harmlessly when the process already chose one.
             let _ = rustls::crypto::ring::default_provider().install_default();
+            let allow = self.allow_http_loopback;
+            // A redirect is held to the same rule as the URL: an https:// server cannot send
+            // the download to http:// (decided before the new target is contacted).
+            let redirects = reqwest::redirect::Policy::custom(move |attempt| {
+                if attempt.previous().len() >= 10 {
+                    return attempt.error("more than 10 redirects");
+                }
+                match crate::check_url(attempt.url(), allow) {
+                    Ok(()) => attempt.follow(),
+                    Err(reason) => {
+                        let to = attempt.url().to_string();
+                        attempt.error(format!("redirect to {to} refused: {reason}"))
+                    }
+                }
+            });
             Client::builder()
+                .redirect(redirects)
                 // For the blocking client this bounds each wait (connect, headers, one read), not
                 // the whole transfer: a slow download goes on, a silent connection does not.
                 .timeout(self.idle_timeout)
@@ -182,7 +208,14 @@ impl Fetcher {
         if offset > 0 {
             req = req.header(RANGE, format!("bytes={offset}-"));
         }
-        let resp = req.send().map_err(|e| Failure::Retry(Transient::Network(chain(&e))))?;
+        let resp = req.send().map_err(|e| {
+            if e.is_redirect() {
+                // A refused redirect is the server's answer, not a network hiccup.
+                Failure::Fatal(BundleError::Url { url: loc.display(), reason: chain(&e) })
+            } else {
+                Failure::Retry(Transient::Network(chain(&e)))
+            }
+        })?;
         let status = resp.status().as_u16();
         let protocol = |reason: String| {
             Failure::Fatal(BundleError::Protocol { what: what.to_string(), url: loc.display(), reason })

@@ -17,6 +17,7 @@ mod progress;
 mod pull;
 mod resume;
 mod retry;
+mod sign;
 mod store;
 #[cfg(feature = "testserver")]
 pub mod testserver;
@@ -25,8 +26,11 @@ pub use extract::{extract_artifact, Extracted, ExtractedBundle};
 pub use manifest::{Arch, Artifact, ArtifactRole, Boot, Manifest, ManifestError, MANIFEST_FILE, SCHEMA_VERSION};
 pub use pack::{pack, PackInput, PackOptions};
 pub use progress::{Phase, Progress};
-pub use pull::{PullOptions, Pulled, PulledHow};
+pub use pull::{dir_url, PullOptions, Pulled, PulledHow, Signed};
 pub use retry::RetryPolicy;
+pub use sign::{
+    check_url, public_path, sign_dir, PublicKey, SecretKey, SignatureEntry, SignatureFile, Trust, SIGNATURE_FILE,
+};
 pub use store::{ArtifactCheck, InstalledInfo, Store};
 
 /// Everything that can go wrong with a bundle. Messages name the artifact, the file or URL and
@@ -65,6 +69,16 @@ pub enum BundleError {
     NotInstalled { version: String, root: String },
     #[error("bundle {version} is current; switch to another version first (or force)")]
     InUse { version: String },
+    #[error(
+        "bundle {version} is not signed: there is no manifest.sig beside {location}; refusing it (bundles must be signed: vmctl bundle sign)"
+    )]
+    Unsigned { version: String, location: String },
+    #[error("bundle {version} is wrongly signed: {reason}; refusing it")]
+    BadSignature { version: String, reason: String },
+    #[error("bundle {version} is signed only by {signers}, which this host does not trust; refusing it ({hint})")]
+    UntrustedSigner { version: String, signers: String, hint: String },
+    #[error("key {path}: {reason}")]
+    Key { path: String, reason: String },
 }
 
 pub(crate) fn io_err<'a>(

@@ -21,6 +21,7 @@ use crate::manifest::{Artifact, Manifest, MANIFEST_FILE};
 use crate::progress::{Meter, Phase, Progress};
 use crate::resume::Resuming;
 use crate::retry::RetryPolicy;
+use crate::sign::{Trust, SIGNATURE_FILE, SIGNATURE_LIMIT};
 use crate::store::{available_bytes, hash_file, sync_dir, Store};
 use crate::{io_err, BundleError};
 
@@ -38,11 +39,20 @@ pub struct PullOptions {
     /// Download even if this version is installed (or warm), and replace the installed copy
     /// only once the new one is verified: a failed reinstall leaves the old copy current.
     pub reinstall: bool,
+    /// The keys a bundle must be signed by, and whether loopback `http://` is allowed. The
+    /// default trusts no key: every pull is refused until the caller says whom it trusts.
+    pub trust: Trust,
 }
 
 impl Default for PullOptions {
     fn default() -> Self {
-        Self { warm: false, retry: RetryPolicy::default(), idle_timeout: Duration::from_secs(30), reinstall: false }
+        Self {
+            warm: false,
+            retry: RetryPolicy::default(),
+            idle_timeout: Duration::from_secs(30),
+            reinstall: false,
+            trust: Trust::default(),
+        }
     }
 }
 
@@ -58,6 +68,16 @@ pub enum PulledHow {
     PromotedWarm,
     /// Downloaded into (or already in) the warm slot; `current` unchanged.
     Warmed,
+}
+
+/// A manifest, its exact bytes, and the signature a trusted key made over them.
+#[derive(Debug, Clone)]
+pub struct Signed {
+    pub manifest: Manifest,
+    pub json: Vec<u8>,
+    pub signature: Option<Vec<u8>>,
+    /// The id of the trusted key that signed.
+    pub signer: String,
 }
 
 #[derive(Debug, Clone)]
@@ -94,13 +114,15 @@ impl Store {
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<Pulled, BundleError> {
         let manifest_loc = Location::manifest(url)?;
-        let fetcher = Fetcher::new(opts.retry.clone(), opts.idle_timeout);
+        manifest_loc.check(url, opts.trust.allow_http_loopback)?;
+        let fetcher = Fetcher::new(opts.retry.clone(), opts.idle_timeout, opts.trust.allow_http_loopback);
         let mut meter = Meter::new(progress, "");
         meter.emit(Phase::Manifest, Some(manifest_loc.display()));
-        let json = fetcher.fetch_small(&manifest_loc, "manifest", MANIFEST_LIMIT)?;
-        let manifest = Manifest::parse(&json, self.host_version())?;
+        // Before anything is written or any artifact fetched: only a bundle signed by a trusted
+        // key goes further, so an unsigned or altered one leaves the store as it was.
+        let Signed { manifest, json, signature, signer } = self.fetch_signed(&fetcher, &manifest_loc, &opts.trust)?;
         let version = manifest.bundle_version.clone();
-        self.check_version(&version)?;
+        meter.emit(Phase::Manifest, Some(format!("signed by {signer}")));
         meter.set_version(&version);
         meter.set_total(manifest.compressed_total());
         self.ensure_layout()?;
@@ -154,8 +176,12 @@ impl Store {
 
         meter.emit(Phase::Install, None);
         let finish = || -> Result<(), BundleError> {
-            let mpath = staging.join(MANIFEST_FILE);
-            write_synced(&mpath, manifest.to_json().as_bytes())?;
+            // The exact bytes that were signed, and the signature: `vmctl bundle verify` checks
+            // an installed bundle's signature again later.
+            write_synced(&staging.join(MANIFEST_FILE), &json)?;
+            if let Some(sig) = &signature {
+                write_synced(&staging.join(SIGNATURE_FILE), sig)?;
+            }
             write_synced(&staging.join(COMPLETE_MARKER), manifest.to_json().as_bytes())?;
             sync_dir(&staging)?;
             if opts.warm {
@@ -176,6 +202,47 @@ impl Store {
         done(self, how, &mut meter, downloaded)
     }
 
+    /// The manifest of the bundle at `url` if it is signed by a key `opts.trust` trusts (what
+    /// `vmctl bundle verify URL|DIR` checks); no artifact is fetched.
+    pub fn check_signature(&self, url: &str, opts: &PullOptions) -> Result<Signed, BundleError> {
+        let loc = Location::manifest(url)?;
+        loc.check(url, opts.trust.allow_http_loopback)?;
+        let fetcher = Fetcher::new(opts.retry.clone(), opts.idle_timeout, opts.trust.allow_http_loopback);
+        self.fetch_signed(&fetcher, &loc, &opts.trust)
+    }
+
+    /// Whether the installed bundle `spec` (`current`, a version) still carries a signature by a
+    /// key `trust` trusts over its manifest as installed.
+    pub fn check_installed_signature(&self, spec: &str, trust: &Trust) -> Result<String, BundleError> {
+        let b = self.get(spec)?;
+        let mpath = b.dir.join(MANIFEST_FILE);
+        let json = fs::read(&mpath).map_err(io_err("cannot read", &mpath))?;
+        let spath = b.dir.join(SIGNATURE_FILE);
+        let signature = match fs::read(&spath) {
+            Ok(bytes) => Some(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err("cannot read", &spath)(e)),
+        };
+        // The manifest beside the artifacts must be the one they were installed from.
+        let manifest = Manifest::parse(&json, self.host_version())?;
+        if manifest != b.manifest {
+            return Err(BundleError::BadSignature {
+                version: b.manifest.bundle_version.clone(),
+                reason: format!("{} differs from the manifest it was installed with", mpath.display()),
+            });
+        }
+        trust.verify(&manifest.bundle_version, &json, signature.as_deref(), &mpath.display().to_string())
+    }
+
+    fn fetch_signed(&self, fetcher: &Fetcher, loc: &Location, trust: &Trust) -> Result<Signed, BundleError> {
+        let json = fetcher.fetch_small(loc, "manifest", MANIFEST_LIMIT)?;
+        let manifest = Manifest::parse(&json, self.host_version())?;
+        self.check_version(&manifest.bundle_version)?;
+        let signature = fetch_optional(fetcher, &loc.sibling(SIGNATURE_FILE))?;
+        let signer = trust.verify(&manifest.bundle_version, &json, signature.as_deref(), &loc.display())?;
+        Ok(Signed { manifest, json, signature, signer })
+    }
+
     /// Installs a bundle directory (as `vmctl bundle build` or `pack` writes it) from disk.
     pub fn import(
         &self,
@@ -183,12 +250,7 @@ impl Store {
         opts: &PullOptions,
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<Pulled, BundleError> {
-        let abs = bundle_dir.canonicalize().map_err(io_err("cannot open", bundle_dir))?;
-        let url = reqwest::Url::from_directory_path(&abs).map_err(|()| BundleError::Url {
-            url: abs.display().to_string(),
-            reason: "not an absolute directory path".into(),
-        })?;
-        self.pull(url.as_str(), opts, progress)
+        self.pull(&dir_url(bundle_dir)?, opts, progress)
     }
 
     /// The warm slot holds one bundle: the newest. A warm pull keeps only its own; a pull that
@@ -323,6 +385,26 @@ impl Store {
                 }
             }
         }
+    }
+}
+
+/// The `file://` URL of a bundle directory.
+pub fn dir_url(bundle_dir: &Path) -> Result<String, BundleError> {
+    let abs = bundle_dir.canonicalize().map_err(io_err("cannot open", bundle_dir))?;
+    let url = reqwest::Url::from_directory_path(&abs).map_err(|()| BundleError::Url {
+        url: abs.display().to_string(),
+        reason: "not an absolute directory path".into(),
+    })?;
+    Ok(url.to_string())
+}
+
+/// The file at `loc`, or `None` when there is none (404, 410 or no such file).
+fn fetch_optional(fetcher: &Fetcher, loc: &Location) -> Result<Option<Vec<u8>>, BundleError> {
+    match fetcher.fetch_small(loc, "signature", SIGNATURE_LIMIT) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(BundleError::Http { status: 404 | 410, .. }) => Ok(None),
+        Err(BundleError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
 }
 

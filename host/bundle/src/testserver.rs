@@ -39,6 +39,8 @@ pub enum Fault {
     Slow { chunk: usize, delay: Duration },
     /// Answer a Range request with 200 and the whole body.
     IgnoreRange,
+    /// Answer 302 with this `Location`.
+    Redirect(String),
 }
 
 /// One request as the server saw it.
@@ -161,6 +163,9 @@ fn serve(conn: TcpStream, root: &Path, shared: &Shared) -> std::io::Result<()> {
             "HTTP/1.1 {status} Fault\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
+    }
+    if let Some(to) = faults.iter().find_map(|f| if let Fault::Redirect(to) = f { Some(to) } else { None }) {
+        return write!(out, "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     }
     let rel = path.split('?').next().unwrap_or("").trim_start_matches('/');
     let file_path = root.join(rel);
@@ -312,7 +317,21 @@ pub fn synthetic_bundle(
     let m = pack(&inputs, &opts, out_dir);
     let _ = std::fs::remove_file(&k);
     let _ = std::fs::remove_file(&i);
-    m
+    let m = m?;
+    // Signed, as every bundle must be; a test about unsigned ones removes the signature.
+    crate::sign::sign_dir(out_dir, &test_key())?;
+    Ok(m)
+}
+
+/// The key synthetic bundles are signed with: fixed, so a test's pull and a test's vmctl agree.
+/// Nothing outside the tests trusts it.
+pub fn test_key() -> crate::SecretKey {
+    crate::SecretKey::from_seed(*b"umbra synthetic test bundles key")
+}
+
+/// Trusts [`test_key`] and loopback `http://`: what a pull from a [`TestServer`] needs.
+pub fn test_trust() -> crate::Trust {
+    crate::Trust { allow_http_loopback: true, ..Default::default() }.key(test_key().public(), "the test key")
 }
 
 #[cfg(test)]

@@ -26,6 +26,14 @@ export function umbradBin() {
 }
 
 /** The minimal bundle: `$UMBRA_TEST_BUNDLE_MINIMAL`, else where `vmctl bundle build` puts it. */
+/** The public key `vmctl bundle build` signed the built bundles with (docs/bundle.md). */
+export function buildSigningKey() {
+  const secret =
+    process.env.UMBRA_BUNDLE_SIGNING_KEY ||
+    path.join(process.env.XDG_CONFIG_HOME || path.join(os.homedir(), ".config"), "umbra/bundle-signing.key");
+  return fs.readFileSync(`${secret}.pub`, "utf8");
+}
+
 export function minimalBundle() {
   const cache =
     process.env.UMBRA_CACHE_DIR ||

@@ -23,7 +23,7 @@ import {
   UnavailableError,
   UnsupportedError,
 } from "../dist/index.js";
-import { TestDaemon, collect, minimalBundle, nextEvent, cleanUpAfter } from "./daemon.mjs";
+import { TestDaemon, buildSigningKey, collect, minimalBundle, nextEvent, cleanUpAfter } from "./daemon.mjs";
 
 /** @type {TestDaemon} */
 let daemon;
@@ -336,6 +336,16 @@ test("warm pool: a start takes a booted VM; poolSize 0 empties the pool", async 
 
 test("bundles: download with progress, status, delete and reinstall", async () => {
   const url = `file://${minimalBundle()}`;
+  // The daemon trusts no key yet: the built bundle is refused, by its signer's name.
+  const refused = await client.bundles.download({ url }).catch((e) => e);
+  assert.ok(refused instanceof UmbraError, String(refused));
+  assert.equal(refused.code, "bundle_error");
+  assert.match(refused.message, /is signed only by ed25519:[0-9a-f]{16}, which this host does not trust/);
+  assert.equal((await client.bundles.status()).current ?? null, null, "nothing was installed");
+  // Trusted from the next download on: a .pub file in its trusted-keys directory.
+  const keys = path.join(daemon.dir, "config/umbra/trusted-keys");
+  fs.mkdirSync(keys, { recursive: true });
+  fs.writeFileSync(path.join(keys, "build.pub"), buildSigningKey());
   const progress = [];
   const seen = [];
   const onEvent = (e) => seen.push(e);

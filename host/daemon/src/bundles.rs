@@ -32,14 +32,24 @@ pub async fn download(
     let url = url.or_else(|| daemon.manager.config().bundle_url).ok_or_else(|| {
         ApiError::invalid_params("no url given and no bundle_url configured (config.set {\"bundle_url\": …})")
     })?;
-    if let Some(system) = daemon.manager.system_policy() {
+    let system = daemon.manager.system_policy();
+    if let Some(system) = &system {
         system.policy.check_bundle_source(&url).map_err(|e| ApiError::new(ErrorCode::PermissionDenied, e))?;
     }
+    // Read at each download: a key file added to the trusted-keys directory counts at once.
+    let trust = umbra_runtime::bundle_trust::trust(
+        system.as_ref().map(|s| &s.policy),
+        &daemon.manager.config().trusted_keys,
+        &[],
+        &umbra_api::paths::trusted_keys_dir(),
+        daemon.options.allow_http_loopback,
+    )
+    .map_err(|e| ApiError::new(ErrorCode::BundleError, e.to_string()))?;
     let worker = daemon.clone();
     let key = url.clone();
     let pulled = tokio::task::spawn_blocking(move || {
         let store = worker.manager.bundles().clone();
-        let opts = PullOptions { warm, reinstall, ..PullOptions::default() };
+        let opts = PullOptions { warm, reinstall, trust, ..PullOptions::default() };
         let mut progress = |p: &Progress| {
             worker.downloads.lock().unwrap().insert(key.clone(), p.clone());
             worker.manager.emit(SessionEvent::new(None, EventKind::DownloadProgress(p.clone())));

@@ -57,6 +57,7 @@ mod tests {
             max_clients: 1,
             max_request_bytes: 1024,
             config_path: dir.join("umbrad.json"),
+            allow_http_loopback: false,
         };
         let (out, _) = tokio::sync::mpsc::channel(1);
         Arc::new(Connection::new(Arc::new(Daemon::new(manager, options)), out))

@@ -67,6 +67,10 @@ struct Args {
     /// Repeatable; no other folder is offered to MCP clients.
     #[arg(long = "mcp-folder", value_name = "SPEC")]
     mcp_folders: Vec<String>,
+    /// Let `bundle.download` fetch over plain `http://` from a loopback address (127.0.0.1,
+    /// [::1]): for tests against a local server. Every other `http://` is refused regardless.
+    #[arg(long)]
+    allow_http_loopback: bool,
 }
 
 fn main() {
@@ -105,6 +109,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         max_clients: args.max_clients.max(1),
         max_request_bytes: args.max_request_bytes.max(1024),
         config_path: args.config.unwrap_or_else(settings::default_path),
+        allow_http_loopback: args.allow_http_loopback,
     };
     let config = settings::load(&options.config_path)?;
     // Before anything listens: a policy that cannot be trusted stops the daemon here.

@@ -19,6 +19,8 @@ pub struct ServerOptions {
     /// Longest request line, in bytes.
     pub max_request_bytes: usize,
     pub config_path: PathBuf,
+    /// Bundle downloads may use `http://` to a loopback address (tests against a local server).
+    pub allow_http_loopback: bool,
 }
 
 /// What every connection shares.

@@ -9,6 +9,7 @@
 
 pub mod agent;
 pub mod backend;
+pub mod bundle_trust;
 pub mod egress;
 pub mod image;
 pub mod paths;

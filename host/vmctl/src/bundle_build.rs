@@ -45,6 +45,10 @@ pub struct BuildArgs {
     /// erofs image is already lz4hc-compressed and 19 would take minutes for ~1% more]
     #[arg(long)]
     level: Option<i32>,
+    /// Sign with this secret key [default: $UMBRA_BUNDLE_SIGNING_KEY, else
+    /// ~/.config/umbra/bundle-signing.key, made on first use and trusted by this user]
+    #[arg(long)]
+    signing_key: Option<PathBuf>,
 }
 
 fn parse_arch(name: &str) -> Result<Arch, String> {
@@ -153,6 +157,7 @@ pub fn run(args: BuildArgs) -> anyhow::Result<()> {
     };
     let manifest = pack(&[kernel_input, image], &opts, &out).context("cannot pack the bundle")?;
     eprintln!("vmctl: bundle {} written to {}", manifest.bundle_version, out.display());
+    crate::bundle_sign::sign_build(&out, args.signing_key).context("cannot sign the bundle")?;
     for a in &manifest.artifacts {
         eprintln!(
             "vmctl:   {:<10} {:>11} bytes  zst {:>11} bytes  sha256 {}",

@@ -32,6 +32,8 @@ pub struct PullArgs {
     /// Retries after a network error or a 5xx (none after a 4xx or a checksum mismatch).
     #[arg(long, default_value_t = RetryPolicy::default().retries)]
     retries: u32,
+    #[command(flatten)]
+    trust: crate::bundle_sign::TrustArgs,
 }
 
 #[derive(Args, Debug)]
@@ -41,6 +43,8 @@ pub struct ImportArgs {
     path: String,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    trust: crate::bundle_sign::TrustArgs,
 }
 
 pub fn store() -> Store {
@@ -161,13 +165,26 @@ pub fn pull(args: PullArgs) -> i32 {
         };
     }
     let reporter = Reporter::new(args.json);
-    let opts = PullOptions {
-        warm: args.warm,
-        retry: RetryPolicy { retries: args.retries, ..RetryPolicy::default() },
-        ..PullOptions::default()
-    };
-    let result = store().pull(&args.url, &opts, &mut |p| reporter.event(p)).map_err(anyhow::Error::from);
+    let result = args.trust.trust().and_then(|trust| {
+        let opts = PullOptions {
+            warm: args.warm,
+            retry: RetryPolicy { retries: args.retries, ..RetryPolicy::default() },
+            trust,
+            ..PullOptions::default()
+        };
+        check_source(&args.url)?;
+        store().pull(&args.url, &opts, &mut |p| reporter.event(p)).map_err(anyhow::Error::from)
+    });
     report(result, &reporter, args.json)
+}
+
+/// The system policy's `bundle_sources`, as umbrad holds `bundle.download` to them.
+fn check_source(url: &str) -> anyhow::Result<()> {
+    let path = std::path::Path::new(umbra_api::system::SYSTEM_POLICY_PATH);
+    if let Some(system) = umbra_runtime::system_policy::load(path)? {
+        system.check_bundle_source(url).map_err(anyhow::Error::msg)?;
+    }
+    Ok(())
 }
 
 /// Starts `vmctl bundle pull --warm --foreground URL` detached, logging into the store.
@@ -185,6 +202,8 @@ fn spawn_warm(args: &PullArgs) -> anyhow::Result<()> {
     let child = Command::new(exe)
         .args(["bundle", "pull", "--warm", "--foreground", "--json", "--retries"])
         .arg(args.retries.to_string())
+        .args(args.trust.trusted_keys.iter().flat_map(|k| [std::ffi::OsStr::new("--trusted-key"), k.as_os_str()]))
+        .args(args.trust.allow_http_loopback.then_some("--allow-http-loopback"))
         .arg(&args.url)
         .stdin(Stdio::null())
         .stdout(log.try_clone().context("cannot dup the log")?)
@@ -205,7 +224,8 @@ fn spawn_warm(args: &PullArgs) -> anyhow::Result<()> {
 pub fn import(args: ImportArgs) -> i32 {
     let reporter = Reporter::new(args.json);
     let result = crate::run::bundle_dir(&args.path).and_then(|dir| {
-        store().import(&dir, &PullOptions::default(), &mut |p| reporter.event(p)).map_err(anyhow::Error::from)
+        let opts = PullOptions { trust: args.trust.trust()?, ..PullOptions::default() };
+        store().import(&dir, &opts, &mut |p| reporter.event(p)).map_err(anyhow::Error::from)
     });
     report(result, &reporter, args.json)
 }

@@ -21,10 +21,12 @@ pub struct LsArgs {
 
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
-    /// Installed version [default: current]
+    /// An installed version [default: current], a bundle directory, or a bundle URL.
     version: Option<String>,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    trust: crate::bundle_sign::TrustArgs,
 }
 
 #[derive(Args, Debug)]
@@ -83,16 +85,36 @@ pub fn verify(args: VerifyArgs) -> i32 {
     let spec = args.version.as_deref().unwrap_or("current");
     let version = match store.resolve(spec) {
         Ok(v) => v,
+        Err(_) if spec.contains("://") || umbra_runtime::image::packed_dir(spec).is_some() => {
+            return crate::bundle_sign::verify_source(spec, &args.trust, args.json).unwrap_or_else(fail);
+        }
         Err(e) => return fail(e),
     };
+    let signature = args
+        .trust
+        .trust()
+        .map_err(|e| e.to_string())
+        .and_then(|trust| store.check_installed_signature(&version, &trust).map_err(|e| e.to_string()));
     let checks = match store.verify(&version) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
     let changed = checks.iter().filter(|c| !c.ok()).count();
+    let signed = signature.is_ok();
     if args.json {
-        json_line(serde_json::json!({"version": version, "ok": changed == 0, "artifacts": checks}));
+        let (signer, signature_error) = match &signature {
+            Ok(id) => (Some(id.as_str()), None),
+            Err(e) => (None, Some(e.as_str())),
+        };
+        json_line(serde_json::json!({
+            "version": version, "ok": changed == 0 && signed, "artifacts": checks,
+            "signer": signer, "signature_error": signature_error,
+        }));
     } else {
+        match &signature {
+            Ok(id) => println!("ok       signature    by trusted key {id}"),
+            Err(e) => println!("BAD      signature    {e}"),
+        }
         for c in &checks {
             if c.ok() {
                 println!("ok       {:<12} {} bytes, sha256 {}", c.name, c.expected_size, c.expected_sha256);
@@ -116,7 +138,7 @@ pub fn verify(args: VerifyArgs) -> i32 {
             eprintln!("vmctl: bundle {version}: all {} artifacts verified", checks.len());
         }
     }
-    i32::from(changed > 0)
+    i32::from(changed > 0 || !signed)
 }
 
 pub fn rm(args: RmArgs) -> i32 {

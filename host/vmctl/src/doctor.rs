@@ -58,6 +58,30 @@ fn daemon_check() -> Check {
     }
 }
 
+/// Whom a bundle download trusts (`docs/bundle.md`, "Signatures"): with no key, every pull is
+/// refused, which is worth saying before one is tried.
+fn bundle_keys_check() -> Check {
+    let name = "bundle keys";
+    match crate::bundle_sign::TrustArgs::default().trust() {
+        Ok(t) if t.keys.is_empty() => Check {
+            name,
+            ok: true,
+            detail: "none trusted: `vmctl bundle pull` and `bundle.download` refuse every bundle".into(),
+            fix: Some(format!(
+                "put the publisher's .pub file in {} (a `vmctl bundle build` trusts its own key)",
+                umbra_api::paths::trusted_keys_dir().display()
+            )),
+        },
+        Ok(t) => Check {
+            name,
+            ok: true,
+            detail: t.keys.iter().map(|(k, from)| format!("{} ({from})", k.id())).collect::<Vec<_>>().join(", "),
+            fix: None,
+        },
+        Err(e) => Check { name, ok: false, detail: format!("{e:#}"), fix: None },
+    }
+}
+
 /// The machine's system policy (`docs/policy.md`): none, its ceilings, or why umbrad refuses it.
 fn system_policy_check() -> Check {
     let path = std::path::Path::new(umbra_api::system::SYSTEM_POLICY_PATH);
@@ -154,6 +178,7 @@ pub fn run(args: DoctorArgs) -> i32 {
         },
         daemon_check(),
         system_policy_check(),
+        bundle_keys_check(),
     ]);
     let (backend, why) =
         match umbra_runtime::backend::select::choose(umbra_api::BackendChoice::Auto, umbra_bundle::Arch::host()) {

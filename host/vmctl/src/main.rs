@@ -3,6 +3,7 @@
 mod attach;
 mod bundle_build;
 mod bundle_pull;
+mod bundle_sign;
 mod bundle_store;
 mod doctor;
 mod mcp;
@@ -80,8 +81,13 @@ enum BundleCommand {
     Pull(bundle_pull::PullArgs),
     /// Installed bundles (* marks current) and the warm slot.
     Ls(bundle_store::LsArgs),
-    /// Re-hash an installed bundle's artifacts and name any that changed.
+    /// Check a bundle's signature against the trusted keys; for an installed one, also re-hash
+    /// its artifacts and name any that changed.
     Verify(bundle_store::VerifyArgs),
+    /// Make a signing key pair (ed25519) for bundles.
+    Keygen(bundle_sign::KeygenArgs),
+    /// Sign a bundle directory's manifest (its artifact digests and boot command line).
+    Sign(bundle_sign::SignArgs),
     /// Remove an installed version.
     Rm(bundle_store::RmArgs),
     /// Keep the N newest versions and current; remove the rest and leftovers.
@@ -100,6 +106,8 @@ fn main() {
         Command::Bundle { command: BundleCommand::Ls(args) } => bundle_store::ls(args),
         Command::Bundle { command: BundleCommand::Verify(args) } => bundle_store::verify(args),
         Command::Bundle { command: BundleCommand::Rm(args) } => bundle_store::rm(args),
+        Command::Bundle { command: BundleCommand::Keygen(args) } => exit_code(bundle_sign::keygen(args)),
+        Command::Bundle { command: BundleCommand::Sign(args) } => exit_code(bundle_sign::sign(args)),
         Command::Bundle { command: BundleCommand::Gc(args) } => bundle_store::gc(args),
         Command::Bench { command: BenchCommand::Bundle(args) } => exit_code(umbra_bench::bundle::bundle(args)),
         Command::Doctor(args) => doctor::run(args),

@@ -36,6 +36,17 @@ impl Env {
         self.dir.0.join("data")
     }
 
+    /// The environment of a vmctl that uses this store and a configuration of its own, whose
+    /// trusted-keys directory holds the test key (and nothing of the user's).
+    pub fn vmctl_env(&self) -> [(&'static str, PathBuf); 2] {
+        let config = self.dir.0.join("config");
+        let keys = config.join("umbra").join("trusted-keys");
+        std::fs::create_dir_all(&keys).unwrap();
+        let line = umbra_bundle::testserver::test_key().public().to_line("test") + "\n";
+        std::fs::write(keys.join("test.pub"), line).unwrap();
+        [("UMBRA_DATA_DIR", self.data_dir()), ("XDG_CONFIG_HOME", config)]
+    }
+
     /// Packs a bundle served at `/<version>/`.
     pub fn bundle(&self, version: &str, kernel: usize, initrd: usize) -> Manifest {
         self.bundle_for_host(version, kernel, initrd, "0.1.0")
@@ -73,6 +84,7 @@ pub fn fast() -> PullOptions {
             initial: std::time::Duration::from_millis(10),
             max: std::time::Duration::from_millis(50),
         },
+        trust: umbra_bundle::testserver::test_trust(),
         ..PullOptions::default()
     }
 }

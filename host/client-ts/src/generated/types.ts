@@ -368,6 +368,13 @@ export interface DaemonConfig {
    */
   trust_ca?: string[];
   /**
+   * Public keys (`umbra-ed25519 <base64>` lines) a downloaded bundle may be signed by,
+   * besides the `*.pub` files in `$XDG_CONFIG_HOME/umbra/trusted-keys/`. A system policy
+   * with `trusted_keys` replaces both. Not settable by `config.set`: whom to trust is the
+   * file's owner's decision, not any client's.
+   */
+  trusted_keys?: string[];
+  /**
    * The HTTP proxy every guest connection goes out through, as `CONNECT` tunnels:
    * `http://[user:password@]host:port`. Unset: umbrad's `HTTPS_PROXY` (or `HTTP_PROXY`) when
    * it has one, else none.
@@ -432,8 +439,9 @@ export type Done = Record<string, never>;
 
 export interface DownloadParams {
   /**
-   * `http(s)://` or `file://` of a bundle's `manifest.json` (or its directory); default: the
-   * configured `bundle_url`.
+   * `https://` or `file://` of a bundle's `manifest.json` (or its directory); default: the
+   * configured `bundle_url`. The bundle must be signed by a trusted key (`bundle_error`
+   * otherwise, naming the signer).
    */
   url?: string | null;
   /**
@@ -1165,7 +1173,7 @@ export interface HookFailedReason {
 /** Params of `bundle.delete_and_reinstall`. */
 export interface ReinstallParams {
   /**
-   * `http(s)://` or `file://` of the bundle to download again; default: the configured
+   * `https://` or `file://` of the bundle to download again; default: the configured
    * `bundle_url`.
    */
   url?: string | null;
@@ -2254,6 +2262,12 @@ export type SystemPolicy = {
   max_memory_mib?: number | null;
   /** The network ceiling: what sessions may connect to, at most. */
   network?: NetworkPolicy | null;
+  /**
+   * The only public keys (`umbra-ed25519 <base64>` lines) downloaded bundles may be signed
+   * by: the user's own trusted keys (umbrad's `trusted_keys`, the trusted-keys directory,
+   * `vmctl --trusted-key`) are not consulted. Unset: the user's keys.
+   */
+  trusted_keys?: string[] | null;
   /**
    * Only folders beneath one of these absolute directories may be shared (after symlinks
    * are resolved). Unset: every folder.
