@@ -234,6 +234,17 @@ fn keygen_sign_verify_and_pull_only_what_a_trusted_key_signed() {
     assert_eq!(out.status.code(), Some(1), "without the key the signature is not trusted");
     assert!(json_lines(&out)[0]["signature_error"].as_str().unwrap().contains("does not trust"));
 
+    // By URL too, before installing.
+    let url = env.url("v1");
+    let out = vmctl(env, &[&["bundle", "verify", "--allow-http-loopback", "--json", &url][..], &trusted].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(json_lines(&out)[0]["signer"], id.as_str());
+
+    // A warm pull of a bundle nobody trusts is refused at once, not only in its log.
+    let out = vmctl(env, &["bundle", "pull", "--warm", &url]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("which this host does not trust"), "{}", text(&out.stderr));
+
     // Plain http:// without the loopback flag is refused before any request.
     let n = env.server.requests().len();
     let out = Command::new(workspace_bin("vmctl"))

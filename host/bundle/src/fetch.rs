@@ -165,7 +165,7 @@ impl Fetcher {
                 if attempt.previous().len() >= 10 {
                     return attempt.error("more than 10 redirects");
                 }
-                match crate::check_url(attempt.url(), allow) {
+                match crate::sign::check_redirect(attempt.url(), allow) {
                     Ok(()) => attempt.follow(),
                     Err(reason) => {
                         let to = attempt.url().to_string();

@@ -143,6 +143,11 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ManifestError
     ManifestError::Invalid { field: field.into(), reason: reason.into() }
 }
 
+/// `text` with control characters escaped: what a server sent may reach a terminal.
+pub(crate) fn printable(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
 /// A name usable as one path component: no separators, no dot-dot, nothing hidden or empty.
 pub(crate) fn safe_name(s: &str) -> bool {
     !s.is_empty()
@@ -169,11 +174,13 @@ impl Manifest {
         struct SchemaOnly {
             schema_version: u32,
         }
-        let schema: SchemaOnly = serde_json::from_slice(json).map_err(|e| ManifestError::Parse(e.to_string()))?;
+        // Escaped: the server's bytes reach a terminal through these messages.
+        let parse = |e: serde_json::Error| ManifestError::Parse(printable(&e.to_string()));
+        let schema: SchemaOnly = serde_json::from_slice(json).map_err(parse)?;
         if schema.schema_version != SCHEMA_VERSION {
             return Err(ManifestError::Schema { found: schema.schema_version });
         }
-        let m: Manifest = serde_json::from_slice(json).map_err(|e| ManifestError::Parse(e.to_string()))?;
+        let m: Manifest = serde_json::from_slice(json).map_err(parse)?;
         m.validate(host_version)?;
         Ok(m)
     }
@@ -272,7 +279,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn good() -> Manifest {
+    pub(crate) fn good() -> Manifest {
         let art = test_artifact;
         Manifest {
             schema_version: 1,
@@ -312,6 +319,10 @@ pub(crate) mod tests {
         let e = Manifest::parse(br#"{"schema_version": 2}"#, "0.1.0").unwrap_err();
         assert_eq!(e, ManifestError::Schema { found: 2 });
         assert!(matches!(Manifest::parse(b"{", "0.1.0"), Err(ManifestError::Parse(_))));
+        // A JSON escape decodes to a raw ESC, which serde quotes in its message.
+        let hostile = good().to_json().replacen(r#""role": "kernel""#, r#""role": "\u001b[2J""#, 1);
+        let e = Manifest::parse(hostile.as_bytes(), "0.1.0").unwrap_err().to_string();
+        assert!(!e.contains('\x1b') && e.contains("\\u{1b}[2J"), "control characters are escaped: {e}");
         let riscv = good().to_json().replace(r#""arch": "x86_64""#, r#""arch": "riscv64""#);
         assert_ne!(riscv, good().to_json(), "the replacement hit");
         let e = Manifest::parse(riscv.as_bytes(), "0.1.0").unwrap_err().to_string();

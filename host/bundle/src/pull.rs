@@ -144,6 +144,7 @@ impl Store {
         let installed = self.version_dir(&version);
         let warm = self.warm_dir(&version);
         if !opts.reinstall && self.is_complete(&installed, &manifest) {
+            keep_signed(&installed, &json, signature.as_deref())?;
             if !opts.warm {
                 self.point_current(&version)?;
                 self.drop_other_warm(&version);
@@ -151,6 +152,7 @@ impl Store {
             return done(self, PulledHow::AlreadyInstalled, &mut meter, 0);
         }
         if !opts.reinstall && self.is_complete(&warm, &manifest) {
+            keep_signed(&warm, &json, signature.as_deref())?;
             if opts.warm {
                 return done(self, PulledHow::Warmed, &mut meter, 0);
             }
@@ -386,6 +388,22 @@ impl Store {
             }
         }
     }
+}
+
+/// Puts the verified manifest bytes and their signature into an installed (or warm) copy made
+/// before either was kept, so `verify` and a later promotion see what was checked now.
+fn keep_signed(dir: &Path, json: &[u8], signature: Option<&[u8]>) -> Result<(), BundleError> {
+    let Some(sig) = signature else { return Ok(()) };
+    for (name, bytes) in [(MANIFEST_FILE, json), (SIGNATURE_FILE, sig)] {
+        let path = dir.join(name);
+        if fs::read(&path).ok().as_deref() == Some(bytes) {
+            continue;
+        }
+        let tmp = dir.join(format!(".{name}.tmp"));
+        write_synced(&tmp, bytes)?;
+        fs::rename(&tmp, &path).map_err(io_err("cannot rename", &path))?;
+    }
+    Ok(())
 }
 
 /// The `file://` URL of a bundle directory.

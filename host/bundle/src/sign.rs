@@ -115,17 +115,26 @@ impl SecretKey {
         PublicKey(self.0.verifying_key())
     }
 
-    /// Reads a secret key file, refusing one that others can read or write.
+    /// Reads a secret key file, refusing one that others can read or write, or that another
+    /// user owns.
     pub fn read(path: &Path) -> Result<Self, BundleError> {
+        use std::io::Read;
         let bad = |reason: String| BundleError::Key { path: path.display().to_string(), reason };
-        let meta = std::fs::metadata(path).map_err(crate::io_err("cannot read", path))?;
+        let f = std::fs::File::open(path).map_err(crate::io_err("cannot read", path))?;
+        let meta = f.metadata().map_err(crate::io_err("cannot read", path))?;
+        // SAFETY: geteuid cannot fail and touches no memory.
+        let euid = unsafe { libc::geteuid() };
+        if meta.uid() != euid {
+            return Err(bad(format!("owned by uid {}, not by this user (uid {euid})", meta.uid())));
+        }
         if meta.mode() & 0o077 != 0 {
             return Err(bad(format!(
                 "mode {:04o}: a secret key must be readable by its owner only (chmod 600)",
                 meta.mode() & 0o7777
             )));
         }
-        let text = std::fs::read_to_string(path).map_err(crate::io_err("cannot read", path))?;
+        let mut text = String::new();
+        f.take(4096).read_to_string(&mut text).map_err(crate::io_err("cannot read", path))?;
         let mut words = text.split_whitespace();
         if words.next() != Some(SECRET_TAG) {
             return Err(bad(format!("not an {SECRET_TAG} key file")));
@@ -153,8 +162,17 @@ impl SecretKey {
         writeln!(f, "{SECRET_TAG} {}", B64.encode(self.0.to_bytes())).map_err(crate::io_err("cannot write", path))?;
         f.sync_all().map_err(crate::io_err("cannot fsync", path))?;
         let public = public_path(path);
-        std::fs::write(&public, self.public().to_line(comment) + "\n")
-            .map_err(crate::io_err("cannot write", &public))?;
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&public)
+            .and_then(|mut p| p.write_all((self.public().to_line(comment) + "\n").as_bytes()));
+        if let Err(e) = written {
+            // A secret key without its public half would never be trusted or handed out.
+            let _ = std::fs::remove_file(path);
+            return Err(crate::io_err("cannot create", &public)(e));
+        }
         Ok(public)
     }
 
@@ -164,6 +182,23 @@ impl SecretKey {
         let public = self.public();
         SignatureEntry { key_id: public.id(), public_key: public.to_base64(), signature: B64.encode(sig.to_bytes()) }
     }
+}
+
+fn entry_signature(entry: &SignatureEntry) -> Option<Signature> {
+    let bytes: [u8; 64] = B64.decode(&entry.signature).ok()?.try_into().ok()?;
+    Some(Signature::from_bytes(&bytes))
+}
+
+/// Whether some signature in `signatures` matches `manifest_json` under the key it names —
+/// whoever that is. For bundles accepted once already (the warm slot), to tell them from
+/// copies nobody signed; it says nothing about trust.
+pub(crate) fn self_consistent(manifest_json: &[u8], signatures: &[u8]) -> bool {
+    let Ok(file) = SignatureFile::parse(signatures) else { return false };
+    let msg = message(manifest_json);
+    file.signatures.iter().any(|e| match (PublicKey::parse(&e.public_key), entry_signature(e)) {
+        (Ok(key), Some(sig)) => key.0.verify_strict(&msg, &sig).is_ok(),
+        _ => false,
+    })
 }
 
 /// `path` with `.pub` appended.
@@ -196,8 +231,9 @@ pub struct SignatureEntry {
 
 impl SignatureFile {
     pub fn parse(bytes: &[u8]) -> Result<Self, String> {
-        let f: SignatureFile =
-            serde_json::from_slice(bytes).map_err(|e| format!("{SIGNATURE_FILE} is not valid: {e}"))?;
+        // Escaped: the server's bytes reach a terminal through this message.
+        let f: SignatureFile = serde_json::from_slice(bytes)
+            .map_err(|e| format!("{SIGNATURE_FILE} is not valid: {}", crate::manifest::printable(&e.to_string())))?;
         if f.schema_version != 1 {
             return Err(format!("{SIGNATURE_FILE} schema {} is not supported (1)", f.schema_version));
         }
@@ -233,6 +269,12 @@ pub fn sign_dir(dir: &Path, key: &SecretKey) -> Result<String, BundleError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => SignatureFile { schema_version: 1, signatures: vec![] },
         Err(e) => return Err(crate::io_err("cannot read", &spath)(e)),
     };
+    // Another key's signature over older bytes (a rebuilt bundle) would only mislead.
+    let msg = message(&json);
+    file.signatures.retain(|e| match (PublicKey::parse(&e.public_key), entry_signature(e)) {
+        (Ok(k), Some(sig)) => k.0.verify_strict(&msg, &sig).is_ok(),
+        _ => false,
+    });
     file.add(key.sign(&json));
     let tmp = dir.join(format!(".{SIGNATURE_FILE}.tmp"));
     std::fs::write(&tmp, file.to_json()).map_err(crate::io_err("cannot write", &tmp))?;
@@ -264,10 +306,26 @@ impl Trust {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(self),
             Err(e) => return Err(crate::io_err("cannot read", dir)(e)),
         };
+        // As ssh's StrictModes: a directory or key file others can write is anyone's trust.
+        let writable = |p: &Path| -> Result<(), BundleError> {
+            let m = std::fs::metadata(p).map_err(crate::io_err("cannot read", p))?;
+            if m.mode() & 0o022 != 0 {
+                return Err(BundleError::Key {
+                    path: p.display().to_string(),
+                    reason: format!(
+                        "mode {:04o}: writable by its group or by everyone, so anyone could add a trusted key; refusing it (chmod go-w)",
+                        m.mode() & 0o7777
+                    ),
+                });
+            }
+            Ok(())
+        };
+        writable(dir)?;
         let mut paths: Vec<PathBuf> =
             entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "pub")).collect();
         paths.sort();
         for p in paths {
+            writable(&p)?;
             let key = PublicKey::read(&p)?;
             self.keys.push((key, p.display().to_string()));
         }
@@ -294,26 +352,25 @@ impl Trust {
         let file = SignatureFile::parse(bytes).map_err(bad)?;
         let msg = message(manifest_json);
         let mut signers = Vec::new();
+        let mut mismatched = None;
         for entry in &file.signatures {
             let key = PublicKey::parse(&entry.public_key).map_err(|e| bad(format!("a signer's key: {e}")))?;
             if !self.trusts(&key) {
                 signers.push(key.id());
                 continue;
             }
-            let sig = B64
-                .decode(&entry.signature)
-                .ok()
-                .and_then(|b| <[u8; 64]>::try_from(b).ok())
-                .map(|b| Signature::from_bytes(&b))
-                .ok_or_else(|| bad(format!("the signature by {} is not 64 base64 bytes", key.id())))?;
-            // Strict: no malleable signatures, no small-order keys.
-            return match key.0.verify_strict(&msg, &sig) {
-                Ok(()) => Ok(key.id()),
-                Err(_) => Err(bad(format!(
-                    "the signature by trusted key {} does not match this manifest: the manifest (its artifact digests or boot command line) or the signature was altered",
-                    key.id()
-                ))),
-            };
+            // Strict: no malleable signatures, no small-order keys. One trusted signature that
+            // matches is enough; a stale one beside it (an older manifest's) does not refuse.
+            match entry_signature(entry).map(|sig| key.0.verify_strict(&msg, &sig)) {
+                Some(Ok(())) => return Ok(key.id()),
+                Some(Err(_)) => mismatched = Some(key.id()),
+                None => mismatched = mismatched.or(Some(format!("{} (not 64 base64 bytes)", key.id()))),
+            }
+        }
+        if let Some(id) = mismatched {
+            return Err(bad(format!(
+                "the signature by trusted key {id} does not match this manifest: the manifest (its artifact digests or boot command line) or the signature was altered"
+            )));
         }
         Err(BundleError::UntrustedSigner {
             version: version.into(),
@@ -328,6 +385,14 @@ impl Trust {
             },
         })
     }
+}
+
+/// Whether a redirect may go to `url`: as [`check_url`], but never to `file://`.
+pub(crate) fn check_redirect(url: &reqwest::Url, allow_http_loopback: bool) -> Result<(), String> {
+    if url.scheme() == "file" {
+        return Err("a redirect to file:// is refused".into());
+    }
+    check_url(url, allow_http_loopback)
 }
 
 /// Whether `url` may be fetched under `allow_http_loopback`: `https://` always, `file://`
@@ -403,6 +468,43 @@ mod tests {
         forged.key_id = a.public().id();
         let e = trust.verify("v1", JSON, Some(&sigs(vec![forged])), "x").unwrap_err();
         assert!(matches!(e, BundleError::BadSignature { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_stale_trusted_signature_beside_a_valid_one_does_not_refuse_and_resigning_drops_it() {
+        let a = key(1);
+        let trust = Trust::default().key(a.public(), "test");
+        let both = sigs(vec![a.sign(b"an older manifest"), a.sign(JSON)]);
+        assert_eq!(trust.verify("v1", JSON, Some(&both), "x").unwrap(), a.public().id());
+
+        let dir = tempfile::tempdir().unwrap();
+        let m = crate::manifest::tests::good();
+        std::fs::write(dir.path().join(crate::MANIFEST_FILE), m.to_json()).unwrap();
+        sign_dir(dir.path(), &key(2)).unwrap();
+        // Rebuilt: other bytes. Key 2's signature is stale and goes; key 1's is added.
+        let mut rebuilt = m.clone();
+        rebuilt.boot.cmdline = "quiet".into();
+        std::fs::write(dir.path().join(crate::MANIFEST_FILE), rebuilt.to_json()).unwrap();
+        sign_dir(dir.path(), &a).unwrap();
+        let file = SignatureFile::parse(&std::fs::read(dir.path().join(SIGNATURE_FILE)).unwrap()).unwrap();
+        assert_eq!(file.signatures.len(), 1);
+        assert_eq!(file.signatures[0].key_id, a.public().id());
+    }
+
+    #[test]
+    fn a_trusted_keys_directory_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("trusted-keys");
+        key(1).write_new(&keys.join("a.key"), "").unwrap();
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(Trust::default().keys_in_dir(&keys).unwrap().keys.len(), 1);
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = Trust::default().keys_in_dir(&keys).unwrap_err().to_string();
+        assert!(e.contains("mode 0777") && e.contains("chmod go-w"), "{e}");
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(keys.join("a.key.pub"), std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(Trust::default().keys_in_dir(&keys).is_err(), "nor a key file others can write");
     }
 
     #[test]

@@ -218,6 +218,18 @@ impl Store {
         Manifest::parse(&json, &self.host_version).ok()
     }
 
+    /// Whether `dir` keeps the exact manifest it was installed from with a signature over it
+    /// (by whichever key; the pull that put it there checked the key).
+    pub(crate) fn signed_copy(&self, dir: &Path) -> bool {
+        let (Ok(json), Ok(sig)) =
+            (fs::read(dir.join(crate::MANIFEST_FILE)), fs::read(dir.join(crate::sign::SIGNATURE_FILE)))
+        else {
+            return false;
+        };
+        let parsed = Manifest::parse(&json, &self.host_version).ok();
+        parsed.is_some() && parsed == self.complete_manifest(dir) && crate::sign::self_consistent(&json, &sig)
+    }
+
     /// Whether `dir` holds exactly this bundle, complete.
     pub(crate) fn is_complete(&self, dir: &Path, manifest: &Manifest) -> bool {
         fs::read(dir.join(COMPLETE_MARKER)).ok().as_deref() == Some(manifest.to_json().as_bytes())
@@ -527,6 +539,11 @@ impl Store {
         let installed = self.version_dir(&info.version);
         if self.complete_manifest(&installed).is_some() {
             self.discard(&info.dir)?;
+        } else if !self.signed_copy(&info.dir) {
+            // A warm download nobody signed (one from before signatures were required): a
+            // start must not make it current. A pull of it checks it afresh.
+            self.discard(&info.dir)?;
+            return Ok(None);
         } else if self.complete_manifest(&info.dir).is_some() {
             self.install_dir(&info.dir, &installed)?;
         } else {
@@ -558,7 +575,33 @@ mod tests {
         };
         fs::create_dir_all(dir).unwrap();
         fs::write(dir.join(COMPLETE_MARKER), m.to_json()).unwrap();
+        // Kept as a pull keeps them: the signed bytes and their signature.
+        fs::write(dir.join(crate::MANIFEST_FILE), m.to_json()).unwrap();
+        let sig = crate::SecretKey::from_seed([5; 32]).sign(m.to_json().as_bytes());
+        let file = crate::SignatureFile { schema_version: 1, signatures: vec![sig] };
+        fs::write(dir.join(crate::SIGNATURE_FILE), file.to_json()).unwrap();
         m
+    }
+
+    #[test]
+    fn a_warm_bundle_nobody_signed_is_dropped_not_promoted() {
+        let (_d, s) = store();
+        fake(&s.version_dir("y"), "y", "");
+        completed_at(&s.version_dir("y"), 100);
+        s.set_current("y").unwrap();
+        // Warmed before signatures were required: no manifest.sig.
+        fake(&s.warm_dir("z"), "z", "");
+        completed_at(&s.warm_dir("z"), 300);
+        fs::remove_file(s.warm_dir("z").join(crate::SIGNATURE_FILE)).unwrap();
+        assert!(s.promote_warm().unwrap().is_none());
+        assert_eq!(s.current().as_deref(), Some("y"));
+        assert!(!s.warm_dir("z").exists());
+        // Nor one whose kept manifest is not the one it was completed with.
+        fake(&s.warm_dir("w"), "w", "");
+        completed_at(&s.warm_dir("w"), 300);
+        fs::write(s.warm_dir("w").join(crate::MANIFEST_FILE), fake(&s.root.join("other"), "w", "x").to_json()).unwrap();
+        assert!(s.promote_warm().unwrap().is_none());
+        assert_eq!(s.current().as_deref(), Some("y"));
     }
 
     fn store() -> (tempfile::TempDir, Store) {

@@ -156,6 +156,15 @@ fn report(result: anyhow::Result<Pulled>, reporter: &Reporter, json: bool) -> i3
 
 pub fn pull(args: PullArgs) -> i32 {
     if args.warm && !args.foreground {
+        // Refused now, not only in the background pull's log: the source and the signature.
+        let checked = check_source(&args.url).and_then(|()| {
+            let opts = PullOptions { trust: args.trust.trust()?, ..PullOptions::default() };
+            store().check_signature(&args.url, &opts).map_err(anyhow::Error::from)
+        });
+        if let Err(e) = checked {
+            eprintln!("vmctl: error: {e:#}");
+            return 1;
+        }
         return match spawn_warm(&args) {
             Ok(()) => 0,
             Err(e) => {

@@ -83,12 +83,18 @@ pub fn ls(args: LsArgs) -> i32 {
 pub fn verify(args: VerifyArgs) -> i32 {
     let store = store();
     let spec = args.version.as_deref().unwrap_or("current");
-    let version = match store.resolve(spec) {
-        Ok(v) => v,
-        Err(_) if spec.contains("://") || umbra_runtime::image::packed_dir(spec).is_some() => {
+    // A URL or a bundle directory (a path, or a flavor `vmctl bundle build` made) unless an
+    // installed version has that name.
+    let installed = store.resolve(spec).ok().filter(|v| store.get(v).is_ok());
+    let version = match installed {
+        Some(v) => v,
+        None if spec.contains("://") || umbra_runtime::image::packed_dir(spec).is_some() => {
             return crate::bundle_sign::verify_source(spec, &args.trust, args.json).unwrap_or_else(fail);
         }
-        Err(e) => return fail(e),
+        None => match store.resolve(spec).and_then(|v| store.get(&v).map(|_| v)) {
+            Ok(v) => v,
+            Err(e) => return fail(e),
+        },
     };
     let signature = args
         .trust
