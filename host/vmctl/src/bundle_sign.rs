@@ -104,7 +104,14 @@ pub fn sign_build(dir: &Path, given: Option<PathBuf>) -> anyhow::Result<()> {
     let (path, default) = key_path(given);
     if default && !path.exists() {
         let key = SecretKey::generate()?;
-        let public = key.write_new(&path, "umbra local builds")?;
+        let public = match key.write_new(&path, "umbra local builds") {
+            Ok(p) => p,
+            // Another build made it first: sign with that one.
+            Err(umbra_bundle::BundleError::Io { source, .. }) if source.kind() == std::io::ErrorKind::AlreadyExists => {
+                return sign_with(dir, &path);
+            }
+            Err(e) => return Err(e.into()),
+        };
         let trusted = umbra_api::paths::trusted_keys_dir().join("local-build.pub");
         std::fs::create_dir_all(trusted.parent().expect("a directory"))?;
         std::fs::copy(&public, &trusted).with_context(|| format!("cannot write {}", trusted.display()))?;
@@ -115,9 +122,13 @@ pub fn sign_build(dir: &Path, given: Option<PathBuf>) -> anyhow::Result<()> {
             trusted.display()
         );
     }
-    let key = SecretKey::read(&path)?;
+    sign_with(dir, &path)
+}
+
+fn sign_with(dir: &Path, path: &Path) -> anyhow::Result<()> {
+    let key = SecretKey::read(path)?;
     sign_dir(dir, &key)?;
-    eprintln!("vmctl: signed by {} ({})", key.public().id(), public_path(&path).display());
+    eprintln!("vmctl: signed by {} ({})", key.public().id(), public_path(path).display());
     Ok(())
 }
 
