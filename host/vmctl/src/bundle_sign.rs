@@ -131,33 +131,3 @@ fn sign_with(dir: &Path, path: &Path) -> anyhow::Result<()> {
     eprintln!("vmctl: signed by {} ({})", key.public().id(), public_path(path).display());
     Ok(())
 }
-
-/// `verify`'s signature check of a bundle that is not installed: a directory or a URL.
-pub fn verify_source(source: &str, trust: &TrustArgs, json: bool) -> anyhow::Result<i32> {
-    let url = if source.contains("://") {
-        source.to_string()
-    } else {
-        umbra_bundle::dir_url(&crate::run::bundle_dir(source)?)?
-    };
-    let opts = umbra_bundle::PullOptions { trust: trust.trust()?, ..Default::default() };
-    let result = crate::bundle_pull::store().check_signature(&url, &opts);
-    match result {
-        Ok(signed) => {
-            if json {
-                crate::bundle_pull::json_line(serde_json::json!({
-                    "version": signed.manifest.bundle_version, "ok": true, "signer": signed.signer,
-                }));
-            } else {
-                eprintln!("vmctl: bundle {}: signed by trusted key {}", signed.manifest.bundle_version, signed.signer);
-            }
-            Ok(0)
-        }
-        Err(e) => {
-            if json {
-                crate::bundle_pull::json_line(serde_json::json!({"ok": false, "error": e.to_string()}));
-            }
-            eprintln!("vmctl: error: {e}");
-            Ok(1)
-        }
-    }
-}

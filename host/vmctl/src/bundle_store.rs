@@ -89,7 +89,7 @@ pub fn verify(args: VerifyArgs) -> i32 {
     let version = match installed {
         Some(v) => v,
         None if spec.contains("://") || umbra_runtime::image::packed_dir(spec).is_some() => {
-            return crate::bundle_sign::verify_source(spec, &args.trust, args.json).unwrap_or_else(fail);
+            return verify_source(spec, &args.trust, args.json).unwrap_or_else(fail);
         }
         None => match store.resolve(spec).and_then(|v| store.get(&v).map(|_| v)) {
             Ok(v) => v,
@@ -167,5 +167,35 @@ pub fn gc(args: GcArgs) -> i32 {
             0
         }
         Err(e) => fail(e),
+    }
+}
+
+/// `verify`'s signature check of a bundle that is not installed: a directory or a URL.
+fn verify_source(source: &str, trust: &crate::bundle_sign::TrustArgs, json: bool) -> anyhow::Result<i32> {
+    let url = if source.contains("://") {
+        source.to_string()
+    } else {
+        umbra_bundle::dir_url(&crate::run::bundle_dir(source)?)?
+    };
+    let opts = umbra_bundle::PullOptions { trust: trust.trust()?, ..Default::default() };
+    let result = store().check_signature(&url, &opts);
+    match result {
+        Ok(signed) => {
+            if json {
+                json_line(serde_json::json!({
+                    "version": signed.manifest.bundle_version, "ok": true, "signer": signed.signer,
+                }));
+            } else {
+                eprintln!("vmctl: bundle {}: signed by trusted key {}", signed.manifest.bundle_version, signed.signer);
+            }
+            Ok(0)
+        }
+        Err(e) => {
+            if json {
+                json_line(serde_json::json!({"ok": false, "error": e.to_string()}));
+            }
+            eprintln!("vmctl: error: {e}");
+            Ok(1)
+        }
     }
 }
