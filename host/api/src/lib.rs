@@ -16,6 +16,7 @@ pub mod kept;
 pub mod methods;
 pub mod paths;
 pub mod ports;
+pub mod python;
 pub mod reference;
 pub mod rpc;
 pub mod schema;

@@ -110,11 +110,11 @@ pub fn render(doc: &Value) -> String {
 }
 
 /// A schema's `$ref` target (`{"$ref": "#/$defs/Name", …}`).
-fn ref_name(schema: &Value) -> Option<&str> {
+pub(crate) fn ref_name(schema: &Value) -> Option<&str> {
     schema.get("$ref")?.as_str()?.strip_prefix("#/$defs/")
 }
 
-fn json_literal(v: &Value) -> String {
+pub(crate) fn json_literal(v: &Value) -> String {
     serde_json::to_string(v).expect("JSON values serialize")
 }
 
@@ -131,7 +131,7 @@ fn property_name(name: &str) -> String {
 }
 
 /// `boot_queued` → `BootQueued`.
-fn pascal_case(snake: &str) -> String {
+pub(crate) fn pascal_case(snake: &str) -> String {
     snake
         .split(['_', '-', '.'])
         .filter(|w| !w.is_empty())
@@ -143,7 +143,7 @@ fn pascal_case(snake: &str) -> String {
 }
 
 /// `SessionEvent` → `SESSION_EVENT`.
-fn upper_snake_case(camel: &str) -> String {
+pub(crate) fn upper_snake_case(camel: &str) -> String {
     let mut out = String::new();
     for (i, c) in camel.chars().enumerate() {
         if c.is_ascii_uppercase() && i > 0 {
@@ -156,26 +156,26 @@ fn upper_snake_case(camel: &str) -> String {
 
 /// The last word of a CamelCase name (`SessionEvent` → `Event`): the suffix of its variants'
 /// names.
-fn last_word(camel: &str) -> &str {
+pub(crate) fn last_word(camel: &str) -> &str {
     let at = camel.char_indices().rev().find(|(_, c)| c.is_ascii_uppercase()).map_or(0, |(i, _)| i);
     &camel[at..]
 }
 
 /// `snake_case` of a CamelCase rustdoc name (`ErrorCode::SessionNotFound` → `session_not_found`).
-fn snake_case(camel: &str) -> String {
+pub(crate) fn snake_case(camel: &str) -> String {
     upper_snake_case(camel).to_ascii_lowercase()
 }
 
 /// A field of an object schema.
-struct Field<'a> {
-    name: &'a str,
-    schema: &'a Value,
-    required: bool,
+pub(crate) struct Field<'a> {
+    pub name: &'a str,
+    pub schema: &'a Value,
+    pub required: bool,
 }
 
 /// An object schema's own fields: required ones in their declared order (schemars keeps it in
 /// `required`; `properties` is sorted by name), then the optional ones by name.
-fn fields(schema: &Value) -> Vec<Field<'_>> {
+pub(crate) fn fields(schema: &Value) -> Vec<Field<'_>> {
     let Some(props) = schema.get("properties").and_then(Value::as_object) else { return Vec::new() };
     let required: Vec<&str> =
         schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
@@ -193,7 +193,7 @@ fn fields(schema: &Value) -> Vec<Field<'_>> {
 
 /// A tagged `oneOf`: the tag's name and each variant's tag value, when every variant is an
 /// object naming itself by the same `const` property.
-fn tagged_union(schema: &Value) -> Option<(String, Vec<(String, &Value)>)> {
+pub(crate) fn tagged_union(schema: &Value) -> Option<(String, Vec<(String, &Value)>)> {
     let variants = schema.get("oneOf")?.as_array()?;
     let first = variants.first()?.get("properties")?.as_object()?;
     let tag = first.iter().find(|(k, p)| {
@@ -522,7 +522,7 @@ impl Renderer<'_> {
 }
 
 /// A description on one line (for a list item).
-fn one_line(text: &str) -> String {
+pub(crate) fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
