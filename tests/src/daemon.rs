@@ -19,6 +19,17 @@ pub struct TestDaemon {
     child: Option<Child>,
 }
 
+/// The public key `vmctl bundle build` signed this machine's bundles with, if it made one:
+/// `$UMBRA_BUNDLE_SIGNING_KEY.pub`, else the user's default key's.
+pub fn build_signing_public_key() -> Option<Vec<u8>> {
+    let secret = std::env::var_os("UMBRA_BUNDLE_SIGNING_KEY")
+        .map(PathBuf::from)
+        .unwrap_or_else(umbra_api::paths::signing_key_path);
+    let mut public = secret.into_os_string();
+    public.push(".pub");
+    std::fs::read(public).ok()
+}
+
 /// Names of the processes a VM runs on the host.
 pub const HELPERS: [&str; 5] = ["qemu-system", "vhost-device-vsock", "virtiofsd", "umbra-fsd", "umbra-vmm"];
 
@@ -63,6 +74,13 @@ impl TestDaemon {
         let config_dir = dir.0.join("config/umbra");
         std::fs::create_dir_all(&config_dir).unwrap();
         std::fs::write(config_dir.join("umbrad.json"), serde_json::to_vec_pretty(&base).unwrap()).unwrap();
+        // The bundles this machine built are signed by its build key, which the user's own
+        // configuration trusts (`vmctl bundle build` puts it there): the test daemon's does too.
+        if let Some(public) = build_signing_public_key() {
+            let keys = config_dir.join("trusted-keys");
+            std::fs::create_dir_all(&keys).unwrap();
+            std::fs::write(keys.join("local-build.pub"), public).unwrap();
+        }
         let socket = dir.0.join("run/umbra/umbrad.sock");
         let mut d = Self { dir, socket, child: None };
         d.launch();
