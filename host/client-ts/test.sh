@@ -3,8 +3,9 @@
 # the node:test suites one file at a time (unit tests against a fake daemon; then a real umbrad
 # booting real VMs: sessions and processes, reconnection after a restart, 100 MiB of
 # backpressure, the npm-pack tarball compiled in a fresh project and its README example run, and
-# `vmctl mcp` driven by the official MCP SDKs, TypeScript and Python).
-# Needs `cargo build --workspace` and the minimal bundle (`scripts/build-agent`, then
+# `vmctl mcp` driven by the official MCP SDKs, TypeScript and Python; umbrad's E2B endpoint
+# driven by the unmodified E2B SDKs, JavaScript and Python, on the standard bundle).
+# Needs `cargo build --workspace`, the minimal and standard bundles (`scripts/build-agent`, then
 # `target/debug/vmctl bundle build --flavor minimal`); see README.md. The network is used only
 # by `npm ci`, for the registry (nothing when ~/.cache/umbra/npm already holds the packages).
 set -euo pipefail
@@ -34,6 +35,10 @@ npx --no-install tsc -p .
 step "the MCP Python SDK (a cached venv, scripts/mcp-python)"
 UMBRA_MCP_PYTHON=$(../../scripts/mcp-python)
 export UMBRA_MCP_PYTHON
+
+step "the E2B Python SDK (a cached venv, scripts/e2b-python)"
+UMBRA_E2B_PYTHON=$(../../scripts/e2b-python)
+export UMBRA_E2B_PYTHON
 
 step "tests (node --test, one file at a time)"
 # Every test/*.test.mjs (test/daemon.mjs is their helper). A test that hangs fails after

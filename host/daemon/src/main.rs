@@ -67,6 +67,16 @@ struct Args {
     /// Repeatable; no other folder is offered to MCP clients.
     #[arg(long = "mcp-folder", value_name = "SPEC")]
     mcp_folders: Vec<String>,
+    /// Also serve the E2B API (sandboxes, and envd's process and filesystem services) at this
+    /// loopback address, for the unmodified `e2b` SDKs (docs/e2b.md). Requests need the key in
+    /// `$UMBRA_E2B_API_KEY`, else one umbrad makes; the URL and key are written to `e2b.json`
+    /// (0600) beside the socket.
+    #[arg(long, value_name = "ADDR")]
+    e2b_listen: Option<std::net::SocketAddr>,
+    /// An E2B template and the bundle it boots, `NAME=BUNDLE` (a version, directory or URL as
+    /// `bundle` takes); `base` boots the configured bundle unless given. Repeatable.
+    #[arg(long = "e2b-template", value_name = "NAME=BUNDLE")]
+    e2b_templates: Vec<String>,
     /// Let `bundle.download` fetch over plain `http://` from a loopback address (127.0.0.1,
     /// [::1]): for tests against a local server. Every other `http://` is refused regardless.
     #[arg(long)]
@@ -135,6 +145,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Some(addr) => Some(serve_mcp(addr, &args.mcp_folders, &socket).await?),
         None => None,
     };
+    let _e2b_info = match args.e2b_listen {
+        Some(addr) => Some(serve_e2b(addr, &args.e2b_templates, &socket).await?),
+        None => None,
+    };
     let daemon = Arc::new(Daemon::new(manager, options));
     bundles::warm_in_background(daemon.clone());
     watch::start(daemon.clone(), args.system_policy.clone());
@@ -164,38 +178,17 @@ async fn serve_mcp(
     addr: std::net::SocketAddr,
     folders: &[String],
     socket: &std::path::Path,
-) -> anyhow::Result<McpInfo> {
+) -> anyhow::Result<InfoFile> {
     umbra_mcp::http::check_address(&addr).map_err(anyhow::Error::msg)?;
     let folders = umbra_mcp::server::offered_folders(folders).map_err(|e| anyhow::anyhow!("--mcp-folder {e}"))?;
-    let token = match std::env::var("UMBRA_MCP_TOKEN") {
-        Ok(t) if t.len() >= 16 => t,
-        Ok(_) => anyhow::bail!("UMBRA_MCP_TOKEN must have at least 16 characters"),
-        Err(_) => {
-            let mut bytes = [0u8; 32];
-            std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)
-                .context("cannot read /dev/urandom for the MCP token")?;
-            bytes.iter().map(|b| format!("{b:02x}")).collect()
-        }
-    };
+    let token = endpoint_secret("UMBRA_MCP_TOKEN")?;
     let listener =
         tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen for MCP on {addr}"))?;
     let bound = listener.local_addr()?;
     let url = format!("http://{bound}/mcp");
-    let info = socket.with_file_name("mcp.json");
-    let text = serde_json::to_vec_pretty(&serde_json::json!({ "url": url, "token": token }))?;
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let _ = std::fs::remove_file(&info);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&info)
-            .with_context(|| format!("cannot write {}", info.display()))?;
-        f.write_all(&text)?;
-    }
-    tracing::info!(%url, info = %info.display(), folders = folders.len(), "serving MCP");
+    let info =
+        write_private_json(socket.with_file_name("mcp.json"), serde_json::json!({ "url": url, "token": token }))?;
+    tracing::info!(%url, info = %info.0.display(), folders = folders.len(), "serving MCP");
     let socket = socket.to_path_buf();
     // One agent behind the token: every MCP session of the endpoint reaches the sessions any of
     // them started, and no others.
@@ -206,13 +199,76 @@ async fn serve_mcp(
             tracing::error!("the MCP endpoint stopped: {e}");
         }
     });
-    Ok(McpInfo(info))
+    Ok(info)
 }
 
-/// `mcp.json`, removed when dropped.
-struct McpInfo(PathBuf);
+/// Starts the E2B endpoint (`--e2b-listen`): umbra-e2b's server, a client of this daemon's own
+/// socket like any other, and `e2b.json` beside the socket saying where it is and its key.
+async fn serve_e2b(
+    addr: std::net::SocketAddr,
+    templates: &[String],
+    socket: &std::path::Path,
+) -> anyhow::Result<InfoFile> {
+    umbra_e2b::http::check_address(&addr).map_err(anyhow::Error::msg)?;
+    let mut mapped = std::collections::BTreeMap::new();
+    for t in templates {
+        match t.split_once('=') {
+            Some((name, bundle)) if !name.is_empty() && !bundle.is_empty() => {
+                mapped.insert(name.to_string(), bundle.to_string());
+            }
+            _ => anyhow::bail!("--e2b-template {t:?}: NAME=BUNDLE"),
+        }
+    }
+    let key = endpoint_secret("UMBRA_E2B_API_KEY")?;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen for E2B on {addr}"))?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let info =
+        write_private_json(socket.with_file_name("e2b.json"), serde_json::json!({ "url": url, "api_key": key }))?;
+    tracing::info!(%url, info = %info.0.display(), templates = mapped.len(), "serving the E2B API");
+    let options = umbra_e2b::sandboxes::Options { socket: Some(socket.to_path_buf()), templates: mapped };
+    tokio::spawn(async move {
+        let e2b = umbra_e2b::sandboxes::E2b::new(options);
+        if let Err(e) = umbra_e2b::http::serve(listener, e2b, key).await {
+            tracing::error!("the E2B endpoint stopped: {e}");
+        }
+    });
+    Ok(info)
+}
 
-impl Drop for McpInfo {
+/// An endpoint's secret: `$VAR` (at least 16 characters), else 32 random bytes in hex.
+fn endpoint_secret(var: &str) -> anyhow::Result<String> {
+    match std::env::var(var) {
+        Ok(t) if t.len() >= 16 => Ok(t),
+        Ok(_) => anyhow::bail!("{var} must have at least 16 characters"),
+        Err(_) => {
+            let mut bytes = [0u8; 32];
+            std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)
+                .with_context(|| format!("cannot read /dev/urandom for {var}"))?;
+            Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+        }
+    }
+}
+
+/// Writes `value` to `path`, readable by this user only (it holds a secret).
+fn write_private_json(path: PathBuf, value: serde_json::Value) -> anyhow::Result<InfoFile> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(&path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(&serde_json::to_vec_pretty(&value)?)?;
+    Ok(InfoFile(path))
+}
+
+/// An endpoint's `*.json` beside the socket, removed when dropped.
+struct InfoFile(PathBuf);
+
+impl Drop for InfoFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
