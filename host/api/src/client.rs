@@ -109,6 +109,11 @@ impl Client {
         Ok((client, Notifications { rx }))
     }
 
+    /// Whether the connection is gone (its calls fail with `unavailable`).
+    pub fn is_closed(&self) -> bool {
+        self.pending.lock().unwrap().is_none()
+    }
+
     pub fn socket(&self) -> &Path {
         &self.socket
     }

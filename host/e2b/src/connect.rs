@@ -12,7 +12,14 @@ use hyper::body::Frame;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-pub type Body = BoxBody<Bytes, Infallible>;
+/// A response body. Its error aborts the response (a download that fails part way must not
+/// look complete).
+pub type Body = BoxBody<Bytes, std::io::Error>;
+
+/// A whole body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).map_err(|never: Infallible| match never {}).boxed()
+}
 
 /// Largest message accepted in a request (a `SendInput` of a big paste, base64).
 pub const MAX_MESSAGE: usize = 16 << 20;
@@ -76,7 +83,7 @@ pub fn unary<T: Serialize>(result: Result<T, ConnectError>) -> Response<Body> {
     match result.and_then(|m| {
         serde_json::to_vec(&m).map_err(|e| ConnectError::new("internal", format!("cannot encode the answer: {e}")))
     }) {
-        Ok(bytes) => with_type(Full::new(Bytes::from(bytes)).boxed(), StatusCode::OK, "application/json"),
+        Ok(bytes) => with_type(full(bytes), StatusCode::OK, "application/json"),
         Err(e) => error_response(&e),
     }
 }
@@ -84,7 +91,15 @@ pub fn unary<T: Serialize>(result: Result<T, ConnectError>) -> Response<Body> {
 /// A unary call's error (also what a stream call that fails before it starts gets).
 pub fn error_response(e: &ConnectError) -> Response<Body> {
     let body = serde_json::to_vec(&e.json()).expect("an error serializes");
-    with_type(Full::new(Bytes::from(body)).boxed(), e.status(), "application/json")
+    with_type(full(body), e.status(), "application/json")
+}
+
+/// A server-stream call that fails before its stream starts: HTTP 200 and an end-of-stream
+/// error, as the SDKs read stream errors (the JavaScript one ignores a stream's HTTP status).
+pub fn stream_error(e: &ConnectError) -> Response<Body> {
+    let end = serde_json::json!({ "error": e.json() });
+    let body = envelope(FLAG_END, &serde_json::to_vec(&end).expect("serializes"));
+    with_type(full(body), StatusCode::OK, "application/connect+json")
 }
 
 /// The message of a unary request: a JSON body (`application/json`).
@@ -214,7 +229,7 @@ pub fn unary_stream_answer<T: Serialize>(result: Result<T, ConnectError>) -> Res
             body.extend_from_slice(&envelope(FLAG_END, &serde_json::to_vec(&end).expect("serializes")));
         }
     }
-    with_type(Full::new(body.freeze()).boxed(), StatusCode::OK, "application/connect+json")
+    with_type(full(body.freeze()), StatusCode::OK, "application/connect+json")
 }
 
 /// The client went away.
@@ -226,7 +241,7 @@ pub struct Gone;
 pub fn stream_response() -> (Response<Body>, StreamTx) {
     let (tx, rx) = mpsc::channel::<Bytes>(STREAM_QUEUE);
     let frames = tokio_stream::wrappers::ReceiverStream::new(rx);
-    let body = StreamBody::new(futures_util::StreamExt::map(frames, |b| Ok::<_, Infallible>(Frame::data(b))));
+    let body = StreamBody::new(futures_util::StreamExt::map(frames, |b| Ok::<_, std::io::Error>(Frame::data(b))));
     (with_type(BodyExt::boxed(body), StatusCode::OK, "application/connect+json"), StreamTx { tx })
 }
 

@@ -5,9 +5,9 @@
 //! times a second and reports what changed.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
@@ -21,7 +21,9 @@ use umbra_api::{Data, ErrorCode};
 use umbra_proto::{FileKind, FileStat};
 
 use crate::connect::{self, Body, ConnectError, StreamTx};
-use crate::sandboxes::{connect_error, path_params, random_hex, resolve, rfc3339, run_in_guest, E2b, Sandbox};
+use crate::sandboxes::{
+    connect_error, path_params, random_hex, resolve, run_in_guest, E2b, Sandbox, WATCHERS_PER_SANDBOX,
+};
 use crate::wire::{
     CreateWatcherResponse, EntryInfo, EntryResponse, FilesystemEvent, ListDirResponse, WatchEvent, WatchRequest,
     WatcherEvents, WrittenFile,
@@ -31,10 +33,19 @@ use crate::wire::{
 const POLL: Duration = Duration::from_millis(200);
 /// Entries a watcher follows at most (beyond, it reports what it follows).
 const WATCH_LIMIT: usize = 4096;
+/// Bytes of an upload that are not file data (multipart preambles and part headers) held at
+/// most, plus one piece of the body.
+const MULTIPART_SLACK: u64 = 1 << 20;
+/// Events a `WatchDir` stream holds for a client that reads slowly.
+const WATCH_QUEUE: usize = 4096;
 /// Events a `CreateWatcher` keeps for its next `GetWatcherEvents`.
 const WATCHER_EVENTS: usize = 4096;
 /// Entries one `ListDir` returns at most.
 const LIST_LIMIT: usize = 100_000;
+/// Levels one `ListDir` or recursive watch descends at most.
+const MAX_DEPTH: u32 = 64;
+/// Directories a recursive watch lists per look at most.
+const WATCH_DIRS: usize = 1024;
 
 fn not_found_is_file(e: umbra_api::ApiError, path: &str) -> ConnectError {
     match e.code {
@@ -58,8 +69,14 @@ fn entry(path: &str, st: &FileStat) -> EntryInfo {
         permissions: permissions(st),
         owner: user_name(st.uid),
         group: user_name(st.gid),
-        modified_time: rfc3339(UNIX_EPOCH + Duration::from_millis(st.mtime_ms.max(0) as u64)),
+        modified_time: mtime(st.mtime_ms),
     }
+}
+
+/// A guest's modification time as RFC 3339 (the guest chooses it: any value reads as a time,
+/// the epoch when it is out of range).
+fn mtime(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 fn user_name(id: u32) -> String {
@@ -96,21 +113,24 @@ async fn exists(client: &Client, session: &str, path: &str) -> Result<bool, Conn
 
 pub async fn stat_entry(e2b: &E2b, sb: &Sandbox, path: &str) -> Result<EntryResponse, ConnectError> {
     let path = resolve(path);
-    let (client, _notes) = e2b.connect().await.map_err(connect_error)?;
+    let client = e2b.shared().await.map_err(connect_error)?;
     let st = stat(&client, &sb.id, &path).await?;
     Ok(EntryResponse { entry: entry(&path, &st) })
 }
 
 pub async fn list_dir(e2b: &E2b, sb: &Sandbox, path: &str, depth: u32) -> Result<ListDirResponse, ConnectError> {
     let root = resolve(path);
-    let (client, _notes) = e2b.connect().await.map_err(connect_error)?;
+    let client = e2b.shared().await.map_err(connect_error)?;
     let st = stat(&client, &sb.id, &root).await?;
     if st.kind != FileKind::Dir {
         return Err(ConnectError::new("invalid_argument", format!("path {root:?} is not a directory")));
     }
     let mut entries = Vec::new();
     let mut level = vec![root];
-    for _ in 0..depth.max(1) {
+    for _ in 0..depth.clamp(1, MAX_DEPTH) {
+        if level.is_empty() {
+            break;
+        }
         let mut next = Vec::new();
         for dir in level {
             for (path, st) in children(&client, &sb.id, &dir).await? {
@@ -134,6 +154,10 @@ async fn children(client: &Client, session: &str, dir: &str) -> Result<Vec<(Stri
     let list = client.call::<FileList>(params).await.map_err(|e| not_found_is_file(e, dir))?;
     let mut out = Vec::with_capacity(list.entries.len());
     for e in list.entries {
+        // The guest names its entries: one path component each, or nothing.
+        if e.name.is_empty() || e.name == "." || e.name == ".." || e.name.contains(['/', '\0']) {
+            continue;
+        }
         let path = format!("{}/{}", dir.trim_end_matches('/'), e.name);
         // Gone between the list and the stat: not there.
         if let Ok(st) = client.call::<FileStatMethod>(path_params(session, &path)).await {
@@ -145,11 +169,11 @@ async fn children(client: &Client, session: &str, dir: &str) -> Result<Vec<(Stri
 
 pub async fn make_dir(e2b: &E2b, sb: &Sandbox, path: &str) -> Result<EntryResponse, ConnectError> {
     let path = resolve(path);
-    let (client, notes) = e2b.connect().await.map_err(connect_error)?;
+    let client = e2b.shared().await.map_err(connect_error)?;
     if exists(&client, &sb.id, &path).await? {
         return Err(ConnectError::new("already_exists", format!("path {path:?} already exists")));
     }
-    run_in_guest(&client, notes, &sb.id, &["mkdir", "-p", "--", &path]).await?;
+    run_in_guest(e2b.dedicated().await.map_err(connect_error)?, &sb.id, &["mkdir", "-p", "--", &path]).await?;
     Ok(EntryResponse { entry: entry(&path, &stat(&client, &sb.id, &path).await?) })
 }
 
@@ -160,17 +184,18 @@ pub async fn move_entry(
     destination: &str,
 ) -> Result<EntryResponse, ConnectError> {
     let (source, destination) = (resolve(source), resolve(destination));
-    let (client, notes) = e2b.connect().await.map_err(connect_error)?;
+    let client = e2b.shared().await.map_err(connect_error)?;
     stat(&client, &sb.id, &source).await?;
-    run_in_guest(&client, notes, &sb.id, &["mv", "--", &source, &destination]).await?;
+    let conn = e2b.dedicated().await.map_err(connect_error)?;
+    run_in_guest(conn, &sb.id, &["mv", "--", &source, &destination]).await?;
     Ok(EntryResponse { entry: entry(&destination, &stat(&client, &sb.id, &destination).await?) })
 }
 
 pub async fn remove(e2b: &E2b, sb: &Sandbox, path: &str) -> Result<serde_json::Value, ConnectError> {
     let path = resolve(path);
-    let (client, notes) = e2b.connect().await.map_err(connect_error)?;
+    let client = e2b.shared().await.map_err(connect_error)?;
     stat(&client, &sb.id, &path).await?;
-    run_in_guest(&client, notes, &sb.id, &["rm", "-rf", "--", &path]).await?;
+    run_in_guest(e2b.dedicated().await.map_err(connect_error)?, &sb.id, &["rm", "-rf", "--", &path]).await?;
     Ok(serde_json::json!({}))
 }
 
@@ -182,7 +207,12 @@ type Seen = BTreeMap<String, (FileKind, u64, i64)>;
 async fn look(client: &Client, session: &str, root: &str, recursive: bool) -> Result<Seen, ConnectError> {
     let mut seen = Seen::new();
     let mut dirs = vec![root.to_string()];
+    let mut visited = 0;
     while let Some(dir) = dirs.pop() {
+        visited += 1;
+        if visited > WATCH_DIRS {
+            break;
+        }
         for (path, st) in children(client, session, &dir).await? {
             if recursive && st.kind == FileKind::Dir {
                 dirs.push(path.clone());
@@ -226,10 +256,10 @@ async fn watch(
     sb: &Sandbox,
     root: &str,
     req: &WatchRequest,
-    mut emit: impl FnMut(FilesystemEvent) -> bool,
+    mut emit: impl FnMut(FilesystemEvent) -> Result<(), ConnectError>,
 ) -> ConnectError {
-    let client = match e2b.connect().await {
-        Ok((c, _)) => c,
+    let client = match e2b.shared().await {
+        Ok(c) => c,
         Err(e) => return connect_error(e),
     };
     let mut before = match look(&client, &sb.id, root, req.recursive).await {
@@ -250,8 +280,8 @@ async fn watch(
                 }
                 false => None,
             };
-            if !emit(FilesystemEvent { name, kind, entry }) {
-                return ConnectError::new("canceled", "the watcher was stopped");
+            if let Err(e) = emit(FilesystemEvent { name, kind, entry }) {
+                return e;
             }
         }
         before = after;
@@ -260,7 +290,7 @@ async fn watch(
 
 async fn watched_dir(e2b: &E2b, sb: &Sandbox, path: &str) -> Result<String, ConnectError> {
     let root = resolve(path);
-    let (client, _notes) = e2b.connect().await.map_err(connect_error)?;
+    let client = e2b.shared().await.map_err(connect_error)?;
     match stat(&client, &sb.id, &root).await?.kind {
         FileKind::Dir => Ok(root),
         _ => Err(ConnectError::new("invalid_argument", format!("path {root:?} is not a directory"))),
@@ -271,15 +301,26 @@ async fn watched_dir(e2b: &E2b, sb: &Sandbox, path: &str) -> Result<String, Conn
 pub async fn watch_dir(e2b: Arc<E2b>, sb: Arc<Sandbox>, req: WatchRequest, keepalive: Duration) -> Response<Body> {
     let root = match watched_dir(&e2b, &sb, &req.path).await {
         Ok(r) => r,
-        Err(e) => return connect::error_response(&e),
+        Err(e) => return connect::stream_error(&e),
     };
     let (response, tx) = connect::stream_response();
     tokio::spawn(async move {
         if tx.send(&WatchEvent::Start {}).await.is_err() {
             return;
         }
-        let (events, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let watching = watch(&e2b, &sb, &root, &req, |ev| events.send(ev).is_ok());
+        let (events, mut rx) = tokio::sync::mpsc::channel(WATCH_QUEUE);
+        // A client that falls this far behind ends its watch with a clear error; the queue,
+        // not the guest's churn, bounds what is held.
+        let watching = watch(&e2b, &sb, &root, &req, |ev| match events.try_send(ev) {
+            Ok(()) => Ok(()),
+            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => Err(ConnectError::new(
+                "resource_exhausted",
+                format!("the watcher's client fell {WATCH_QUEUE} events behind"),
+            )),
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {
+                Err(ConnectError::new("canceled", "the watcher was stopped"))
+            }
+        });
         tokio::pin!(watching);
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
         let error = loop {
@@ -313,6 +354,12 @@ pub async fn create_watcher(
     sb: Arc<Sandbox>,
     req: WatchRequest,
 ) -> Result<CreateWatcherResponse, ConnectError> {
+    if sb.watchers.lock().unwrap().len() >= WATCHERS_PER_SANDBOX {
+        return Err(ConnectError::new(
+            "resource_exhausted",
+            format!("a sandbox keeps at most {WATCHERS_PER_SANDBOX} watchers: remove one first"),
+        ));
+    }
     let root = watched_dir(&e2b, &sb, &req.path).await?;
     let id = random_hex(8);
     let events: Arc<Mutex<Vec<FilesystemEvent>>> = Arc::default();
@@ -324,7 +371,7 @@ pub async fn create_watcher(
             if events.len() < WATCHER_EVENTS {
                 events.push(ev);
             }
-            true
+            Ok(())
         })
         .await;
         tracing::debug!(sandbox = %sandbox.id, "E2B: a watcher stopped: {e}");
@@ -357,7 +404,7 @@ pub fn remove_watcher(sb: &Sandbox, id: &str) -> Result<serde_json::Value, Conne
 /// envd's HTTP errors: `{code, message}` with the status.
 pub fn http_error(status: StatusCode, message: impl Into<String>) -> Response<Body> {
     let body = serde_json::json!({ "code": status.as_u16(), "message": message.into() });
-    let mut r = Response::new(http_body_util::Full::new(Bytes::from(body.to_string())).boxed());
+    let mut r = Response::new(connect::full(body.to_string()));
     *r.status_mut() = status;
     r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
     r
@@ -377,7 +424,7 @@ fn file_error(e: umbra_api::ApiError, path: &str) -> Response<Body> {
 /// `GET /files?path=…`: the file's bytes, streamed as the guest gives them.
 pub async fn download(e2b: Arc<E2b>, sb: Arc<Sandbox>, path: &str) -> Response<Body> {
     let path = resolve(path);
-    let (client, _notes) = match e2b.connect().await {
+    let client = match e2b.shared().await {
         Ok(c) => c,
         Err(e) => return file_error(e, &path),
     };
@@ -401,15 +448,18 @@ pub async fn download(e2b: Arc<E2b>, sb: Arc<Sandbox>, path: &str) -> Response<B
         Ok(d) => d,
         Err(e) => return file_error(e, &path),
     };
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     tokio::spawn(async move {
         let mut piece = first;
         let mut offset = 0u64;
         loop {
-            let Ok(bytes) = piece.data.to_bytes() else { return };
+            let Ok(bytes) = piece.data.to_bytes() else {
+                let _ = tx.send(Err(std::io::Error::other("umbrad sent data that is not base64"))).await;
+                return;
+            };
             offset += bytes.len() as u64;
             let done = piece.eof || bytes.is_empty();
-            if !bytes.is_empty() && tx.send(Bytes::from(bytes)).await.is_err() {
+            if !bytes.is_empty() && tx.send(Ok(Bytes::from(bytes))).await.is_err() {
                 return;
             }
             if done {
@@ -417,16 +467,17 @@ pub async fn download(e2b: Arc<E2b>, sb: Arc<Sandbox>, path: &str) -> Response<B
             }
             piece = match client.call::<FileRead>(read(offset)).await {
                 Ok(d) => d,
-                // The body stops short: the client sees a truncated transfer, not a wrong file.
+                // The response is aborted: the client sees a failed transfer, not a short file.
                 Err(e) => {
                     tracing::warn!(path = %path, "E2B: reading a file stopped: {}", e.message);
+                    let _ = tx.send(Err(std::io::Error::other(e.message))).await;
                     return;
                 }
             };
         }
     });
     let frames = tokio_stream::wrappers::ReceiverStream::new(rx);
-    let body = StreamBody::new(futures_util::StreamExt::map(frames, |b| Ok::<_, Infallible>(Frame::data(b))));
+    let body = StreamBody::new(futures_util::StreamExt::map(frames, |b| b.map(Frame::data)));
     let mut r = Response::new(BodyExt::boxed(body));
     r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/octet-stream"));
     r
@@ -492,7 +543,7 @@ pub async fn upload(
     query_path: Option<String>,
     body: hyper::body::Incoming,
 ) -> Response<Body> {
-    let (client, _notes) = match e2b.connect().await {
+    let client = match e2b.shared().await {
         Ok(c) => c,
         Err(e) => return file_error(e, "/files"),
     };
@@ -505,6 +556,18 @@ pub async fn upload(
         match frame {
             Ok(f) => f.into_data().ok().map(Ok::<Bytes, std::io::Error>),
             Err(e) => Some(Err(std::io::Error::other(e))),
+        }
+    });
+    // What the multipart parser holds is what it read less what it handed out as file data
+    // (preambles, part headers): bounded, or a client could grow it without end.
+    let (pulled, handed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (p, h) = (pulled.clone(), handed.clone());
+    let data = futures_util::StreamExt::map(data, move |piece| {
+        let bytes = piece?;
+        let held = p.fetch_add(bytes.len() as u64, Ordering::Relaxed) + bytes.len() as u64 - h.load(Ordering::Relaxed);
+        match held > MULTIPART_SLACK {
+            true => Err(std::io::Error::other(format!("more than {MULTIPART_SLACK} bytes of multipart headers"))),
+            false => Ok(bytes),
         }
     });
     let mut written = Vec::new();
@@ -531,6 +594,7 @@ pub async fn upload(
             loop {
                 match field.chunk().await {
                     Ok(Some(bytes)) => {
+                        handed.fetch_add(bytes.len() as u64, Ordering::Relaxed);
                         if let Err(e) = w.push(&bytes).await {
                             return file_error(e, &path);
                         }
@@ -586,6 +650,10 @@ mod tests {
         assert_eq!((e.permissions.as_str(), e.owner.as_str(), e.group.as_str()), ("-rw-r--r--", "root", "1000"));
         assert_eq!(e.modified_time, "1970-01-01T00:00:01.000Z");
         assert_eq!(entry("/home/user/d/", &st(FileKind::Dir, 0o40755)).permissions, "drwxr-xr-x");
+        // The guest picks its times: any of them reads as a time, none panics.
+        assert_eq!(mtime(i64::MAX), "1970-01-01T00:00:00.000Z");
+        assert_eq!(mtime(i64::MIN), "1970-01-01T00:00:00.000Z");
+        assert_eq!(mtime(-1_000), "1969-12-31T23:59:59.000Z");
     }
 
     #[test]

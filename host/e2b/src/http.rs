@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
@@ -23,8 +23,11 @@ use crate::wire;
 
 /// Connections served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 256;
-/// How long a connection may take to send a request's headers.
-const HEADER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a connection may take to send a request's headers, idle time between requests
+/// included (hyper's timer covers both). The SDKs keep idle connections in their pools and
+/// reuse them for POSTs, which they do not retry: a server that closes sooner than a client
+/// expects fails a call ("fetch failed" after 10 s idle). Loopback only, 256 slots at most.
+const HEADER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
 /// Largest REST body.
 const MAX_REST_BODY: usize = 1 << 20;
 
@@ -57,7 +60,9 @@ pub async fn serve(listener: tokio::net::TcpListener, e2b: Arc<E2b>, api_key: St
                 let (e2b, key) = (e2b.clone(), key.clone());
                 async move { Ok::<_, Infallible>(handle(e2b, &key, req).await) }
             });
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // HTTP/1.1 only (what the SDKs speak to http://): the automatic version sniffing
+            // waits for a first byte with no timeout, so idle sockets could hold every slot.
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).http1_only();
             builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_PATIENCE);
             if let Err(e) = builder.serve_connection(TokioIo::new(stream), handler).await {
                 tracing::debug!(%peer, "E2B connection ended: {e}");
@@ -81,14 +86,14 @@ fn loopback_host(host: Option<&str>) -> bool {
 }
 
 fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(serde_json::to_vec(value).expect("serializes"))).boxed());
+    let mut r = Response::new(connect::full(serde_json::to_vec(value).expect("serializes")));
     *r.status_mut() = status;
     r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
     r
 }
 
 fn empty(status: StatusCode) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::new()).boxed());
+    let mut r = Response::new(connect::full(Bytes::new()));
     *r.status_mut() = status;
     r
 }
@@ -137,12 +142,20 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Reads what is left of a refused request's body (bounded), so the client, still sending
+/// it, reads the refusal instead of a reset connection.
+async fn refused(req: Request<Incoming>, response: Response<Body>) -> Response<Body> {
+    let _ = read_body(req.into_body(), MAX_REST_BODY).await;
+    response
+}
+
 async fn handle(e2b: Arc<E2b>, key: &[u8; 32], req: Request<Incoming>) -> Response<Body> {
     if !loopback_host(header(&req, "host")) {
-        return json_response(
+        let response = json_response(
             StatusCode::FORBIDDEN,
             &wire::RestError { code: 403, message: "the E2B endpoint answers loopback hosts only".into() },
         );
+        return refused(req, response).await;
     }
     let path = req.uri().path().to_string();
     if path.starts_with("/process.Process/")
@@ -154,13 +167,14 @@ async fn handle(e2b: Arc<E2b>, key: &[u8; 32], req: Request<Incoming>) -> Respon
     }
     let authorized = header(&req, "x-api-key").is_some_and(|k| digest(k.trim().as_bytes()) == *key);
     if !authorized {
-        return json_response(
+        let response = json_response(
             StatusCode::UNAUTHORIZED,
             &wire::RestError {
                 code: 401,
                 message: "umbrad's E2B endpoint needs X-API-KEY: the key in e2b.json beside umbrad's socket".into(),
             },
         );
+        return refused(req, response).await;
     }
     rest(e2b, req, &path).await
 }
@@ -185,7 +199,7 @@ async fn rest(e2b: Arc<E2b>, req: Request<Incoming>, path: &str) -> Response<Bod
             (&Method::POST, ["sandboxes"] | ["v2", "sandboxes"]) => {
                 let new: wire::NewSandbox = serde_json::from_value(parse(&body)?)
                     .map_err(|e| RestFailure::new(StatusCode::BAD_REQUEST, format!("a malformed sandbox: {e}")))?;
-                let (status, created) = e2b.create(new).await?;
+                let (status, created) = detached(&e2b, |e2b| async move { e2b.create(new).await }).await?;
                 Ok(json_response(status, &created))
             }
             (&Method::GET, ["sandboxes"] | ["v2", "sandboxes"]) => {
@@ -199,19 +213,28 @@ async fn rest(e2b: Arc<E2b>, req: Request<Incoming>, path: &str) -> Response<Bod
                 Ok(json_response(StatusCode::OK, &e2b.list(&states, &metadata)))
             }
             (&Method::GET, ["sandboxes", id]) => Ok(json_response(StatusCode::OK, &e2b.get(id)?)),
-            (&Method::DELETE, ["sandboxes", id]) => e2b.kill(id).await.map(|()| empty(StatusCode::NO_CONTENT)),
+            (&Method::DELETE, ["sandboxes", id]) => {
+                let id = id.to_string();
+                detached(&e2b, |e2b| async move { e2b.kill(&id).await }).await.map(|()| empty(StatusCode::NO_CONTENT))
+            }
             (&Method::POST, ["sandboxes", id, "timeout"]) => {
                 let t: wire::SetTimeout = serde_json::from_value(parse(&body)?)
                     .map_err(|e| RestFailure::new(StatusCode::BAD_REQUEST, format!("a malformed timeout: {e}")))?;
                 e2b.set_timeout(id, t.timeout).map(|()| empty(StatusCode::NO_CONTENT))
             }
-            (&Method::POST, ["sandboxes", id, "pause"]) => match e2b.pause(id).await? {
-                true => Ok(empty(StatusCode::NO_CONTENT)),
-                false => Err(RestFailure::new(StatusCode::CONFLICT, format!("sandbox {id:?} is already paused"))),
-            },
+            (&Method::POST, ["sandboxes", id, "pause"]) => {
+                let owned = id.to_string();
+                let paused = detached(&e2b, |e2b| async move { e2b.pause(&owned).await }).await?;
+                match paused {
+                    true => Ok(empty(StatusCode::NO_CONTENT)),
+                    false => Err(RestFailure::new(StatusCode::CONFLICT, format!("sandbox {id:?} is already paused"))),
+                }
+            }
             (&Method::POST, ["v2", "sandboxes", id, "connect"] | ["sandboxes", id, "resume"] | ["sandboxes", id, "connect"]) => {
                 let c: wire::ConnectSandbox = serde_json::from_value(parse(&body)?).unwrap_or_default();
-                Ok(json_response(StatusCode::OK, &e2b.connect_sandbox(id, c.timeout).await?))
+                let id = id.to_string();
+                let connected = detached(&e2b, |e2b| async move { e2b.connect_sandbox(&id, c.timeout).await }).await?;
+                Ok(json_response(StatusCode::OK, &connected))
             }
             (&Method::POST, ["sandboxes", _, "refreshes"]) => Ok(empty(StatusCode::NO_CONTENT)),
             (_, ["sandboxes", _, rest @ ..] | ["v2", "sandboxes", _, rest @ ..]) if !rest.is_empty() => {
@@ -231,6 +254,18 @@ async fn rest(e2b: Arc<E2b>, req: Request<Incoming>, path: &str) -> Response<Bod
     result.unwrap_or_else(|f| rest_error(&f))
 }
 
+/// Runs a lifecycle call to its end even if its client goes: a create whose caller gave up
+/// half way still registers its sandbox (and its timeout ends it), never a VM nobody lists.
+async fn detached<T, F>(e2b: &Arc<E2b>, call: impl FnOnce(Arc<E2b>) -> F) -> Result<T, RestFailure>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T, RestFailure>> + Send + 'static,
+{
+    tokio::spawn(call(e2b.clone()))
+        .await
+        .unwrap_or_else(|e| Err(RestFailure::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the call failed: {e}"))))
+}
+
 /// The list's `metadata` filter: `k=v&k2=v2`, each part percent-encoded once more.
 fn metadata_filter(s: &str) -> BTreeMap<String, String> {
     s.split('&')
@@ -242,29 +277,38 @@ fn metadata_filter(s: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The server-stream methods: their errors go in the stream (see [`connect::stream_error`]).
+fn is_stream(path: &str) -> bool {
+    matches!(path, "/process.Process/Start" | "/process.Process/Connect" | "/filesystem.Filesystem/WatchDir")
+}
+
 async fn envd(e2b: Arc<E2b>, req: Request<Incoming>, path: &str) -> Response<Body> {
     let rpc = path != "/files" && path != "/health";
-    let refuse = |status: StatusCode, code: &'static str, message: String| match rpc {
-        true => connect::error_response(&ConnectError::new(code, message)),
-        false => fs::http_error(status, message),
+    let refuse = |status: StatusCode, code: &'static str, message: String| match (rpc, is_stream(path)) {
+        (true, true) => connect::stream_error(&ConnectError::new(code, message)),
+        (true, false) => connect::error_response(&ConnectError::new(code, message)),
+        (false, _) => fs::http_error(status, message),
     };
     let Some(id) = header(&req, "e2b-sandbox-id").map(str::to_string) else {
-        return refuse(
+        let response = refuse(
             StatusCode::BAD_REQUEST,
             "invalid_argument",
             "envd calls need E2b-Sandbox-Id (set E2B_SANDBOX_URL to this endpoint)".into(),
         );
+        return refused(req, response).await;
     };
     let Some(sb) = e2b.sandbox(&id) else {
         // The SDKs read "was not found" as "the sandbox is not running".
-        return refuse(StatusCode::BAD_GATEWAY, "unavailable", format!("sandbox {id:?} was not found"));
+        let response = refuse(StatusCode::BAD_GATEWAY, "unavailable", format!("sandbox {id:?} was not found"));
+        return refused(req, response).await;
     };
     if !header(&req, "x-access-token").is_some_and(|t| sb.admits(t.trim())) {
-        return refuse(
+        let response = refuse(
             StatusCode::UNAUTHORIZED,
             "unauthenticated",
             format!("a wrong or missing X-Access-Token for sandbox {id}"),
         );
+        return refused(req, response).await;
     }
     if path == "/health" {
         return match sb.state() {
@@ -273,10 +317,8 @@ async fn envd(e2b: Arc<E2b>, req: Request<Incoming>, path: &str) -> Response<Bod
         };
     }
     if let Err(e) = e2b.check_running(&sb).await {
-        return match rpc {
-            true => connect::error_response(&e),
-            false => fs::http_error(StatusCode::BAD_GATEWAY, e.message),
-        };
+        let response = refuse(StatusCode::BAD_GATEWAY, e.code, e.message);
+        return refused(req, response).await;
     }
     if path == "/files" {
         let q = query(&req);
@@ -319,11 +361,11 @@ async fn rpc_call(e2b: Arc<E2b>, sb: Arc<Sandbox>, req: Request<Incoming>, path:
     match (service.as_str(), method.as_str()) {
         ("process.Process", "Start") => match typed::<wire::StartRequest>(stream(&body)) {
             Ok(r) => process::start(&e2b, &sb, r, stream_headers).await,
-            Err(e) => connect::error_response(&e),
+            Err(e) => connect::stream_error(&e),
         },
         ("process.Process", "Connect") => match typed::<wire::SelectRequest>(stream(&body)) {
             Ok(r) => process::attach(&e2b, &sb, r.process.pid, r.process.tag.as_deref(), stream_headers).await,
-            Err(e) => connect::error_response(&e),
+            Err(e) => connect::stream_error(&e),
         },
         ("process.Process", "List") => connect::unary(process::list(&e2b, &sb).await),
         ("process.Process", "SendInput") => match typed(unary(&body)) {
@@ -364,7 +406,7 @@ async fn rpc_call(e2b: Arc<E2b>, sb: Arc<Sandbox>, req: Request<Incoming>, path:
         },
         ("filesystem.Filesystem", "WatchDir") => match typed::<wire::WatchRequest>(stream(&body)) {
             Ok(r) => fs::watch_dir(e2b.clone(), sb, r, stream_headers.keepalive).await,
-            Err(e) => connect::error_response(&e),
+            Err(e) => connect::stream_error(&e),
         },
         ("filesystem.Filesystem", "CreateWatcher") => match typed::<wire::WatchRequest>(unary(&body)) {
             Ok(r) => connect::unary(fs::create_watcher(e2b.clone(), sb, r).await),

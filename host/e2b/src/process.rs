@@ -1,14 +1,15 @@
 //! envd's `process.Process` service over a sandbox's session: every command is a kept
 //! (`detach`) process, so it outlives the stream that started it (`background=True`, then
 //! `commands.connect(pid)`), and its lifetime is the call's `Connect-Timeout-Ms`, as in envd.
+//! Each stream has a connection to umbrad of its own (its process events are its own); stdin
+//! goes through a connection attached for the call, since only an attached client may write it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
 use http::{HeaderMap, Response};
-use umbra_api::client::{Client, Notifications};
+use umbra_api::client::Client;
 use umbra_api::kept::{AttachParams, InSession, OutputOffsets};
 use umbra_api::methods::{
     KillParams, ProcessAttach, ProcessCloseStdin, ProcessKill, ProcessListMethod, ProcessRef, ProcessResize,
@@ -19,7 +20,7 @@ use umbra_api::{Data, EventKind, ProcessExit, SessionEvent};
 use umbra_proto::TtySize;
 
 use crate::connect::{self, Body, ConnectError, StreamTx};
-use crate::sandboxes::{ack, connect_error, resolve, E2b, Proc, Sandbox, HOME};
+use crate::sandboxes::{ack, connect_error, resolve, Dedicated, E2b, Proc, Sandbox, HOME};
 use crate::wire::{
     DataEvent, EndEvent, EventCase, ListResponse, ProcessEvent, ProcessInfo, ProcessInput, SendInputRequest,
     SendSignalRequest, StartRequest, UpdateRequest,
@@ -27,8 +28,8 @@ use crate::wire::{
 
 /// Seconds between keepalive messages on a quiet stream, unless the client asks otherwise.
 const KEEPALIVE_DEFAULT: u64 = 50;
-/// Stream views told apart (a stream clears only its own view when it ends).
-static VIEWS: AtomicU64 = AtomicU64::new(1);
+/// Bytes of stdin per `process.stdin` request (umbrad reads request lines of up to 4 MiB).
+const STDIN_PIECE: usize = 512 * 1024;
 
 /// What a stream call's headers say: its deadline (the process's lifetime) and keepalive.
 pub struct StreamHeaders {
@@ -51,9 +52,9 @@ impl StreamHeaders {
 }
 
 pub async fn start(e2b: &E2b, sb: &Arc<Sandbox>, req: StartRequest, headers: StreamHeaders) -> Response<Body> {
-    let (client, notes) = match e2b.connect().await {
+    let conn = match e2b.dedicated().await {
         Ok(c) => c,
-        Err(e) => return connect::error_response(&connect_error(e)),
+        Err(e) => return connect::stream_error(&connect_error(e)),
     };
     let mut env = sb.env.clone();
     env.extend(req.process.envs.clone());
@@ -67,27 +68,20 @@ pub async fn start(e2b: &E2b, sb: &Arc<Sandbox>, req: StartRequest, headers: Str
         timeout_secs: headers.timeout_secs,
         detach: true,
     };
-    let spawned = match client.call::<ProcessSpawn>(params).await {
+    let spawned = match conn.client.call::<ProcessSpawn>(params).await {
         Ok(s) => s,
-        Err(e) => return connect::error_response(&connect_error(e)),
+        Err(e) => return connect::stream_error(&connect_error(e)),
     };
     if req.stdin == Some(false) {
         let close = ProcessRef { session: sb.id.clone(), process: spawned.process };
-        if let Err(e) = client.call::<ProcessCloseStdin>(close).await {
+        if let Err(e) = conn.client.call::<ProcessCloseStdin>(close).await {
             tracing::debug!(sandbox = %sb.id, "E2B: closing a process's stdin: {}", e.message);
         }
     }
-    let view = VIEWS.fetch_add(1, Ordering::Relaxed);
-    let proc = Proc {
-        process: spawned.process,
-        config: req.process,
-        tag: req.tag,
-        pty: size.is_some(),
-        owner: Some((view, client.clone())),
-    };
+    let proc = Proc { process: spawned.process, config: req.process, tag: req.tag, pty: size.is_some() };
     sb.procs.lock().unwrap().insert(spawned.pid, proc.clone());
     let (response, tx) = connect::stream_response();
-    tokio::spawn(pump(sb.clone(), client, notes, spawned.pid, proc, view, tx, headers.keepalive));
+    tokio::spawn(pump(sb.clone(), conn, spawned.pid, proc, tx, headers.keepalive));
     response
 }
 
@@ -99,30 +93,27 @@ pub async fn attach(
     tag: Option<&str>,
     headers: StreamHeaders,
 ) -> Response<Body> {
-    let (pid, mut proc) = match sb.find(pid, tag) {
+    let (pid, proc) = match sb.find(pid, tag) {
         Ok(found) => found,
-        Err(e) => return connect::error_response(&e),
+        Err(e) => return connect::stream_error(&e),
     };
-    let (client, notes) = match e2b.connect().await {
+    let conn = match attached(e2b, sb, pid, &proc).await {
         Ok(c) => c,
-        Err(e) => return connect::error_response(&connect_error(e)),
+        Err(e) => return connect::stream_error(&e),
     };
-    let from = match current_ends(&client, &sb.id, proc.process).await {
-        Ok(from) => from,
-        Err(e) => return connect::error_response(&e),
-    };
-    let params = AttachParams { session: sb.id.clone(), process: proc.process, from };
-    if let Err(e) = client.call::<ProcessAttach>(params).await {
-        return connect::error_response(&not_found_if_gone(connect_error(e), pid));
-    }
-    let view = VIEWS.fetch_add(1, Ordering::Relaxed);
-    proc.owner = Some((view, client.clone()));
-    if let Some(p) = sb.procs.lock().unwrap().get_mut(&pid) {
-        p.owner = proc.owner.clone();
-    }
     let (response, tx) = connect::stream_response();
-    tokio::spawn(pump(sb.clone(), client, notes, pid, proc, view, tx, headers.keepalive));
+    tokio::spawn(pump(sb.clone(), conn, pid, proc, tx, headers.keepalive));
     response
+}
+
+/// A connection of its own attached to a kept process from its output's current end (so
+/// nothing is replayed). Each connection has its own view: a stream's is not disturbed.
+async fn attached(e2b: &E2b, sb: &Sandbox, pid: u32, proc: &Proc) -> Result<Dedicated, ConnectError> {
+    let conn = e2b.dedicated().await.map_err(connect_error)?;
+    let from = current_ends(&conn.client, &sb.id, proc.process).await?;
+    let params = AttachParams { session: sb.id.clone(), process: proc.process, from };
+    conn.client.call::<ProcessAttach>(params).await.map_err(|e| not_found_if_gone(connect_error(e), pid))?;
+    Ok(conn)
 }
 
 /// Where a kept process's streams are now: a new view starts there.
@@ -147,17 +138,8 @@ fn not_found_if_gone(e: ConnectError, pid: u32) -> ConnectError {
 /// Streams one view of a process: its start, its output as it comes (acknowledged to umbrad
 /// only once the client's connection took it, so a slow reader slows the process), keepalives,
 /// and its end.
-#[allow(clippy::too_many_arguments)]
-async fn pump(
-    sb: Arc<Sandbox>,
-    client: Client,
-    mut notes: Notifications,
-    pid: u32,
-    proc: Proc,
-    view: u64,
-    tx: StreamTx,
-    keepalive: Duration,
-) {
+async fn pump(sb: Arc<Sandbox>, conn: Dedicated, pid: u32, proc: Proc, tx: StreamTx, keepalive: Duration) {
+    let Dedicated { client, mut notes, .. } = conn;
     let ended = async {
         if tx.send(&ProcessEvent { event: EventCase::Start { pid } }).await.is_err() {
             return None;
@@ -204,23 +186,14 @@ async fn pump(
         }
     };
     let outcome = ended.await;
-    {
+    if let Some(Ok(_)) = &outcome {
+        // It ended: nothing to find by its pid any more (unless the pid is another's now).
         let mut procs = sb.procs.lock().unwrap();
-        match &outcome {
-            // It ended: nothing to find by its pid any more.
-            Some(Ok(_)) => {
-                procs.remove(&pid);
-            }
-            // The client went (a background command): the process runs on, without this view.
-            _ => {
-                if let Some(p) = procs.get_mut(&pid) {
-                    if p.owner.as_ref().is_some_and(|(v, _)| *v == view) {
-                        p.owner = None;
-                    }
-                }
-            }
+        if procs.get(&pid).is_some_and(|p| p.process == proc.process) {
+            procs.remove(&pid);
         }
     }
+    // Otherwise the client went (a background command): the process runs on, unviewed.
     let error = match outcome {
         None => return,
         Some(Ok(end)) => {
@@ -271,56 +244,49 @@ fn signal_word(signal: i32) -> String {
 }
 
 pub async fn list(e2b: &E2b, sb: &Sandbox) -> Result<ListResponse, ConnectError> {
-    let (client, _notes) = e2b.connect().await.map_err(connect_error)?;
+    let known: Vec<u32> = sb.procs.lock().unwrap().keys().copied().collect();
+    let client = e2b.shared().await.map_err(connect_error)?;
     let running =
         client.call::<ProcessListMethod>(InSession { session: sb.id.clone() }).await.map_err(connect_error)?;
     let live: std::collections::HashSet<u64> =
         running.processes.iter().filter(|p| p.exit.is_none()).map(|p| p.process).collect();
     let mut procs = sb.procs.lock().unwrap();
-    procs.retain(|_, p| live.contains(&p.process));
+    // Only what was known before the list: a process started meanwhile is not in it yet.
+    procs.retain(|pid, p| !known.contains(pid) || live.contains(&p.process));
     let processes =
         procs.iter().map(|(pid, p)| ProcessInfo { config: p.config.clone(), pid: *pid, tag: p.tag.clone() }).collect();
     Ok(ListResponse { processes })
 }
 
-/// The connection that may write a process's stdin: the open stream's, else a new one
-/// attached for the call (from the output's end, so nothing is replayed).
-async fn writer(
-    e2b: &E2b,
-    sb: &Sandbox,
-    pid: u32,
-    proc: &Proc,
-) -> Result<(Client, Option<Notifications>), ConnectError> {
-    if let Some((_, client)) = &proc.owner {
-        return Ok((client.clone(), None));
-    }
-    let (client, notes) = e2b.connect().await.map_err(connect_error)?;
-    let from = current_ends(&client, &sb.id, proc.process).await?;
-    let params = AttachParams { session: sb.id.clone(), process: proc.process, from };
-    client.call::<ProcessAttach>(params).await.map_err(|e| not_found_if_gone(connect_error(e), pid))?;
-    Ok((client, Some(notes)))
-}
-
 pub async fn send_input(e2b: &E2b, sb: &Sandbox, req: SendInputRequest) -> Result<serde_json::Value, ConnectError> {
     let (pid, proc) = sb.find(req.process.pid, req.process.tag.as_deref())?;
-    write_input(e2b, sb, pid, &proc, &req.input).await?;
+    let conn = attached(e2b, sb, pid, &proc).await?;
+    write_input(&conn.client, sb, pid, &proc, &req.input).await?;
     Ok(serde_json::json!({}))
 }
 
-async fn write_input(e2b: &E2b, sb: &Sandbox, pid: u32, proc: &Proc, input: &ProcessInput) -> Result<(), ConnectError> {
+/// Writes `input` through `client` (attached to the process), in pieces umbrad takes.
+async fn write_input(
+    client: &Client,
+    sb: &Sandbox,
+    pid: u32,
+    proc: &Proc,
+    input: &ProcessInput,
+) -> Result<(), ConnectError> {
     let Some(b64) = input.stdin.as_ref().or(input.pty.as_ref()) else { return Ok(()) };
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(b64)
         .map_err(|e| ConnectError::new("invalid_argument", format!("input that is not base64: {e}")))?;
-    let (client, _held) = writer(e2b, sb, pid, proc).await?;
-    let params = StdinParams {
-        session: sb.id.clone(),
-        process: proc.process,
-        data: Data::base64(&bytes),
-        writer: None,
-        offset: None,
-    };
-    client.call::<ProcessStdin>(params).await.map_err(|e| not_found_if_gone(connect_error(e), pid))?;
+    for piece in bytes.chunks(STDIN_PIECE) {
+        let params = StdinParams {
+            session: sb.id.clone(),
+            process: proc.process,
+            data: Data::base64(piece),
+            writer: None,
+            offset: None,
+        };
+        client.call::<ProcessStdin>(params).await.map_err(|e| not_found_if_gone(connect_error(e), pid))?;
+    }
     Ok(())
 }
 
@@ -331,9 +297,9 @@ pub async fn close_stdin(
     tag: Option<&str>,
 ) -> Result<serde_json::Value, ConnectError> {
     let (pid, proc) = sb.find(pid, tag)?;
-    let (client, _held) = writer(e2b, sb, pid, &proc).await?;
+    let conn = attached(e2b, sb, pid, &proc).await?;
     let params = ProcessRef { session: sb.id.clone(), process: proc.process };
-    client.call::<ProcessCloseStdin>(params).await.map_err(|e| not_found_if_gone(connect_error(e), pid))?;
+    conn.client.call::<ProcessCloseStdin>(params).await.map_err(|e| not_found_if_gone(connect_error(e), pid))?;
     Ok(serde_json::json!({}))
 }
 
@@ -352,7 +318,7 @@ pub async fn send_signal(e2b: &E2b, sb: &Sandbox, req: SendSignalRequest) -> Res
             ))
         }
     };
-    let (client, _notes) = e2b.connect().await.map_err(connect_error)?;
+    let client = e2b.shared().await.map_err(connect_error)?;
     let params = KillParams { session: sb.id.clone(), process: proc.process, signal };
     client.call::<ProcessKill>(params).await.map_err(|e| not_found_if_gone(connect_error(e), pid))?;
     Ok(serde_json::json!({}))
@@ -361,7 +327,7 @@ pub async fn send_signal(e2b: &E2b, sb: &Sandbox, req: SendSignalRequest) -> Res
 pub async fn update(e2b: &E2b, sb: &Sandbox, req: UpdateRequest) -> Result<serde_json::Value, ConnectError> {
     let (pid, proc) = sb.find(req.process.pid, req.process.tag.as_deref())?;
     let Some(size) = req.pty.and_then(|p| p.size) else { return Ok(serde_json::json!({})) };
-    let (client, _notes) = e2b.connect().await.map_err(connect_error)?;
+    let client = e2b.shared().await.map_err(connect_error)?;
     let params = ResizeParams {
         session: sb.id.clone(),
         process: proc.process,
@@ -373,7 +339,8 @@ pub async fn update(e2b: &E2b, sb: &Sandbox, req: UpdateRequest) -> Result<serde
 }
 
 /// `StreamInput` (a client stream, the Python SDK's `stream_input`): a start message naming
-/// the process, then input messages, each written as it arrives.
+/// the process, then input messages, each written as it arrives through one attached
+/// connection.
 pub async fn stream_input(
     e2b: &E2b,
     sb: &Sandbox,
@@ -381,7 +348,7 @@ pub async fn stream_input(
 ) -> Result<serde_json::Value, ConnectError> {
     use http_body_util::BodyExt;
     let mut envelopes = connect::Envelopes::default();
-    let mut target: Option<(u32, Proc)> = None;
+    let mut target: Option<(u32, Proc, Dedicated)> = None;
     loop {
         while let Some((flags, message)) = envelopes.next_message()? {
             if flags & 0x02 != 0 {
@@ -391,13 +358,15 @@ pub async fn stream_input(
                 .map_err(|e| ConnectError::new("invalid_argument", format!("a malformed message: {e}")))?;
             match input {
                 crate::wire::StreamInput::Start { process } => {
-                    target = Some(sb.find(process.pid, process.tag.as_deref())?);
+                    let (pid, proc) = sb.find(process.pid, process.tag.as_deref())?;
+                    let conn = attached(e2b, sb, pid, &proc).await?;
+                    target = Some((pid, proc, conn));
                 }
                 crate::wire::StreamInput::Data { input } => {
-                    let Some((pid, proc)) = &target else {
+                    let Some((pid, proc, conn)) = &target else {
                         return Err(ConnectError::new("invalid_argument", "input before the start message"));
                     };
-                    write_input(e2b, sb, *pid, proc, &input).await?;
+                    write_input(&conn.client, sb, *pid, proc, &input).await?;
                 }
                 crate::wire::StreamInput::Keepalive {} => {}
             }

@@ -27,6 +27,12 @@ const DEFAULT_TIMEOUT_SECS: u64 = 300;
 const MAX_TIMEOUT_SECS: u64 = 24 * 3600;
 /// Sandboxes one endpoint keeps at once.
 const MAX_SANDBOXES: usize = 256;
+/// Connections to umbrad this endpoint holds at most for streams, watch-free commands and
+/// stdin (each needs its own: process events go to one connection). umbrad serves 64 clients
+/// by default; the rest stay for everyone else. Plain calls share one connection.
+const DEDICATED: usize = 24;
+/// `CreateWatcher`s one sandbox keeps at most.
+pub const WATCHERS_PER_SANDBOX: usize = 8;
 
 /// What umbrad serves the E2B API with.
 #[derive(Debug, Clone)]
@@ -46,9 +52,6 @@ pub struct Proc {
     pub config: ProcessConfig,
     pub tag: Option<String>,
     pub pty: bool,
-    /// The connection whose view of it is open (a Start or Connect stream): stdin goes there,
-    /// since only an attached client may write it. Tagged, so a stream clears only its own.
-    pub owner: Option<(u64, Client)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,19 +151,54 @@ impl Sandbox {
 pub struct E2b {
     pub options: Options,
     sandboxes: Mutex<BTreeMap<String, Arc<Sandbox>>>,
+    shared: tokio::sync::Mutex<Option<Client>>,
+    dedicated: Arc<tokio::sync::Semaphore>,
+}
+
+/// A connection of its own to umbrad (a stream's, a command's): its process events are its
+/// own. It counts against [`DEDICATED`] until dropped.
+pub struct Dedicated {
+    pub client: Client,
+    pub notes: Notifications,
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl E2b {
     pub fn new(options: Options) -> Arc<Self> {
-        let e2b = Arc::new(Self { options, sandboxes: Mutex::default() });
+        let e2b = Arc::new(Self {
+            options,
+            sandboxes: Mutex::default(),
+            shared: tokio::sync::Mutex::default(),
+            dedicated: Arc::new(tokio::sync::Semaphore::new(DEDICATED)),
+        });
         tokio::spawn(reap(Arc::downgrade(&e2b)));
         e2b
     }
 
-    /// A new connection to umbrad (each call, stream and upload has its own: a stream's process
-    /// events go to the connection that spawned or attached it).
-    pub async fn connect(&self) -> Result<(Client, Notifications), ApiError> {
-        Client::connect(self.options.socket.as_deref()).await
+    /// The connection plain calls share (file calls, lists, signals, lifecycle): made when
+    /// first needed and again after it is lost.
+    pub async fn shared(&self) -> Result<Client, ApiError> {
+        let mut shared = self.shared.lock().await;
+        if let Some(c) = shared.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let (client, mut notes) = Client::connect(self.options.socket.as_deref()).await?;
+        // Nothing it does sends events; whatever comes is read and dropped, never left to fill.
+        tokio::spawn(async move { while notes.recv().await.is_some() {} });
+        *shared = Some(client.clone());
+        Ok(client)
+    }
+
+    /// A connection of its own, or `busy` when this endpoint holds [`DEDICATED`] already.
+    pub async fn dedicated(&self) -> Result<Dedicated, ApiError> {
+        let slot = self.dedicated.clone().try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                ErrorCode::Busy,
+                format!("this E2B endpoint has {DEDICATED} streams and commands open already: end some first"),
+            )
+        })?;
+        let (client, notes) = Client::connect(self.options.socket.as_deref()).await?;
+        Ok(Dedicated { client, notes, _slot: slot })
     }
 
     pub fn sandbox(&self, id: &str) -> Option<Arc<Sandbox>> {
@@ -208,13 +246,16 @@ impl E2b {
         }
         let id = format!("e2b-{}", random_hex(8));
         let token = random_hex(24);
-        let (client, _notes) = self.connect().await.map_err(RestFailure::api)?;
+        let client = self.shared().await.map_err(RestFailure::api)?;
         // The sandbox's own timeout ends it, not umbrad's idle timeout.
         let settings = umbra_api::session::SettingsPatch { bundle, idle_timeout_secs: Some(0), ..Default::default() };
         let params = StartParams { name: id.clone(), settings, ..Default::default() };
         let info = client.call::<SessionStart>(params).await.map_err(RestFailure::api)?;
         // E2B's default user's home: where commands run and relative paths point.
-        let made = run_in_guest(&client, _notes, &id, &["mkdir", "-p", HOME]).await;
+        let made = match self.dedicated().await {
+            Ok(d) => run_in_guest(d, &id, &["mkdir", "-p", HOME]).await,
+            Err(e) => Err(connect_error(e)),
+        };
         if let Err(e) = made {
             let _ = client.call::<SessionDelete>(SessionRef { name: id.clone() }).await;
             return Err(RestFailure::new(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot make {HOME}: {e}")));
@@ -261,15 +302,19 @@ impl E2b {
         Ok(serde_json::to_value(sb.detail(true)).expect("serializes"))
     }
 
+    /// Deletes the session, and only then forgets the sandbox: a delete that fails leaves it
+    /// listed (and its timeout running), never a VM nobody can find.
     pub async fn kill(&self, id: &str) -> Result<(), RestFailure> {
-        let sb = self.remove(id).ok_or_else(|| RestFailure::not_found(id))?;
-        let (client, _notes) = self.connect().await.map_err(RestFailure::api)?;
+        let sb = self.sandbox(id).ok_or_else(|| RestFailure::not_found(id))?;
+        let client = self.shared().await.map_err(RestFailure::api)?;
         match client.call::<SessionDelete>(SessionRef { name: sb.id.clone() }).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {}
             // Gone already (deleted by hand): killed all the same.
-            Err(e) if e.code == ErrorCode::SessionNotFound => Ok(()),
-            Err(e) => Err(RestFailure::api(e)),
+            Err(e) if e.code == ErrorCode::SessionNotFound => {}
+            Err(e) => return Err(RestFailure::api(e)),
         }
+        self.remove(id);
+        Ok(())
     }
 
     pub fn set_timeout(&self, id: &str, timeout: u64) -> Result<(), RestFailure> {
@@ -286,11 +331,10 @@ impl E2b {
         if sb.state() == State::Paused {
             return Ok(false);
         }
-        let (client, _notes) = self.connect().await.map_err(RestFailure::api)?;
+        let client = self.shared().await.map_err(RestFailure::api)?;
         client.call::<SessionSnapshot>(SessionRef { name: sb.id.clone() }).await.map_err(RestFailure::api)?;
+        // Its kept processes are in the snapshot: found again by pid once it resumes.
         sb.life.lock().unwrap().state = State::Paused;
-        // Its processes did not survive as this endpoint's: their streams ended with the VM.
-        sb.procs.lock().unwrap().clear();
         Ok(true)
     }
 
@@ -299,7 +343,7 @@ impl E2b {
         let sb = self.sandbox(id).ok_or_else(|| RestFailure::not_found(id))?;
         let timeout = timeout.map(check_timeout).transpose()?;
         if sb.state() == State::Paused {
-            let (client, _notes) = self.connect().await.map_err(RestFailure::api)?;
+            let client = self.shared().await.map_err(RestFailure::api)?;
             let resume = umbra_api::methods::ResumeParams { name: sb.id.clone(), discard_snapshot: false };
             client.call::<SessionResume>(resume).await.map_err(RestFailure::api)?;
             sb.life.lock().unwrap().state = State::Running;
@@ -322,7 +366,7 @@ impl E2b {
                 format!("sandbox {} is paused: connect to it (Sandbox.connect) to resume it", sb.id),
             ));
         }
-        let (client, _notes) = self.connect().await.map_err(connect_error)?;
+        let client = self.shared().await.map_err(connect_error)?;
         match client.call::<SessionGet>(SessionRef { name: sb.id.clone() }).await {
             Ok(info) if info.status.is_active() => Ok(()),
             Ok(info) => Err(ConnectError::new(
@@ -355,8 +399,23 @@ async fn reap(e2b: std::sync::Weak<E2b>) {
             })
             .collect();
         for (id, pause) in due {
+            // Given more time since it was found due (a timeout set, a connect): not due.
+            let still_due = e2b.sandbox(&id).is_some_and(|sb| {
+                let life = sb.life.lock().unwrap();
+                life.state == State::Running && life.end_at <= SystemTime::now()
+            });
+            if !still_due {
+                continue;
+            }
             let done = match pause {
-                true => e2b.pause(&id).await.map(drop),
+                // A backend that cannot snapshot: the sandbox ends all the same.
+                true => match e2b.pause(&id).await {
+                    Ok(_) => Ok(()),
+                    Err(e) => {
+                        tracing::warn!(sandbox = %id, "E2B: cannot pause at the timeout ({}): killing it", e.message);
+                        e2b.kill(&id).await
+                    }
+                },
                 false => e2b.kill(&id).await,
             };
             match done {
@@ -431,12 +490,9 @@ pub fn connect_error(e: ApiError) -> ConnectError {
 
 /// Runs `argv` in the guest to its end (no shell: each argument is one word), for the
 /// filesystem operations the guest agent has no call for. Its stderr, on failure.
-pub async fn run_in_guest(
-    client: &Client,
-    mut notes: Notifications,
-    session: &str,
-    argv: &[&str],
-) -> Result<(), ConnectError> {
+pub async fn run_in_guest(conn: Dedicated, session: &str, argv: &[&str]) -> Result<(), ConnectError> {
+    let Dedicated { client, mut notes, _slot } = conn;
+    let client = &client;
     let params = SpawnParams {
         session: session.into(),
         argv: argv.iter().map(|a| a.to_string()).collect(),

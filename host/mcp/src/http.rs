@@ -72,7 +72,9 @@ pub async fn serve(
                     Ok(service.handle(req).await)
                 }
             });
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // HTTP/1.1 only: the automatic version sniffing waits for a first byte with no
+            // timeout, so idle sockets could hold every slot.
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).http1_only();
             builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_PATIENCE);
             let served = builder.serve_connection(TokioIo::new(stream), handler).await;
             if let Err(e) = served {
