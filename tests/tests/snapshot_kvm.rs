@@ -574,7 +574,7 @@ async fn a_session_pauses_into_a_snapshot_resumes_with_its_processes_and_forks()
     // one detached into its own session (it runs on after the restore).
     let counter =
         a.spawn(script("i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.2; done")).await.unwrap();
-    let detach = "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /root/detached; sleep 0.2; done' \
+    let detach = "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /root/detached.new; mv /root/detached.new /root/detached; sleep 0.2; done' \
                   </dev/null >/dev/null 2>&1 &";
     assert_eq!(a.spawn(script(detach)).await.unwrap().output().await.exit.code, Some(0));
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -720,7 +720,7 @@ async fn a_running_session_forks_live_twice_and_runs_on_through_both() {
         umbra_api::FolderSpec { path: work.clone(), name: Some("work".into()), mode: umbra_proto::ShareMode::Shadow };
     let a = m.start(StartParams { name: "a".into(), folders: vec![folder], ..Default::default() }).await.unwrap();
     run(&a, "echo edited > /sessions/a/mnt/work/notes && echo before > /root/before && sync").await;
-    let detach = "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /root/detached; sleep 0.2; done' \
+    let detach = "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /root/detached.new; mv /root/detached.new /root/detached; sleep 0.2; done' \
                   </dev/null >/dev/null 2>&1 &";
     run(&a, detach).await;
     // Shared-folder I/O all along: each write a FUSE request to virtiofsd, whose rings the
