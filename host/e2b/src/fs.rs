@@ -73,10 +73,9 @@ fn entry(path: &str, st: &FileStat) -> EntryInfo {
     }
 }
 
-/// A guest's modification time as RFC 3339 (the guest chooses it: any value reads as a time,
-/// the epoch when it is out of range).
+/// A guest's modification time as RFC 3339.
 fn mtime(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    crate::sandboxes::rfc3339_ms(ms)
 }
 
 fn user_name(id: u32) -> String {

@@ -109,37 +109,18 @@ async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, String> {
     }
 }
 
-/// The query's parameters, percent-decoded.
+/// The query's parameters, decoded as a form (`+` a space, `%XX` a byte).
 fn query(req: &Request<Incoming>) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    for pair in req.uri().query().unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        out.insert(percent_decode(k), percent_decode(v));
-    }
-    out
+    form_urlencoded::parse(req.uri().query().unwrap_or_default().as_bytes()).into_owned().collect()
 }
 
+/// One query component decoded as a form value.
+#[cfg(test)]
 fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                match std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    form_urlencoded::parse(format!("x={}", s.replace('&', "%26")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
 }
 
 /// Reads what is left of a refused request's body (bounded), so the client, still sending
@@ -268,13 +249,7 @@ where
 
 /// The list's `metadata` filter: `k=v&k2=v2`, each part percent-encoded once more.
 fn metadata_filter(s: &str) -> BTreeMap<String, String> {
-    s.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
+    form_urlencoded::parse(s.as_bytes()).into_owned().collect()
 }
 
 /// The server-stream methods: their errors go in the stream (see [`connect::stream_error`]).

@@ -561,7 +561,14 @@ pub fn path_params(session: &str, path: &str) -> PathParams {
 }
 
 pub fn rfc3339(t: SystemTime) -> String {
-    chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    let ms = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis().try_into().unwrap_or(i64::MAX));
+    rfc3339_ms(ms)
+}
+
+/// Milliseconds since the epoch as RFC 3339: any value reads as a time (the guest chooses its
+/// files' times), the epoch when it is out of range.
+pub fn rfc3339_ms(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 pub fn digest(bytes: &[u8]) -> [u8; 32] {

@@ -51,17 +51,21 @@ def error_from(obj: Any, method: str | None = None) -> UmbraError:
     return ERROR_CLASSES[code](message, code=code, rpc_code=rpc, method=method, daemon_code=daemon_code)
 
 
+def _lstat(path: str, missing: str) -> os.stat_result:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError as e:
+        raise UnavailableError(f"umbrad is not running: {missing}") from e
+    except OSError as e:
+        raise UnavailableError(f"cannot look at {path}: {e.strerror or e}") from e
+
+
 def check_socket(path: str) -> None:
     """Refuses a socket that another user could have put there: its directory must be a real
     directory of this uid with mode 0700, the socket a socket of this uid (not a symlink)."""
     uid = os.geteuid()
     directory = os.path.dirname(path) or "."
-    try:
-        d = os.lstat(directory)
-    except FileNotFoundError as e:
-        raise UnavailableError(f"umbrad is not running: {directory} does not exist") from e
-    except OSError as e:
-        raise UnavailableError(f"cannot look at {directory}: {e.strerror or e}") from e
+    d = _lstat(directory, f"{directory} does not exist")
     if not stat.S_ISDIR(d.st_mode):
         raise UnauthorizedError(f"{directory} is not a directory (a symlink?): refusing to talk to {path}")
     if d.st_uid != uid:
@@ -70,12 +74,7 @@ def check_socket(path: str) -> None:
         raise UnauthorizedError(
             f"{directory} has mode {stat.S_IMODE(d.st_mode):04o}, not 0700: refusing to talk to {path}"
         )
-    try:
-        s = os.lstat(path)
-    except FileNotFoundError as e:
-        raise UnavailableError(f"umbrad is not running: no socket at {path}") from e
-    except OSError as e:
-        raise UnavailableError(f"cannot look at {path}: {e.strerror or e}") from e
+    s = _lstat(path, f"no socket at {path}")
     if not stat.S_ISSOCK(s.st_mode):
         raise UnauthorizedError(f"{path} is not a socket: refusing to talk to it")
     if s.st_uid != uid:
