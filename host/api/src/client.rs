@@ -1,8 +1,13 @@
 //! An async client over umbrad's socket: typed calls, and the notifications the daemon sends.
 //!
-//! One reader task routes responses to their callers and notifications into a bounded queue;
-//! when nobody reads notifications the queue fills, the reader stops reading the socket, and
-//! the daemon's flow control takes over (it never buffers without bound for a slow client).
+//! One reader task routes responses to their callers and notifications into a queue. A response
+//! never waits behind notifications nobody has read yet: a caller that runs `terminal.run` on a
+//! terminal whose output it is not reading gets its answer (a bounded queue that stopped the
+//! reader deadlocked exactly so, once a chatty terminal filled it). What bounds the queue is
+//! the daemon: a process's output stops at its unacknowledged window (`process.ack` as you
+//! consume), and a subscription that falls behind loses events (`events.lost`). Past
+//! [`NOTIFICATION_BYTES`] unread, the reader stops reading the socket after all, and the daemon's
+//! own limits take over.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,8 +24,12 @@ use crate::error::{ApiError, ErrorCode};
 use crate::methods::Method;
 use crate::rpc::{Id, Notification, Request, Response, ServerMessage, VERSION};
 
-/// Notifications buffered ahead of the reader.
+/// Notifications handed to the reader's channel; more wait in the reader task's own queue.
 const NOTIFICATION_QUEUE: usize = 1024;
+/// Bytes of notifications held for a reader that is not reading before the socket is left
+/// unread: beyond the daemon's output windows (16 MiB outstanding per connection), so only a
+/// flood of another kind stops responses.
+const NOTIFICATION_BYTES: usize = 64 << 20;
 /// Longest line accepted from the daemon (a 1 MiB file read is about 1.4 MiB of base64).
 const MAX_LINE: usize = 8 << 20;
 
@@ -170,21 +179,61 @@ async fn read_loop(
     socket: PathBuf,
 ) {
     let mut line = Vec::new();
+    // Notifications the channel had no room for, oldest first, with their size in bytes.
+    let mut held: std::collections::VecDeque<(Notification, usize)> = Default::default();
+    let mut held_bytes = 0usize;
     let why = loop {
-        line.clear();
-        match tokio::io::AsyncReadExt::take(&mut read, MAX_LINE as u64 + 1).read_until(b'\n', &mut line).await {
-            Ok(0) => break "umbrad closed the connection".to_string(),
-            Ok(_) if line.len() > MAX_LINE => break format!("umbrad sent a line over {MAX_LINE} bytes"),
-            Ok(_) => {}
-            Err(e) => break e.to_string(),
+        tokio::select! {
+            // Whatever is held goes first, in order, as the reader makes room.
+            permit = notifications.reserve(), if !held.is_empty() => {
+                match permit {
+                    Ok(permit) => {
+                        let (n, size) = held.pop_front().expect("held is not empty");
+                        held_bytes -= size;
+                        permit.send(n);
+                    }
+                    // Nobody listens: drop notifications, keep serving responses.
+                    Err(_) => {
+                        held.clear();
+                        held_bytes = 0;
+                    }
+                }
+                continue;
+            }
+            // `read_until` appends what it has read to `line`, so a read interrupted by the
+            // branch above resumes where it stopped; the limit counts what is already there.
+            read = async {
+                let room = (MAX_LINE + 1).saturating_sub(line.len()) as u64;
+                tokio::io::AsyncReadExt::take(&mut read, room).read_until(b'\n', &mut line).await
+            }, if held_bytes < NOTIFICATION_BYTES => match read {
+                Err(e) => break e.to_string(),
+                Ok(_) if line.len() > MAX_LINE => break format!("umbrad sent a line over {MAX_LINE} bytes"),
+                // End of file, between lines or within one.
+                Ok(_) if line.last() != Some(&b'\n') => break "umbrad closed the connection".to_string(),
+                Ok(_) => {}
+            },
         }
-        let responses = match crate::rpc::parse_server_line(&line) {
+        let parsed = crate::rpc::parse_server_line(&line);
+        let size = line.len();
+        line.clear();
+        let responses = match parsed {
             Ok(ServerMessage::Response(r)) => vec![r],
             Ok(ServerMessage::Batch(rs)) => rs,
             Ok(ServerMessage::Notification(n)) => {
-                if notifications.send(n).await.is_err() {
-                    // Nobody listens: drop notifications, keep serving responses.
+                // Nobody listens: drop notifications, keep serving responses.
+                if notifications.is_closed() {
+                    continue;
                 }
+                let n = if held.is_empty() {
+                    match notifications.try_send(n) {
+                        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => continue,
+                        Err(mpsc::error::TrySendError::Full(n)) => n,
+                    }
+                } else {
+                    n
+                };
+                held.push_back((n, size));
+                held_bytes += size;
                 continue;
             }
             Err(e) => break e.message,
@@ -196,6 +245,12 @@ async fn read_loop(
     let waiting = pending.lock().unwrap().take().unwrap_or_default();
     for (_, tx) in waiting {
         let _ = tx.send(Err(unavailable(&socket, &why)));
+    }
+    // What was read before the end is still delivered, in order.
+    for (n, _) in held {
+        if notifications.send(n).await.is_err() {
+            break;
+        }
     }
 }
 
@@ -228,6 +283,42 @@ mod tests {
         let mut first = [0u8; 1];
         server.read_exact(&mut first).unwrap();
         assert_eq!(&first, b"{");
+    }
+
+    /// A response never waits behind notifications nobody reads: 5000 of them (the queue holds
+    /// 1024) come before the answer, which arrives; then all of them, in order.
+    #[tokio::test]
+    async fn a_response_is_not_held_behind_unread_notifications() {
+        use std::io::{BufRead, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let (client, mut notes) = Client::connect(Some(&path)).await.unwrap();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut request = String::new();
+            std::io::BufReader::new(&stream).read_line(&mut request).unwrap();
+            let id = serde_json::from_str::<Value>(&request).unwrap()["id"].clone();
+            let mut out = std::io::BufWriter::new(&stream);
+            for i in 0..5000 {
+                writeln!(out, r#"{{"jsonrpc":"2.0","method":"process","params":{{"n":{i}}}}}"#).unwrap();
+            }
+            writeln!(out, r#"{{"jsonrpc":"2.0","id":{id},"result":{{"answered":true}}}}"#).unwrap();
+            out.flush().unwrap();
+            drop(out);
+            stream
+        });
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(20), client.call_raw("x", Value::Null))
+            .await
+            .expect("the answer came although no notification was read")
+            .unwrap();
+        assert_eq!(answer["answered"], true);
+        drop(server.join().unwrap()); // the daemon goes: what was read is still delivered
+        for i in 0..5000 {
+            let n = notes.recv().await.expect("every notification, in order");
+            assert_eq!(n.params["n"], i);
+        }
+        assert!(notes.recv().await.is_none(), "then the end");
     }
 
     /// A listener forked off as uid 65534 (we are root): the client must refuse it, and the
