@@ -24,7 +24,7 @@ pub mod testserver;
 
 pub use extract::{extract_artifact, Extracted, ExtractedBundle};
 pub use manifest::{Arch, Artifact, ArtifactRole, Boot, Manifest, ManifestError, MANIFEST_FILE, SCHEMA_VERSION};
-pub use pack::{pack, PackInput, PackOptions};
+pub use pack::{current, pack, PackInput, PackOptions};
 pub use progress::{Phase, Progress};
 pub use pull::{dir_url, PullOptions, Pulled, PulledHow, Signed};
 pub use retry::RetryPolicy;

@@ -155,8 +155,22 @@ pub fn run(args: BuildArgs) -> anyhow::Result<()> {
             Flavor::Standard => 9,
         }),
     };
-    let manifest = pack(&[kernel_input, image], &opts, &out).context("cannot pack the bundle")?;
-    eprintln!("vmctl: bundle {} written to {}", manifest.bundle_version, out.display());
+    let inputs = [kernel_input, image];
+    // The same inputs packed before (bundles are reproducible): kept, not compressed again
+    // (for the standard image that is half a minute of zstd). An explicit --level is not in
+    // the manifest, so it always packs.
+    let kept = if args.level.is_none() { umbra_bundle::current(&inputs, &opts, &out) } else { None };
+    let manifest = match kept {
+        Some(manifest) => {
+            eprintln!("vmctl: bundle {} in {} is current (same inputs): kept", manifest.bundle_version, out.display());
+            manifest
+        }
+        None => {
+            let manifest = pack(&inputs, &opts, &out).context("cannot pack the bundle")?;
+            eprintln!("vmctl: bundle {} written to {}", manifest.bundle_version, out.display());
+            manifest
+        }
+    };
     crate::bundle_sign::sign_build(&out, args.signing_key).context("cannot sign the bundle")?;
     for a in &manifest.artifacts {
         eprintln!(
