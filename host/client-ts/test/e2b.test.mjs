@@ -11,6 +11,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { before, test } from "node:test";
 
+import { Umbra } from "../dist/index.js";
 import { REPO, TestDaemon, cleanUpAfter, helpersMentioning } from "./daemon.mjs";
 
 /** @type {TestDaemon} */
@@ -30,7 +31,12 @@ function standardBundle() {
 }
 
 before(async () => {
-  daemon = await TestDaemon.start("e2b", { bundle: standardBundle(), memory_mib: 512 }, ["--e2b-listen", "127.0.0.1:0"]);
+  // A network policy other than the default `none`, so what allow_internet_access changes shows.
+  const network = { mode: "allowlist", allow_domains: ["allowed.test"] };
+  daemon = await TestDaemon.start("e2b", { bundle: standardBundle(), memory_mib: 512, network }, [
+    "--e2b-listen",
+    "127.0.0.1:0",
+  ]);
   const info = path.join(path.dirname(daemon.socket), "e2b.json");
   assert.equal(fs.statSync(info).mode & 0o777, 0o600, "e2b.json holds the key: this user's only");
   endpoint = JSON.parse(fs.readFileSync(info, "utf8"));
@@ -120,6 +126,21 @@ test("the Python SDK does the same, with its polling and streaming watches", asy
   assert.deepEqual(summary.failures, []);
   assert.equal(summary.stdout, "hello from /home/user\n");
   assert.deepEqual(summary.listed, ["a.txt", "blob.bin"]);
+});
+
+test("allow_internet_access: false takes the network away; the default keeps umbrad's policy", async () => {
+  const { Sandbox } = e2b;
+  const client = await Umbra.connect({ socketPath: daemon.socket });
+  try {
+    const closed = await Sandbox.create({ timeoutMs: 60_000, allowInternetAccess: false });
+    const open = await Sandbox.create({ timeoutMs: 60_000 });
+    const mode = async (sbx) => (await client.sessions.get(sbx.sandboxId)).info.settings.network;
+    assert.deepEqual(await mode(closed), { mode: "none" });
+    assert.deepEqual(await mode(open), { mode: "allowlist", allow_domains: ["allowed.test"] });
+    await Promise.all([closed.kill(), open.kill()]);
+  } finally {
+    await client.close();
+  }
 });
 
 test("keys, tokens and hosts are checked; what is not supported says so in E2B's shapes", async () => {

@@ -247,8 +247,12 @@ impl E2b {
         let id = format!("e2b-{}", random_hex(8));
         let token = random_hex(24);
         let client = self.shared().await.map_err(RestFailure::api)?;
-        // The sandbox's own timeout ends it, not umbrad's idle timeout.
-        let settings = umbra_api::session::SettingsPatch { bundle, idle_timeout_secs: Some(0), ..Default::default() };
+        // The sandbox's own timeout ends it, not umbrad's idle timeout. `allow_internet_access:
+        // false` is no network at all (umbrad's `none`), whatever umbrad's configuration allows;
+        // `true` (E2B's default) cannot loosen that configuration, which stays the ceiling.
+        let network = (new.allow_internet_access == Some(false)).then(umbra_api::session::NetworkPolicy::default);
+        let settings =
+            umbra_api::session::SettingsPatch { bundle, idle_timeout_secs: Some(0), network, ..Default::default() };
         let params = StartParams { name: id.clone(), settings, ..Default::default() };
         let info = client.call::<SessionStart>(params).await.map_err(RestFailure::api)?;
         // E2B's default user's home: where commands run and relative paths point.

@@ -27,6 +27,7 @@ pub struct NewSandbox {
     /// Pause instead of kill when the timeout passes.
     #[serde(default)]
     pub auto_pause: Option<bool>,
+    /// `false`: the session gets no network (`none`); absent or `true`: umbrad's policy.
     #[serde(default, rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
 }
