@@ -497,3 +497,24 @@ fn plain_http_is_refused_unless_to_loopback_and_allowed() {
     // With the flag and a loopback address it installs.
     assert_eq!(env.pull("v1").unwrap().how, PulledHow::Downloaded);
 }
+
+/// The system policy's `bundle_sources` hold every redirect too: an allowed source cannot hand
+/// the download to another, and the other is never contacted.
+#[test]
+fn a_redirect_out_of_the_allowed_sources_is_refused_before_it_is_followed() {
+    let env = Env::new("bundle-sources");
+    env.bundle("v1", 100_000, 100_000);
+    env.bundle("v2", 100_000, 100_000);
+    let allowed = env.url("v1");
+    let policy = umbra_api::system::SystemPolicy { bundle_sources: Some(vec![allowed.clone()]), ..Default::default() };
+    assert!(policy.check_bundle_source(&allowed).is_ok() && policy.check_bundle_source(&env.url("v2")).is_err());
+    let opts = PullOptions { sources: umbra_runtime::bundle_trust::sources(Some(&policy)), ..fast() };
+    env.server
+        .push_fault("/v1/manifest.json", umbra_bundle::testserver::Fault::Redirect(env.url("v2") + "manifest.json"));
+    let e = env.store.pull(&allowed, &opts, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("refused") && e.contains("the system policy allows bundles only from"), "{e}");
+    assert_eq!(env.server.count("/v2/manifest.json"), 0, "the redirect target was not contacted");
+    assert!(env.store.current().is_none(), "nothing installed");
+    // Without the redirect, the allowed source installs.
+    assert_eq!(env.store.pull(&allowed, &opts, &mut |_| {}).unwrap().how, PulledHow::Downloaded);
+}

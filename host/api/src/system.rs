@@ -30,8 +30,9 @@ pub struct SystemPolicy {
     pub trusted_roots: Option<Vec<PathBuf>>,
     /// Where bundles may come from: URL prefixes (`https://bundles.example.com/`) that
     /// `bundle.download` and `vmctl bundle pull` may fetch from, and directories beneath which a
-    /// session's `bundle` may name a bundle directory. Installed versions, `current` and the
-    /// flavors this machine built are always allowed. Unset: every source.
+    /// session's `bundle` may name a bundle directory. Every redirect a download meets is held
+    /// to them too, before it is followed. Installed versions, `current` and the flavors this
+    /// machine built are always allowed. Unset: every source.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bundle_sources: Option<Vec<String>>,
     /// The most guest memory a session may have, in MiB.

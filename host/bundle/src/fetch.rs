@@ -140,16 +140,38 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// Where bundles may come from, beyond the rules every URL obeys: the system policy's
+/// `bundle_sources`. Held to the URL asked for by the caller, and here to every redirect,
+/// before the redirect's target is contacted: a source the administrator allows cannot hand the
+/// download to one they do not.
+#[derive(Clone)]
+pub struct SourceCheck(pub std::sync::Arc<SourceRule>);
+
+/// Whether a URL may serve a bundle; `Err` says why not.
+pub type SourceRule = dyn Fn(&str) -> Result<(), String> + Send + Sync;
+
+impl std::fmt::Debug for SourceCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SourceCheck")
+    }
+}
+
 pub(crate) struct Fetcher {
     client: OnceLock<Result<Client, String>>,
     idle_timeout: Duration,
     allow_http_loopback: bool,
+    sources: Option<SourceCheck>,
     pub retry: RetryPolicy,
 }
 
 impl Fetcher {
-    pub fn new(retry: RetryPolicy, idle_timeout: Duration, allow_http_loopback: bool) -> Self {
-        Self { client: OnceLock::new(), idle_timeout, allow_http_loopback, retry }
+    pub fn new(
+        retry: RetryPolicy,
+        idle_timeout: Duration,
+        allow_http_loopback: bool,
+        sources: Option<SourceCheck>,
+    ) -> Self {
+        Self { client: OnceLock::new(), idle_timeout, allow_http_loopback, sources, retry }
     }
 
     /// Built on first use: a blocking client owns a runtime thread that `file://` never needs.
@@ -159,13 +181,17 @@ impl Fetcher {
             // harmlessly when the process already chose one.
             let _ = rustls::crypto::ring::default_provider().install_default();
             let allow = self.allow_http_loopback;
-            // A redirect is held to the same rule as the URL: an https:// server cannot send
-            // the download to http:// (decided before the new target is contacted).
+            let sources = self.sources.clone();
+            // A redirect is held to the same rules as the URL: an https:// server cannot send
+            // the download to http://, nor an allowed source to another (decided before the
+            // new target is contacted).
             let redirects = reqwest::redirect::Policy::custom(move |attempt| {
                 if attempt.previous().len() >= 10 {
                     return attempt.error("more than 10 redirects");
                 }
-                match crate::sign::check_redirect(attempt.url(), allow) {
+                let checked = crate::sign::check_redirect(attempt.url(), allow)
+                    .and_then(|()| sources.as_ref().map_or(Ok(()), |check| (check.0)(attempt.url().as_str())));
+                match checked {
                     Ok(()) => attempt.follow(),
                     Err(reason) => {
                         let to = attempt.url().to_string();

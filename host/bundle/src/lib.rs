@@ -23,6 +23,7 @@ mod store;
 pub mod testserver;
 
 pub use extract::{extract_artifact, Extracted, ExtractedBundle};
+pub use fetch::SourceCheck;
 pub use manifest::{Arch, Artifact, ArtifactRole, Boot, Manifest, ManifestError, MANIFEST_FILE, SCHEMA_VERSION};
 pub use pack::{current, pack, PackInput, PackOptions};
 pub use progress::{Phase, Progress};

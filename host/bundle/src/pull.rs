@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::extract::{extract_into, ExtractedBundle, COMPLETE_MARKER};
-use crate::fetch::{Fetcher, Location};
+use crate::fetch::{Fetcher, Location, SourceCheck};
 use crate::manifest::{Artifact, Manifest, MANIFEST_FILE};
 use crate::progress::{Meter, Phase, Progress};
 use crate::resume::Resuming;
@@ -42,6 +42,9 @@ pub struct PullOptions {
     /// The keys a bundle must be signed by, and whether loopback `http://` is allowed. The
     /// default trusts no key: every pull is refused until the caller says whom it trusts.
     pub trust: Trust,
+    /// Where the bundle may come from (the system policy's `bundle_sources`), held to every
+    /// redirect; the caller checks the URL it passes. `None`: anywhere the URL rules allow.
+    pub sources: Option<SourceCheck>,
 }
 
 impl Default for PullOptions {
@@ -52,6 +55,7 @@ impl Default for PullOptions {
             idle_timeout: Duration::from_secs(30),
             reinstall: false,
             trust: Trust::default(),
+            sources: None,
         }
     }
 }
@@ -115,7 +119,8 @@ impl Store {
     ) -> Result<Pulled, BundleError> {
         let manifest_loc = Location::manifest(url)?;
         manifest_loc.check(url, opts.trust.allow_http_loopback)?;
-        let fetcher = Fetcher::new(opts.retry.clone(), opts.idle_timeout, opts.trust.allow_http_loopback);
+        let fetcher =
+            Fetcher::new(opts.retry.clone(), opts.idle_timeout, opts.trust.allow_http_loopback, opts.sources.clone());
         let mut meter = Meter::new(progress, "");
         meter.emit(Phase::Manifest, Some(manifest_loc.display()));
         // Before anything is written or any artifact fetched: only a bundle signed by a trusted
@@ -209,7 +214,8 @@ impl Store {
     pub fn check_signature(&self, url: &str, opts: &PullOptions) -> Result<Signed, BundleError> {
         let loc = Location::manifest(url)?;
         loc.check(url, opts.trust.allow_http_loopback)?;
-        let fetcher = Fetcher::new(opts.retry.clone(), opts.idle_timeout, opts.trust.allow_http_loopback);
+        let fetcher =
+            Fetcher::new(opts.retry.clone(), opts.idle_timeout, opts.trust.allow_http_loopback, opts.sources.clone());
         self.fetch_signed(&fetcher, &loc, &opts.trust)
     }
 

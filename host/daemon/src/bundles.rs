@@ -45,11 +45,12 @@ pub async fn download(
         daemon.options.allow_http_loopback,
     )
     .map_err(|e| ApiError::new(ErrorCode::BundleError, e.to_string()))?;
+    let sources = umbra_runtime::bundle_trust::sources(system.as_ref().map(|s| &s.policy));
     let worker = daemon.clone();
     let key = url.clone();
     let pulled = tokio::task::spawn_blocking(move || {
         let store = worker.manager.bundles().clone();
-        let opts = PullOptions { warm, reinstall, trust, ..PullOptions::default() };
+        let opts = PullOptions { warm, reinstall, trust, sources, ..PullOptions::default() };
         let mut progress = |p: &Progress| {
             worker.downloads.lock().unwrap().insert(key.clone(), p.clone());
             worker.manager.emit(SessionEvent::new(None, EventKind::DownloadProgress(p.clone())));

@@ -6,7 +6,14 @@
 use std::path::{Path, PathBuf};
 
 use umbra_api::system::SystemPolicy;
-use umbra_bundle::{BundleError, PublicKey, Trust};
+use umbra_bundle::{BundleError, PublicKey, SourceCheck, Trust};
+
+/// Where a download may come from: the system policy's `bundle_sources` (if it sets them), to
+/// hold every redirect to as the URL itself is held.
+pub fn sources(system: Option<&SystemPolicy>) -> Option<SourceCheck> {
+    let policy = system.filter(|s| s.bundle_sources.is_some())?.clone();
+    Some(SourceCheck(std::sync::Arc::new(move |url| policy.check_bundle_source(url))))
+}
 
 /// The keys a download trusts. `configured` are umbrad's `trusted_keys`; `key_files` are
 /// `vmctl --trusted-key` files; `dir` is the trusted-keys directory.

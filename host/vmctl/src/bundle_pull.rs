@@ -157,8 +157,8 @@ fn report(result: anyhow::Result<Pulled>, reporter: &Reporter, json: bool) -> i3
 pub fn pull(args: PullArgs) -> i32 {
     if args.warm && !args.foreground {
         // Refused now, not only in the background pull's log: the source and the signature.
-        let checked = check_source(&args.url).and_then(|()| {
-            let opts = PullOptions { trust: args.trust.trust()?, ..PullOptions::default() };
+        let checked = check_source(&args.url).and_then(|sources| {
+            let opts = PullOptions { trust: args.trust.trust()?, sources, ..PullOptions::default() };
             store().check_signature(&args.url, &opts).map_err(anyhow::Error::from)
         });
         if let Err(e) = checked {
@@ -179,21 +179,23 @@ pub fn pull(args: PullArgs) -> i32 {
             warm: args.warm,
             retry: RetryPolicy { retries: args.retries, ..RetryPolicy::default() },
             trust,
+            sources: check_source(&args.url)?,
             ..PullOptions::default()
         };
-        check_source(&args.url)?;
         store().pull(&args.url, &opts, &mut |p| reporter.event(p)).map_err(anyhow::Error::from)
     });
     report(result, &reporter, args.json)
 }
 
-/// The system policy's `bundle_sources`, as umbrad holds `bundle.download` to them.
-fn check_source(url: &str) -> anyhow::Result<()> {
+/// The system policy's `bundle_sources`, as umbrad holds `bundle.download` to them: `url`
+/// checked now, and the check for the redirects the download meets.
+fn check_source(url: &str) -> anyhow::Result<Option<umbra_bundle::SourceCheck>> {
     let path = std::path::Path::new(umbra_api::system::SYSTEM_POLICY_PATH);
-    if let Some(system) = umbra_runtime::system_policy::load(path)? {
+    let system = umbra_runtime::system_policy::load(path)?;
+    if let Some(system) = &system {
         system.check_bundle_source(url).map_err(anyhow::Error::msg)?;
     }
-    Ok(())
+    Ok(umbra_runtime::bundle_trust::sources(system.as_ref()))
 }
 
 /// Starts `vmctl bundle pull --warm --foreground URL` detached, logging into the store.
