@@ -186,3 +186,30 @@ test("keys, tokens and hosts are checked; what is not supported says so in E2B's
   assert.equal((await rest("GET", `/sandboxes/${sbx.sandboxId}`)).status, 404);
   assert.equal(await Sandbox.kill(sbx.sandboxId), false);
 });
+
+test("sandboxes outlive an umbrad restart: listed paused, resumed by connect with their files", async () => {
+  const { Sandbox } = e2b;
+  const rest = (method, p) => fetch(`${endpoint.url}${p}`, { method, headers: { "x-api-key": endpoint.api_key } });
+  const sbx = await Sandbox.create({ timeoutMs: 120_000, metadata: { kept: "yes" } });
+  await sbx.files.write("kept.txt", "still here\n");
+  const id = sbx.sandboxId;
+
+  await daemon.terminate();
+  await daemon.launch();
+  // A new port (127.0.0.1:0), the same key: it was kept.
+  const info = JSON.parse(fs.readFileSync(path.join(path.dirname(daemon.socket), "e2b.json"), "utf8"));
+  assert.equal(info.api_key, endpoint.api_key, "the key is kept across the restart");
+  endpoint = info;
+  process.env.E2B_API_URL = endpoint.url;
+  process.env.E2B_SANDBOX_URL = endpoint.url;
+
+  const kept = await rest("GET", `/sandboxes/${id}`);
+  assert.equal(kept.status, 200);
+  const detail = await kept.json();
+  assert.deepEqual([detail.state, detail.metadata], ["paused", { kept: "yes" }]);
+  const again = await Sandbox.connect(id, { timeoutMs: 60_000 });
+  assert.equal(await again.files.read("kept.txt"), "still here\n", "its disk came back");
+  assert.equal((await again.commands.run("pwd")).stdout, "/home/user\n");
+  assert.equal(await Sandbox.kill(id), true);
+  assert.equal((await rest("GET", `/sandboxes/${id}`)).status, 404);
+});

@@ -69,8 +69,9 @@ struct Args {
     mcp_folders: Vec<String>,
     /// Also serve the E2B API (sandboxes, and envd's process and filesystem services) at this
     /// loopback address, for the unmodified `e2b` SDKs (docs/e2b.md). Requests need the key in
-    /// `$UMBRA_E2B_API_KEY`, else one umbrad makes; the URL and key are written to `e2b.json`
-    /// (0600) beside the socket.
+    /// `$UMBRA_E2B_API_KEY`, else one umbrad makes and keeps (`e2b/api-key` in the state
+    /// directory, 0600); the URL and key are written to `e2b.json` (0600) beside the socket.
+    /// Sandboxes are kept there too: after a restart they are paused, and connecting resumes them.
     #[arg(long, value_name = "ADDR")]
     e2b_listen: Option<std::net::SocketAddr>,
     /// An E2B template and the bundle it boots, `NAME=BUNDLE` (a version, directory or URL as
@@ -181,7 +182,7 @@ async fn serve_mcp(
 ) -> anyhow::Result<InfoFile> {
     umbra_mcp::http::check_address(&addr).map_err(anyhow::Error::msg)?;
     let folders = umbra_mcp::server::offered_folders(folders).map_err(|e| anyhow::anyhow!("--mcp-folder {e}"))?;
-    let token = endpoint_secret("UMBRA_MCP_TOKEN")?;
+    let token = endpoint_secret("UMBRA_MCP_TOKEN", None)?;
     let listener =
         tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen for MCP on {addr}"))?;
     let bound = listener.local_addr()?;
@@ -219,14 +220,21 @@ async fn serve_e2b(
             _ => anyhow::bail!("--e2b-template {t:?}: NAME=BUNDLE"),
         }
     }
-    let key = endpoint_secret("UMBRA_E2B_API_KEY")?;
+    // The key and the sandboxes are kept in the state directory: an E2B client's sandboxes,
+    // ids and tokens survive an umbrad restart (docs/e2b.md).
+    let kept = umbra_api::paths::state_dir().join("e2b");
+    let key = endpoint_secret("UMBRA_E2B_API_KEY", Some(&kept.join("api-key")))?;
     let listener =
         tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen for E2B on {addr}"))?;
     let url = format!("http://{}", listener.local_addr()?);
     let info =
         write_private_json(socket.with_file_name("e2b.json"), serde_json::json!({ "url": url, "api_key": key }))?;
     tracing::info!(%url, info = %info.0.display(), templates = mapped.len(), "serving the E2B API");
-    let options = umbra_e2b::sandboxes::Options { socket: Some(socket.to_path_buf()), templates: mapped };
+    let options = umbra_e2b::sandboxes::Options {
+        socket: Some(socket.to_path_buf()),
+        templates: mapped,
+        records: Some(kept.join("sandboxes.json")),
+    };
     tokio::spawn(async move {
         let e2b = umbra_e2b::sandboxes::E2b::new(options);
         if let Err(e) = umbra_e2b::http::serve(listener, e2b, key).await {
@@ -237,17 +245,42 @@ async fn serve_e2b(
 }
 
 /// An endpoint's secret: `$VAR` (at least 16 characters), else 32 random bytes in hex.
-fn endpoint_secret(var: &str) -> anyhow::Result<String> {
+/// With `kept`, the one made is kept there (mode 0600) and used again by the next umbrad, so
+/// clients holding it go on working across a restart.
+fn endpoint_secret(var: &str, kept: Option<&std::path::Path>) -> anyhow::Result<String> {
     match std::env::var(var) {
-        Ok(t) if t.len() >= 16 => Ok(t),
+        Ok(t) if t.len() >= 16 => return Ok(t),
         Ok(_) => anyhow::bail!("{var} must have at least 16 characters"),
-        Err(_) => {
-            let mut bytes = [0u8; 32];
-            std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)
-                .with_context(|| format!("cannot read /dev/urandom for {var}"))?;
-            Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+        Err(_) => {}
+    }
+    if let Some(path) = kept {
+        match std::fs::read_to_string(path) {
+            Ok(t) if t.trim().len() >= 16 => return Ok(t.trim().to_string()),
+            Ok(_) => tracing::warn!(path = %path.display(), "a kept endpoint key too short to use: making another"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
         }
     }
+    let mut bytes = [0u8; 32];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)
+        .with_context(|| format!("cannot read /dev/urandom for {var}"))?;
+    let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    if let Some(path) = kept {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let _ = std::fs::remove_file(path);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        f.write_all(secret.as_bytes())?;
+    }
+    Ok(secret)
 }
 
 /// Writes `value` to `path`, readable by this user only (it holds a secret).

@@ -132,7 +132,7 @@ pub async fn list_dir(e2b: &E2b, sb: &Sandbox, path: &str, depth: u32) -> Result
         }
         let mut next = Vec::new();
         for dir in level {
-            for (path, st) in children(&client, &sb.id, &dir).await? {
+            for (path, st) in children(&client, &sb.id, &dir, LIST_LIMIT - entries.len()).await? {
                 if st.kind == FileKind::Dir {
                     next.push(path.clone());
                 }
@@ -147,12 +147,20 @@ pub async fn list_dir(e2b: &E2b, sb: &Sandbox, path: &str, depth: u32) -> Result
     Ok(ListDirResponse { entries })
 }
 
-/// A directory's entries with their stat.
-async fn children(client: &Client, session: &str, dir: &str) -> Result<Vec<(String, FileStat)>, ConnectError> {
-    let params = ListParams { session: session.into(), path: dir.into(), host: false, limit: None };
+/// A directory's entries with their stat, at most `limit` of them (umbrad's listing would stop
+/// at its default 10 000 otherwise; each entry costs a stat).
+async fn children(
+    client: &Client,
+    session: &str,
+    dir: &str,
+    limit: usize,
+) -> Result<Vec<(String, FileStat)>, ConnectError> {
+    let limit = limit.min(LIST_LIMIT);
+    let params =
+        ListParams { session: session.into(), path: dir.into(), host: false, limit: Some(limit.max(1) as u32) };
     let list = client.call::<FileList>(params).await.map_err(|e| not_found_is_file(e, dir))?;
-    let mut out = Vec::with_capacity(list.entries.len());
-    for e in list.entries {
+    let mut out = Vec::with_capacity(list.entries.len().min(limit));
+    for e in list.entries.into_iter().take(limit) {
         // The guest names its entries: one path component each, or nothing.
         if e.name.is_empty() || e.name == "." || e.name == ".." || e.name.contains(['/', '\0']) {
             continue;
@@ -212,7 +220,7 @@ async fn look(client: &Client, session: &str, root: &str, recursive: bool) -> Re
         if visited > WATCH_DIRS {
             break;
         }
-        for (path, st) in children(client, session, &dir).await? {
+        for (path, st) in children(client, session, &dir, WATCH_LIMIT - seen.len()).await? {
             if recursive && st.kind == FileKind::Dir {
                 dirs.push(path.clone());
             }

@@ -7,5 +7,6 @@ pub mod connect;
 pub mod fs;
 pub mod http;
 pub mod process;
+pub mod records;
 pub mod sandboxes;
 pub mod wire;

@@ -17,6 +17,7 @@ use umbra_api::rpc::NOTIFY_PROCESS;
 use umbra_api::{ApiError, ErrorCode, EventKind, SessionEvent};
 
 use crate::connect::ConnectError;
+use crate::records::Record;
 use crate::wire::{self, ProcessConfig, RestError};
 
 /// The home of E2B's default user, and the directory relative paths and commands start in.
@@ -42,6 +43,8 @@ pub struct Options {
     /// E2B's template ids and the bundle each boots; `base` boots umbrad's configured bundle
     /// unless given here.
     pub templates: BTreeMap<String, String>,
+    /// Where the sandboxes are kept across restarts (`records.rs`); `None`: in memory only.
+    pub records: Option<PathBuf>,
 }
 
 /// A process this endpoint started (or can find) in a sandbox, by its guest pid.
@@ -108,6 +111,44 @@ impl Sandbox {
         }
     }
 
+    fn record(&self) -> Record {
+        let life = self.life.lock().unwrap();
+        Record {
+            id: self.id.clone(),
+            template: self.template.clone(),
+            token: self.token.clone(),
+            metadata: self.metadata.clone(),
+            env: self.env.clone(),
+            started_ms: millis(self.started),
+            end_at_ms: millis(life.end_at),
+            paused: life.state == State::Paused,
+            auto_pause: life.auto_pause,
+            cpus: self.cpus,
+            memory_mib: self.memory_mib,
+            disk_mib: self.disk_mib,
+        }
+    }
+
+    /// A kept sandbox after umbrad started again: its VM did not survive, so it is paused (its
+    /// disk, and a snapshot if it was paused, are its session's); connecting resumes it.
+    fn restored(r: Record) -> Self {
+        Self {
+            token_digest: digest(r.token.as_bytes()),
+            id: r.id,
+            template: r.template,
+            token: r.token,
+            metadata: r.metadata,
+            env: r.env,
+            started: from_millis(r.started_ms),
+            cpus: r.cpus,
+            memory_mib: r.memory_mib,
+            disk_mib: r.disk_mib,
+            life: Mutex::new(Life { state: State::Paused, end_at: from_millis(r.end_at_ms), auto_pause: r.auto_pause }),
+            procs: Mutex::default(),
+            watchers: Mutex::default(),
+        }
+    }
+
     fn detail(&self, with_token: bool) -> wire::SandboxDetail {
         let life = self.life.lock().unwrap();
         wire::SandboxDetail {
@@ -153,6 +194,8 @@ pub struct E2b {
     sandboxes: Mutex<BTreeMap<String, Arc<Sandbox>>>,
     shared: tokio::sync::Mutex<Option<Client>>,
     dedicated: Arc<tokio::sync::Semaphore>,
+    /// Held while the records are written: one writer at a time, each writing what is current.
+    persisting: Mutex<()>,
 }
 
 /// A connection of its own to umbrad (a stream's, a command's): its process events are its
@@ -164,12 +207,20 @@ pub struct Dedicated {
 }
 
 impl E2b {
+    /// The endpoint, with the sandboxes kept in `options.records` from before (paused).
     pub fn new(options: Options) -> Arc<Self> {
+        let kept = options.records.as_deref().map(crate::records::load).unwrap_or_default();
+        let sandboxes = kept.into_iter().take(MAX_SANDBOXES).map(|r| (r.id.clone(), Arc::new(Sandbox::restored(r))));
+        let sandboxes: BTreeMap<String, Arc<Sandbox>> = sandboxes.collect();
+        if !sandboxes.is_empty() {
+            tracing::info!(count = sandboxes.len(), "E2B: sandboxes kept from before, paused until connected");
+        }
         let e2b = Arc::new(Self {
             options,
-            sandboxes: Mutex::default(),
+            sandboxes: Mutex::new(sandboxes),
             shared: tokio::sync::Mutex::default(),
             dedicated: Arc::new(tokio::sync::Semaphore::new(DEDICATED)),
+            persisting: Mutex::default(),
         });
         tokio::spawn(reap(Arc::downgrade(&e2b)));
         e2b
@@ -210,7 +261,20 @@ impl E2b {
         for (_, (_, task)) in sb.watchers.lock().unwrap().drain() {
             task.abort();
         }
+        self.persist();
         Some(sb)
+    }
+
+    /// Writes the sandboxes as they are now to `options.records` (after every change). A
+    /// failure is logged: the sandboxes work on, and the next change writes them again.
+    fn persist(&self) {
+        let Some(path) = &self.options.records else { return };
+        let _one = self.persisting.lock().unwrap();
+        let all: Vec<Arc<Sandbox>> = self.sandboxes.lock().unwrap().values().cloned().collect();
+        let records: Vec<Record> = all.iter().map(|sb| sb.record()).collect();
+        if let Err(e) = crate::records::save(path, &records) {
+            tracing::warn!(path = %path.display(), "E2B: cannot keep the sandboxes on disk: {e}");
+        }
     }
 
     fn bundle_of(&self, template: &str) -> Result<Option<String>, RestFailure> {
@@ -287,6 +351,7 @@ impl E2b {
         tracing::info!(sandbox = %id, template = %sb.template, "E2B: sandbox created");
         let created = sb.created();
         self.sandboxes.lock().unwrap().insert(id, sb);
+        self.persist();
         Ok((StatusCode::CREATED, serde_json::to_value(created).expect("serializes")))
     }
 
@@ -325,6 +390,7 @@ impl E2b {
         let sb = self.sandbox(id).ok_or_else(|| RestFailure::not_found(id))?;
         let timeout = check_timeout(timeout)?;
         sb.life.lock().unwrap().end_at = SystemTime::now() + Duration::from_secs(timeout);
+        self.persist();
         Ok(())
     }
 
@@ -339,6 +405,7 @@ impl E2b {
         client.call::<SessionSnapshot>(SessionRef { name: sb.id.clone() }).await.map_err(RestFailure::api)?;
         // Its kept processes are in the snapshot: found again by pid once it resumes.
         sb.life.lock().unwrap().state = State::Paused;
+        self.persist();
         Ok(true)
     }
 
@@ -349,7 +416,15 @@ impl E2b {
         if sb.state() == State::Paused {
             let client = self.shared().await.map_err(RestFailure::api)?;
             let resume = umbra_api::methods::ResumeParams { name: sb.id.clone(), discard_snapshot: false };
-            client.call::<SessionResume>(resume).await.map_err(RestFailure::api)?;
+            match client.call::<SessionResume>(resume).await {
+                Ok(_) => {}
+                // Its session was deleted meanwhile (by hand, while umbrad was down): gone.
+                Err(e) if e.code == ErrorCode::SessionNotFound => {
+                    self.remove(id);
+                    return Err(RestFailure::not_found(id));
+                }
+                Err(e) => return Err(RestFailure::api(e)),
+            }
             sb.life.lock().unwrap().state = State::Running;
         }
         let mut life = sb.life.lock().unwrap();
@@ -359,6 +434,7 @@ impl E2b {
             life.end_at = wanted.max(life.end_at);
         }
         drop(life);
+        self.persist();
         Ok(serde_json::to_value(sb.created()).expect("serializes"))
     }
 
@@ -562,6 +638,14 @@ pub fn resolve(path: &str) -> String {
 /// `file.stat` of a guest path.
 pub fn path_params(session: &str, path: &str) -> PathParams {
     PathParams { session: session.into(), path: path.into(), host: false }
+}
+
+fn millis(t: SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis().try_into().unwrap_or(u64::MAX))
+}
+
+fn from_millis(ms: u64) -> SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 pub fn rfc3339(t: SystemTime) -> String {
