@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::digest::Hashing;
 use crate::manifest::{Arch, Artifact, ArtifactRole, Boot, Manifest, MANIFEST_FILE, SCHEMA_VERSION};
+use crate::store::hash_file;
 use crate::{io_err, BundleError};
 
 pub struct PackInput {
@@ -54,14 +55,6 @@ fn compress(input: &PackInput, level: i32, out: &Path) -> Result<Artifact, Bundl
     })
 }
 
-/// Size and sha256 of a file's bytes.
-fn hash_file(path: &Path) -> Option<(u64, String)> {
-    let mut r = Hashing::new(BufReader::new(File::open(path).ok()?));
-    std::io::copy(&mut r, &mut std::io::sink()).ok()?;
-    let (size, sha256, _) = r.finish();
-    Some((size, sha256))
-}
-
 /// The manifest of the bundle already in `out_dir` when [`pack`] would write the same one: the
 /// same options (the zstd level aside, which the manifest does not record), and for each input
 /// the same name, role, format, size and sha256, its compressed file present with the size and
@@ -83,10 +76,10 @@ pub fn current(inputs: &[PackInput], opts: &PackOptions, out_dir: &Path) -> Opti
         if a.name != input.name || a.role != input.role || a.format != input.format {
             return None;
         }
-        if hash_file(&input.path)? != (a.size, a.sha256.clone()) {
+        if hash_file(&input.path).ok()? != (a.size, a.sha256.clone()) {
             return None;
         }
-        if hash_file(&out_dir.join(&a.file))? != (a.compressed_size, a.compressed_sha256.clone()) {
+        if hash_file(&out_dir.join(&a.file)).ok()? != (a.compressed_size, a.compressed_sha256.clone()) {
             return None;
         }
     }

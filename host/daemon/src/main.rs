@@ -266,36 +266,33 @@ fn endpoint_secret(var: &str, kept: Option<&std::path::Path>) -> anyhow::Result<
         .with_context(|| format!("cannot read /dev/urandom for {var}"))?;
     let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     if let Some(path) = kept {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         }
-        let _ = std::fs::remove_file(path);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        f.write_all(secret.as_bytes())?;
+        write_private(path, secret.as_bytes())?;
     }
     Ok(secret)
 }
 
 /// Writes `value` to `path`, readable by this user only (it holds a secret).
 fn write_private_json(path: PathBuf, value: serde_json::Value) -> anyhow::Result<InfoFile> {
+    write_private(&path, &serde_json::to_vec_pretty(&value)?)?;
+    Ok(InfoFile(path))
+}
+
+/// Replaces `path` with `bytes`, mode 0600 from its creation.
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(path);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&path)
+        .open(path)
         .with_context(|| format!("cannot write {}", path.display()))?;
-    f.write_all(&serde_json::to_vec_pretty(&value)?)?;
-    Ok(InfoFile(path))
+    f.write_all(bytes)?;
+    Ok(())
 }
 
 /// An endpoint's `*.json` beside the socket, removed when dropped.
