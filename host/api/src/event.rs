@@ -304,6 +304,15 @@ pub enum EventKind {
         /// `approved`, `denied by the user`, or `no answer within N s`.
         reason: String,
     },
+    /// A language server started with `lsp.start` sent a notification (`window/logMessage`,
+    /// `textDocument/publishDiagnostics`, `$/progress`, ...), as it sent it.
+    LspNotification {
+        /// The server's id (`lsp.start`).
+        server: u64,
+        method: String,
+        #[serde(default)]
+        params: serde_json::Value,
+    },
     /// A bundle download made progress.
     DownloadProgress(umbra_bundle::Progress),
     /// Something failed outside any one request (`vmctl run` reports its own errors so).
@@ -326,6 +335,7 @@ impl EventKind {
             EventKind::IdleSuspend { .. } => "idle_suspend",
             EventKind::ConfigChanged { .. } => "config_changed",
             EventKind::FolderMounted { .. } => "folder_mounted",
+            EventKind::LspNotification { .. } => "lsp_notification",
             EventKind::FolderUnmounted { .. } => "folder_unmounted",
             EventKind::ShadowExported { .. } => "shadow_exported",
             EventKind::ShadowLost { .. } => "shadow_lost",

@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod event;
 pub mod kept;
+pub mod lsp;
 pub mod methods;
 pub mod paths;
 pub mod ports;
@@ -55,4 +56,4 @@ pub use session::{
 };
 
 /// The IPC contract's version: a new minor adds methods, fields or events; a new major breaks.
-pub const API_VERSION: &str = "1.9";
+pub const API_VERSION: &str = "1.10";

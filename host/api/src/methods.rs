@@ -658,6 +658,21 @@ methods! {
     TerminalResize = "terminal.resize" (crate::kept::TerminalResizeParams) -> Done;
     /// Closes a terminal: its shell gets SIGHUP (SIGKILL if it has not ended 3 s later).
     TerminalClose = "terminal.close" (crate::kept::TerminalRef) -> Done;
+    /// Starts a language server in the guest on a folder and initializes it; it runs until
+    /// `lsp.stop` or the VM's end. Its notifications arrive as `lsp_notification` events.
+    /// Since API 1.10.
+    LspStart = "lsp.start" (crate::lsp::LspStartParams) -> crate::lsp::LspServerInfo;
+    /// Sends a language server a request (`textDocument/definition`, ...) and returns its answer.
+    LspRequest = "lsp.request" (crate::lsp::LspRequestParams) -> crate::lsp::LspResult;
+    /// Sends a language server a notification (`textDocument/didOpen`, ...).
+    LspNotify = "lsp.notify" (crate::lsp::LspNotifyParams) -> Done;
+    /// Shuts a language server down (`shutdown`, `exit`; SIGKILL if it lingers).
+    LspStop = "lsp.stop" (crate::lsp::LspRef) -> Done;
+    /// A session's language servers.
+    LspListMethod = "lsp.list" (crate::kept::InSession) -> crate::lsp::LspList;
+    /// The diagnostics a change to a folder's files would bring and take away, from the
+    /// folder's language servers, without writing the change anywhere. Since API 1.10.
+    DiagnosticsForChange = "diagnostics.for_change" (crate::lsp::ForChangeParams) -> crate::lsp::ForChange;
     /// Runs a command in a terminal's shell; answers with its exit status and the shell's
     /// working directory after it.
     TerminalRun = "terminal.run" (crate::kept::TerminalRunParams) -> crate::kept::TerminalRunResult;

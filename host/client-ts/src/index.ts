@@ -31,6 +31,8 @@ export {
   SessionFiles,
   SessionFolders,
   SessionShadow,
+  SessionLanguages,
+  LanguageServer,
   Terminal,
   type TerminalOptions,
   type SpawnOptions,

@@ -13,6 +13,8 @@ import type {
   ExposeParams,
   FileStat,
   FolderInfo,
+  ForChange,
+  LspServerInfo,
   FolderSpec,
   NetworkPolicy,
   PortInfo,
@@ -353,6 +355,94 @@ export class SessionShadow {
 }
 
 /**
+ * Language servers in the guest (`lsp.*`) and the diagnostics a proposed change would bring
+ * (`diagnostics.for_change`): docs/diagnostics.md.
+ */
+export class SessionLanguages {
+  /** @internal */
+  constructor(private readonly s: Session) {}
+
+  /**
+   * Starts a language server on folder `folder` and initializes it: `language` (`python`: pylsp,
+   * `c` or `cpp`: clangd, as the standard image carries them) or a `command` of your own. Its
+   * notifications arrive as `lsp_notification` events of the session.
+   */
+  async start(
+    folder: string,
+    options: { language?: string; command?: readonly string[]; initializationOptions?: unknown } = {},
+  ): Promise<LanguageServer> {
+    const info = await this.s.client.call("lsp.start", {
+      session: this.s.name,
+      folder,
+      ...(options.language === undefined ? {} : { language: options.language }),
+      ...(options.command === undefined ? {} : { command: [...options.command] }),
+      ...(options.initializationOptions === undefined ? {} : { initialization_options: options.initializationOptions }),
+    });
+    return new LanguageServer(this.s, info);
+  }
+
+  /** The session's running language servers. */
+  async list(): Promise<LspServerInfo[]> {
+    return (await this.s.client.call("lsp.list", { session: this.s.name })).servers;
+  }
+
+  /**
+   * The diagnostics `changes` (path in the folder → new content, or `null` to delete) would
+   * bring (`diagnostics`) and take away (`resolved`). Nothing is written: the folder and its
+   * shadow stay as they are. Concurrent calls are independent.
+   */
+  forChange(
+    folder: string,
+    changes: Record<string, string | null>,
+    options: { language?: string; timeoutMs?: number } = {},
+  ): Promise<ForChange> {
+    return this.s.client.call("diagnostics.for_change", {
+      session: this.s.name,
+      folder,
+      changes,
+      ...(options.language === undefined ? {} : { language: options.language }),
+      ...(options.timeoutMs === undefined ? {} : { timeout_ms: options.timeoutMs }),
+    });
+  }
+}
+
+/** A language server started with {@link SessionLanguages.start}. */
+export class LanguageServer {
+  /** @internal */
+  constructor(
+    private readonly s: Session,
+    /** What `lsp.start` answered: its id, root, command and `initialize` result. */ readonly info: LspServerInfo,
+  ) {}
+
+  /** Its id (`lsp_notification` events name it as `server`). */
+  get id(): number {
+    return this.info.server;
+  }
+
+  /** An LSP request (`textDocument/definition`, ...): the server's result; its error answer throws. */
+  async request(method: string, params: unknown, options: { timeoutMs?: number } = {}): Promise<unknown> {
+    const answer = await this.s.client.call("lsp.request", {
+      session: this.s.name,
+      server: this.info.server,
+      method,
+      params,
+      ...(options.timeoutMs === undefined ? {} : { timeout_ms: options.timeoutMs }),
+    });
+    return answer.result;
+  }
+
+  /** An LSP notification (`textDocument/didOpen`, `textDocument/didChange`, ...). */
+  async notify(method: string, params: unknown): Promise<void> {
+    await this.s.client.call("lsp.notify", { session: this.s.name, server: this.info.server, method, params });
+  }
+
+  /** Shuts it down (`shutdown`, `exit`; killed if it lingers). */
+  async stop(): Promise<void> {
+    await this.s.client.call("lsp.stop", { session: this.s.name, server: this.info.server });
+  }
+}
+
+/**
  * @internal What a session asks of the client that made it: `Umbra` is one. Declared here so
  * this module does not import the client's (which imports this one).
  */
@@ -384,6 +474,8 @@ export class Session {
   readonly folders: SessionFolders;
   /** Its shadow folders (`diff`, `apply`, `reset`, `export`). */
   readonly shadow: SessionShadow;
+  /** Language servers in it, and diagnostics for a proposed change (`start`, `list`, `forChange`). */
+  readonly languages: SessionLanguages;
   private current: SessionInfo | undefined;
 
   /** @internal Use `client.sessions`. */
@@ -396,6 +488,7 @@ export class Session {
     this.files = new SessionFiles(this);
     this.folders = new SessionFolders(this);
     this.shadow = new SessionShadow(this);
+    this.languages = new SessionLanguages(this);
   }
 
   /** Its state as last fetched (by the call that gave this handle, or `refresh()`); undefined if never fetched. */

@@ -47,6 +47,18 @@ export function minimalBundle() {
   return dir;
 }
 
+/** The standard bundle: `$UMBRA_TEST_BUNDLE_STANDARD`, else where `vmctl bundle build` puts it. */
+export function standardBundle() {
+  const cache =
+    process.env.UMBRA_CACHE_DIR ||
+    path.join(process.env.XDG_CACHE_HOME || path.join(os.homedir(), ".cache"), "umbra");
+  const dir = process.env.UMBRA_TEST_BUNDLE_STANDARD || path.join(cache, "bundles/standard");
+  if (!fs.existsSync(path.join(dir, "manifest.json"))) {
+    throw new Error(`no standard bundle at ${dir} (vmctl bundle build --flavor standard)`);
+  }
+  return dir;
+}
+
 /** The boot timeout guests get: `UMBRA_BOOT_TIMEOUT_SECS`, else 120 s (emulation on a loaded 2-core host). */
 export function bootTimeoutSecs() {
   const n = Number.parseInt(process.env.UMBRA_BOOT_TIMEOUT_SECS ?? "", 10);

@@ -7,12 +7,11 @@ import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import * as fs from "node:fs";
 import * as http from "node:http";
-import * as os from "node:os";
 import * as path from "node:path";
 import { before, test } from "node:test";
 
 import { Umbra } from "../dist/index.js";
-import { REPO, TestDaemon, cleanUpAfter, helpersMentioning } from "./daemon.mjs";
+import { REPO, TestDaemon, cleanUpAfter, helpersMentioning, standardBundle } from "./daemon.mjs";
 
 /** @type {TestDaemon} */
 let daemon;
@@ -20,15 +19,6 @@ let daemon;
 let endpoint;
 /** @type {typeof import("e2b")} */
 let e2b;
-
-function standardBundle() {
-  const cache =
-    process.env.UMBRA_CACHE_DIR ||
-    path.join(process.env.XDG_CACHE_HOME || path.join(os.homedir(), ".cache"), "umbra");
-  const dir = process.env.UMBRA_TEST_BUNDLE_STANDARD || path.join(cache, "bundles/standard");
-  assert.ok(fs.existsSync(path.join(dir, "manifest.json")), `no standard bundle at ${dir} (vmctl bundle build --flavor standard)`);
-  return dir;
-}
 
 before(async () => {
   // A network policy other than the default `none`, so what allow_internet_access changes shows.

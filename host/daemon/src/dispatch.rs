@@ -9,7 +9,7 @@ use serde_json::Value;
 use umbra_api::{ApiError, ErrorCode};
 
 use crate::client::Connection;
-use crate::handlers::{bundle, daemon, events, files, process, session, shadow};
+use crate::handlers::{bundle, daemon, events, files, lsp, process, session, shadow};
 
 // What the connection's loops need besides `dispatch`: the handlers' result, and the methods
 // its reader applies itself, in arrival order.
@@ -25,6 +25,7 @@ pub async fn dispatch(conn: &Arc<Connection>, method: &str, params: Option<Value
         "process" | "terminal" => process::handle(conn, method, params).await,
         "folder" | "file" => files::handle(conn, method, params).await,
         "shadow" => shadow::handle(conn, method, params).await,
+        "lsp" | "diagnostics" => lsp::handle(conn, method, params).await,
         "events" => events::handle(conn, method, params).await,
         _ => None,
     };

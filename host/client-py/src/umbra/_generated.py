@@ -11,7 +11,7 @@ from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
 from ._base import UmbraError
 
 #: The IPC contract's version (`major.minor`) these types describe.
-API_VERSION = "1.9"
+API_VERSION = "1.10"
 #: Bytes of each output stream umbrad sends before it waits for `process.ack`.
 OUTPUT_WINDOW = 1048576
 #: Largest read or write of `file.read` / `file.write` in one request.
@@ -245,6 +245,21 @@ class Decision(TypedDict):
     parts: list[list[str]]
 
 
+class Diagnostic(TypedDict):
+    """An LSP diagnostic of a file in the folder."""
+
+    #: The file, relative to the folder (or the server's URI, for a file outside it).
+    path: str
+    #: LSP's range: 0-based lines and UTF-16 columns, in the changed file.
+    range: Range
+    message: str
+    code: NotRequired[Any]
+    #: 1 error, 2 warning, 3 information, 4 hint.
+    severity: NotRequired[int | None]
+    #: Which tool said it: `pyflakes`, `clang`, ...
+    source: NotRequired[str | None]
+
+
 class DirEntry(TypedDict):
     name: str
     kind: FileKind
@@ -374,6 +389,36 @@ class FolderSpec(TypedDict):
     name: NotRequired[str | None]
 
 
+class ForChange(TypedDict):
+    """What a change does to the diagnostics (`diagnostics.for_change`)."""
+
+    #: Diagnostics the change brings: in the changed files afterwards, and not there before.
+    diagnostics: list[Diagnostic]
+    #: Diagnostics the change takes away: there before, and not afterwards.
+    resolved: list[Diagnostic]
+    #: Every diagnostic of the changed files afterwards.
+    after: list[Diagnostic]
+    #: Every server said it was done (a diagnostics report for each file, then no work in progress and a quiet period); false when `timeout_ms` ran out first, with what had come.
+    complete: bool
+    #: The languages whose servers were asked.
+    languages: list[str]
+    elapsed_ms: int
+
+
+class ForChangeParams(TypedDict):
+    """Params of `diagnostics.for_change`."""
+
+    session: str
+    #: The folder (by name) the change is to: a shadow or read-only folder, or any other.
+    folder: str
+    #: Path in the folder → its new content, or `null` for a deletion. Nothing is written: the change lives in the language server's open documents for the request's length.
+    changes: dict[str, str | None]
+    #: The language of every changed file; default: each file's, by its extension.
+    language: NotRequired[str | None]
+    #: How long the servers may take in all (default 20 000, at most 300 000).
+    timeout_ms: NotRequired[int | None]
+
+
 class ForkParams(TypedDict):
     """Params of `session.fork`."""
 
@@ -457,6 +502,75 @@ class LogsParams(TypedDict):
     name: str
     #: Lines of each log to return (default 100, at most 10000).
     lines: NotRequired[int | None]
+
+
+class LspList(TypedDict):
+    """A session's language servers (`lsp.list`)."""
+
+    servers: list[LspServerInfo]
+
+
+class LspNotifyParams(TypedDict):
+    """Params of `lsp.notify`."""
+
+    session: str
+    server: int
+    #: `textDocument/didOpen`, `textDocument/didChange`, ...
+    method: str
+    params: NotRequired[Any]
+
+
+class LspRef(TypedDict):
+    """A language server of a session (`lsp.stop`)."""
+
+    session: str
+    server: int
+
+
+class LspRequestParams(TypedDict):
+    """Params of `lsp.request`."""
+
+    session: str
+    server: int
+    #: An LSP method: `textDocument/definition`, `textDocument/hover`, ...
+    method: str
+    params: NotRequired[Any]
+    #: How long to wait for its answer (default 30 000, at most 300 000); past it the request is cancelled (`$/cancelRequest`) and the error is `timeout`.
+    timeout_ms: NotRequired[int | None]
+
+
+class LspResult(TypedDict):
+    """The server's answer to `lsp.request` (an LSP error answer is the call's error instead:
+    `guest_error`, with the server's code and message)."""
+
+    result: NotRequired[Any]
+
+
+class LspServerInfo(TypedDict):
+    """A running language server."""
+
+    #: Names it in `lsp.request`, `lsp.notify`, `lsp.stop` and `lsp_notification` events.
+    server: int
+    folder: str
+    #: Its workspace root in the guest (`file://` + this is its `rootUri`).
+    root: str
+    command: list[str]
+    #: What it answered `initialize` with: `capabilities` and `serverInfo`.
+    initialize: NotRequired[Any]
+
+
+class LspStartParams(TypedDict):
+    """Params of `lsp.start`."""
+
+    session: str
+    #: The folder (by name) the server works on: its root is the folder's guest path.
+    folder: str
+    #: Another server to run instead (argv in the guest, speaking LSP on stdin and stdout).
+    command: NotRequired[list[str] | None]
+    #: The `initializationOptions` of its `initialize` request.
+    initialization_options: NotRequired[Any]
+    #: `python` (pylsp), `c` or `cpp` (clangd): the servers the standard image carries.
+    language: NotRequired[str | None]
 
 
 class MountParams(TypedDict):
@@ -589,6 +703,11 @@ class PortSpec(TypedDict):
     host_port: NotRequired[int | None]
 
 
+class Position(TypedDict):
+    line: int
+    character: int
+
+
 class ProcessExit(TypedDict):
     """How a process ended."""
 
@@ -651,6 +770,11 @@ class Progress(TypedDict):
 
 
 PulledHow: TypeAlias = Literal["downloaded", "already_installed", "promoted_warm", "warmed"]
+
+
+class Range(TypedDict):
+    start: Position
+    end: Position
 
 
 class ReadParams(TypedDict):
@@ -1332,6 +1456,20 @@ class PermissionResolvedEvent(TypedDict):
     event: Literal["permission_resolved"]
 
 
+class LspNotificationEvent(TypedDict):
+    """A language server started with `lsp.start` sent a notification (`window/logMessage`,
+    `textDocument/publishDiagnostics`, `$/progress`, ...), as it sent it."""
+
+    #: Milliseconds since the epoch.
+    time_ms: int
+    session: NotRequired[str | None]
+    #: The server's id (`lsp.start`).
+    server: int
+    method: str
+    params: NotRequired[Any]
+    event: Literal["lsp_notification"]
+
+
 class DownloadProgressEvent(Progress):
     """A bundle download made progress."""
 
@@ -1354,7 +1492,7 @@ class ErrorEvent(TypedDict):
 #: One event. `session` is absent for events about the host (bundle downloads).
 #:
 #: The `event` field tells the kinds apart.
-SessionEvent: TypeAlias = StatusEvent | BootQueuedEvent | ReadyEvent | StartupErrorEvent | HeartbeatFailureEvent | RestartingEvent | FailedEvent | IdleStopEvent | IdleSuspendEvent | ConfigChangedEvent | FolderMountedEvent | FolderUnmountedEvent | ShadowExportedEvent | ShadowLostEvent | ShadowDiffEvent | ShadowAppliedEvent | OutputsFileCreatedEvent | OutputsFileDeletedEvent | SpawnedEvent | SpawnFailedEvent | StdoutEvent | StderrEvent | ExitEvent | EgressEvent | EgressClosedEvent | PermissionRequestEvent | PortOpenedEvent | PortClosedEvent | SecretUsedEvent | SecretWithheldEvent | SshSignedEvent | SshRefusedEvent | TlsInterceptedEvent | PermissionResolvedEvent | DownloadProgressEvent | ErrorEvent
+SessionEvent: TypeAlias = StatusEvent | BootQueuedEvent | ReadyEvent | StartupErrorEvent | HeartbeatFailureEvent | RestartingEvent | FailedEvent | IdleStopEvent | IdleSuspendEvent | ConfigChangedEvent | FolderMountedEvent | FolderUnmountedEvent | ShadowExportedEvent | ShadowLostEvent | ShadowDiffEvent | ShadowAppliedEvent | OutputsFileCreatedEvent | OutputsFileDeletedEvent | SpawnedEvent | SpawnFailedEvent | StdoutEvent | StderrEvent | ExitEvent | EgressEvent | EgressClosedEvent | PermissionRequestEvent | PortOpenedEvent | PortClosedEvent | SecretUsedEvent | SecretWithheldEvent | SshSignedEvent | SshRefusedEvent | TlsInterceptedEvent | PermissionResolvedEvent | LspNotificationEvent | DownloadProgressEvent | ErrorEvent
 
 
 #: Every value of SessionEvent's `event` field, in declaration order.
@@ -1393,6 +1531,7 @@ SESSION_EVENT_KINDS = (
     "ssh_refused",
     "tls_intercepted",
     "permission_resolved",
+    "lsp_notification",
     "download_progress",
     "error",
 )
@@ -1971,6 +2110,12 @@ METHOD_NAMES = (
     "terminal.list",
     "terminal.resize",
     "terminal.close",
+    "lsp.start",
+    "lsp.request",
+    "lsp.notify",
+    "lsp.stop",
+    "lsp.list",
+    "diagnostics.for_change",
     "terminal.run",
     "folder.mount",
     "folder.unmount",
@@ -2025,6 +2170,12 @@ MethodName: TypeAlias = Literal[
     "terminal.list",
     "terminal.resize",
     "terminal.close",
+    "lsp.start",
+    "lsp.request",
+    "lsp.notify",
+    "lsp.stop",
+    "lsp.list",
+    "diagnostics.for_change",
     "terminal.run",
     "folder.mount",
     "folder.unmount",
@@ -2079,6 +2230,12 @@ METHOD_TYPES: dict[str, tuple[str, str]] = {
     "terminal.list": ("InSession", "TerminalList"),
     "terminal.resize": ("TerminalResizeParams", "Done"),
     "terminal.close": ("TerminalRef", "Done"),
+    "lsp.start": ("LspStartParams", "LspServerInfo"),
+    "lsp.request": ("LspRequestParams", "LspResult"),
+    "lsp.notify": ("LspNotifyParams", "Done"),
+    "lsp.stop": ("LspRef", "Done"),
+    "lsp.list": ("InSession", "LspList"),
+    "diagnostics.for_change": ("ForChangeParams", "ForChange"),
     "terminal.run": ("TerminalRunParams", "TerminalRunResult"),
     "folder.mount": ("MountParams", "FolderInfo"),
     "folder.unmount": ("UnmountParams", "Done"),

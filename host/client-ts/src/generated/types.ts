@@ -4,7 +4,7 @@
 // The wire protocol and what every field means: docs/ipc.md.
 
 /** The IPC contract's version (`major.minor`) these types describe. */
-export const API_VERSION = "1.9";
+export const API_VERSION = "1.10";
 
 /** Bytes of each output stream umbrad sends before it waits for `process.ack`. */
 export const OUTPUT_WINDOW = 1048576;
@@ -423,6 +423,20 @@ export interface Decision {
   parts: string[][];
 }
 
+/** An LSP diagnostic of a file in the folder. */
+export interface Diagnostic {
+  /** The file, relative to the folder (or the server's URI, for a file outside it). */
+  path: string;
+  /** LSP's range: 0-based lines and UTF-16 columns, in the changed file. */
+  range: Range;
+  message: string;
+  code?: unknown;
+  /** 1 error, 2 warning, 3 information, 4 hint. */
+  severity?: number | null;
+  /** Which tool said it: `pyflakes`, `clang`, ... */
+  source?: string | null;
+}
+
 export interface DirEntry {
   name: string;
   kind: FileKind;
@@ -599,6 +613,40 @@ export interface FolderSpec {
   name?: string | null;
 }
 
+/** What a change does to the diagnostics (`diagnostics.for_change`). */
+export interface ForChange {
+  /** Diagnostics the change brings: in the changed files afterwards, and not there before. */
+  diagnostics: Diagnostic[];
+  /** Diagnostics the change takes away: there before, and not afterwards. */
+  resolved: Diagnostic[];
+  /** Every diagnostic of the changed files afterwards. */
+  after: Diagnostic[];
+  /**
+   * Every server said it was done (a diagnostics report for each file, then no work in
+   * progress and a quiet period); false when `timeout_ms` ran out first, with what had come.
+   */
+  complete: boolean;
+  /** The languages whose servers were asked. */
+  languages: string[];
+  elapsed_ms: number;
+}
+
+/** Params of `diagnostics.for_change`. */
+export interface ForChangeParams {
+  session: string;
+  /** The folder (by name) the change is to: a shadow or read-only folder, or any other. */
+  folder: string;
+  /**
+   * Path in the folder → its new content, or `null` for a deletion. Nothing is written: the
+   * change lives in the language server's open documents for the request's length.
+   */
+  changes: Record<string, string | null>;
+  /** The language of every changed file; default: each file's, by its extension. */
+  language?: string | null;
+  /** How long the servers may take in all (default 20 000, at most 300 000). */
+  timeout_ms?: number | null;
+}
+
 /** Params of `session.fork`. */
 export interface ForkParams {
   /** The session to fork: its snapshot, or one taken of it as it runs on (kvm: a live fork). */
@@ -702,6 +750,80 @@ export interface LogsParams {
   name: string;
   /** Lines of each log to return (default 100, at most 10000). */
   lines?: number | null;
+}
+
+/** A session's language servers (`lsp.list`). */
+export interface LspList {
+  servers: LspServerInfo[];
+}
+
+/** Params of `lsp.notify`. */
+export interface LspNotifyParams {
+  session: string;
+  server: number;
+  /** `textDocument/didOpen`, `textDocument/didChange`, ... */
+  method: string;
+  /** @defaultValue `null` */
+  params?: unknown;
+}
+
+/** A language server of a session (`lsp.stop`). */
+export interface LspRef {
+  session: string;
+  server: number;
+}
+
+/** Params of `lsp.request`. */
+export interface LspRequestParams {
+  session: string;
+  server: number;
+  /** An LSP method: `textDocument/definition`, `textDocument/hover`, ... */
+  method: string;
+  /** @defaultValue `null` */
+  params?: unknown;
+  /**
+   * How long to wait for its answer (default 30 000, at most 300 000); past it the request
+   * is cancelled (`$/cancelRequest`) and the error is `timeout`.
+   */
+  timeout_ms?: number | null;
+}
+
+/**
+ * The server's answer to `lsp.request` (an LSP error answer is the call's error instead:
+ * `guest_error`, with the server's code and message).
+ */
+export interface LspResult {
+  /** @defaultValue `null` */
+  result?: unknown;
+}
+
+/** A running language server. */
+export interface LspServerInfo {
+  /** Names it in `lsp.request`, `lsp.notify`, `lsp.stop` and `lsp_notification` events. */
+  server: number;
+  folder: string;
+  /** Its workspace root in the guest (`file://` + this is its `rootUri`). */
+  root: string;
+  command: string[];
+  /**
+   * What it answered `initialize` with: `capabilities` and `serverInfo`.
+   *
+   * @defaultValue `null`
+   */
+  initialize?: unknown;
+}
+
+/** Params of `lsp.start`. */
+export interface LspStartParams {
+  session: string;
+  /** The folder (by name) the server works on: its root is the folder's guest path. */
+  folder: string;
+  /** Another server to run instead (argv in the guest, speaking LSP on stdin and stdout). */
+  command?: string[] | null;
+  /** The `initializationOptions` of its `initialize` request. */
+  initialization_options?: unknown;
+  /** `python` (pylsp), `c` or `cpp` (clangd): the servers the standard image carries. */
+  language?: string | null;
 }
 
 /** A host folder to share with a session. */
@@ -909,6 +1031,11 @@ export interface PortSpec {
   host_port?: number | null;
 }
 
+export interface Position {
+  line: number;
+  character: number;
+}
+
 /** How a process ended. */
 export interface ProcessExit {
   process: number;
@@ -987,6 +1114,11 @@ export interface Progress {
  * - `"warmed"`: Downloaded into (or already in) the warm slot; `current` unchanged.
  */
 export type PulledHow = "downloaded" | "already_installed" | "promoted_warm" | "warmed";
+
+export interface Range {
+  start: Position;
+  end: Position;
+}
 
 export interface ReadParams {
   session: string;
@@ -1350,6 +1482,7 @@ export type SessionEventKind =
   | SshRefusedEvent
   | TlsInterceptedEvent
   | PermissionResolvedEvent
+  | LspNotificationEvent
   | DownloadProgressEvent
   | ErrorEvent;
 
@@ -1389,6 +1522,7 @@ export const SESSION_EVENT_KINDS = [
   "ssh_refused",
   "tls_intercepted",
   "permission_resolved",
+  "lsp_notification",
   "download_progress",
   "error",
 ] as const;
@@ -1723,6 +1857,19 @@ export interface PermissionResolvedEvent {
   approved: boolean;
   /** `approved`, `denied by the user`, or `no answer within N s`. */
   reason: string;
+}
+
+/**
+ * A language server started with `lsp.start` sent a notification (`window/logMessage`,
+ * `textDocument/publishDiagnostics`, `$/progress`, ...), as it sent it.
+ */
+export interface LspNotificationEvent {
+  event: "lsp_notification";
+  /** The server's id (`lsp.start`). */
+  server: number;
+  method: string;
+  /** @defaultValue `null` */
+  params?: unknown;
 }
 
 /** A bundle download made progress. */
@@ -2570,6 +2717,22 @@ export interface Methods {
   "terminal.resize": { params: TerminalResizeParams; result: Done };
   /** Closes a terminal: its shell gets SIGHUP (SIGKILL if it has not ended 3 s later). */
   "terminal.close": { params: TerminalRef; result: Done };
+  /**
+   * Starts a language server in the guest on a folder and initializes it; it runs until `lsp.stop` or the VM's end. Its notifications arrive as `lsp_notification` events. Since API 1.10.
+   */
+  "lsp.start": { params: LspStartParams; result: LspServerInfo };
+  /** Sends a language server a request (`textDocument/definition`, ...) and returns its answer. */
+  "lsp.request": { params: LspRequestParams; result: LspResult };
+  /** Sends a language server a notification (`textDocument/didOpen`, ...). */
+  "lsp.notify": { params: LspNotifyParams; result: Done };
+  /** Shuts a language server down (`shutdown`, `exit`; SIGKILL if it lingers). */
+  "lsp.stop": { params: LspRef; result: Done };
+  /** A session's language servers. */
+  "lsp.list": { params: InSession; result: LspList };
+  /**
+   * The diagnostics a change to a folder's files would bring and take away, from the folder's language servers, without writing the change anywhere. Since API 1.10.
+   */
+  "diagnostics.for_change": { params: ForChangeParams; result: ForChange };
   /** Runs a command in a terminal's shell; answers with its exit status and the shell's working directory after it. */
   "terminal.run": { params: TerminalRunParams; result: TerminalRunResult };
   /** Shares a host folder with a running session. */
@@ -2640,6 +2803,12 @@ export const METHOD_NAMES = [
   "terminal.list",
   "terminal.resize",
   "terminal.close",
+  "lsp.start",
+  "lsp.request",
+  "lsp.notify",
+  "lsp.stop",
+  "lsp.list",
+  "diagnostics.for_change",
   "terminal.run",
   "folder.mount",
   "folder.unmount",

@@ -9,6 +9,7 @@ pub mod common;
 pub mod daemon;
 pub mod events;
 pub mod files;
+pub mod lsp;
 pub mod process;
 pub mod session;
 pub mod shadow;

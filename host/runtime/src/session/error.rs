@@ -51,6 +51,11 @@ pub enum SessionError {
     NoSuchProcess(u64),
     #[error("no terminal {0} in this session (closed more than 10 minutes ago, or never opened)")]
     NoSuchTerminal(u64),
+    #[error("no language server {0} in this session (stopped, or never started)")]
+    NoSuchLspServer(u64),
+    /// A language server failed or went away; the message says how.
+    #[error("{0}")]
+    Lsp(String),
     #[error("{0}")]
     Timeout(String),
     #[error("cannot {what}: {source}")]
@@ -94,7 +99,10 @@ impl SessionError {
                 VmError::Io { .. } => ErrorCode::Io,
                 _ => ErrorCode::Internal,
             },
-            SessionError::NoSuchProcess(_) | SessionError::NoSuchTerminal(_) => ErrorCode::NotFound,
+            SessionError::NoSuchProcess(_) | SessionError::NoSuchTerminal(_) | SessionError::NoSuchLspServer(_) => {
+                ErrorCode::NotFound
+            }
+            SessionError::Lsp(_) => ErrorCode::GuestError,
             SessionError::Timeout(_) => ErrorCode::Timeout,
             SessionError::Io { source, .. } => io_code(source),
             SessionError::Tree { source, .. } => match source {

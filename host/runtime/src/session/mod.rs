@@ -33,6 +33,7 @@ mod incarnation;
 pub mod instance;
 pub mod kept;
 mod launch;
+pub mod lsp;
 pub mod manager;
 pub mod outputs;
 mod pool;

@@ -421,8 +421,9 @@ impl Session {
             let console = inc.end(&text, true).await;
             self.state.lock().unwrap().last_console = console;
         }
-        // What the guest's programs listened on went with the VM.
+        // What the guest's programs listened on went with the VM, as did its language servers.
         self.drop_auto_exposed().await;
+        self.lsp.clear();
         self.set_status(SessionStatus::Stopped, Some(text));
         Ok(())
     }

@@ -10,7 +10,7 @@
 //! The type and its state are here; what it does is split by concern, each with its own
 //! tests: [`lifecycle`] (boot, supervision, restart, stop), [`processes`] (spawn through the
 //! approval gate, signals, the network policy), [`kept`] (processes kept when their client
-//! goes, terminals), [`files`] (folders, files, shadow folders) and
+//! goes, terminals), [`files`] (folders, files, shadow folders), [`lsp`] (language servers) and
 //! [`snapshots`] (snapshot, fork).
 
 use std::collections::{HashMap, VecDeque};
@@ -33,6 +33,7 @@ use crate::share::paths::validate_session_name;
 mod files;
 mod kept;
 mod lifecycle;
+mod lsp;
 mod ports;
 mod processes;
 mod settings;
@@ -94,6 +95,8 @@ pub struct Session {
     /// Serialises start, stop, resume and restart.
     lifecycle: tokio::sync::Mutex<()>,
     last_activity: Mutex<Instant>,
+    /// Its language servers (`lsp.rs`).
+    lsp: crate::session::lsp::Registry,
 }
 
 impl std::fmt::Debug for Session {
@@ -160,6 +163,7 @@ impl Session {
             port_changes: tokio::sync::Mutex::new(()),
             lifecycle: tokio::sync::Mutex::new(()),
             last_activity: Mutex::new(Instant::now()),
+            lsp: Default::default(),
         })
     }
 

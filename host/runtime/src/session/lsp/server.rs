@@ -1,0 +1,327 @@
+//! One language server: a process in the guest, spoken to in LSP over its stdin and stdout.
+//!
+//! A reader task owns the process and reads its output as it comes: responses go to the
+//! request waiting for them, the server's own requests get the answers a minimal client gives
+//! (`workspace/configuration`: nothing set; progress tokens: accepted), and notifications are
+//! recorded (`publishDiagnostics` per file, `$/progress` begun and ended) and passed on. The
+//! output is the guest's: a malformed message ends the server with the reason, never the host.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::sync::{oneshot, watch};
+use umbra_api::EventKind;
+
+use super::frame::{encode, Decoder};
+use crate::session::error::SessionError;
+use crate::session::exec::{Exec, ExecControl};
+
+/// What a server's notification is handed to (the session's event bus, for `lsp.start`'s).
+pub type Sink = Box<dyn Fn(&str, &Value) + Send + Sync>;
+
+/// The latest diagnostics a server published for one file.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// Its place among everything the server said ([`Server::heard`]).
+    pub seq: u64,
+    /// The document version they are for, when the server says (clangd does, pylsp does not).
+    pub version: Option<i64>,
+    pub diagnostics: Vec<Value>,
+}
+
+/// What the reader learned, for whoever waits on it.
+#[derive(Default)]
+struct State {
+    pending: HashMap<i64, oneshot::Sender<Result<Value, Value>>>,
+    published: HashMap<String, Published>,
+    /// Messages heard so far.
+    seq: u64,
+    /// `$/progress` tokens begun and not ended.
+    progress: HashSet<String>,
+    last_heard: Option<Instant>,
+    /// Why it is gone, once it is.
+    ended: Option<String>,
+    /// The end of its stderr, for the reason an exit gives.
+    stderr: String,
+}
+
+/// Keeps at most this much of a server's stderr.
+const STDERR_TAIL: usize = 2048;
+
+struct Shared {
+    control: ExecControl,
+    /// Held across one framed write, so messages never interleave.
+    write: tokio::sync::Mutex<()>,
+    state: Mutex<State>,
+    /// Bumped whenever `state` changes.
+    changed: watch::Sender<u64>,
+    sink: Option<Sink>,
+}
+
+/// A running language server. Dropping it kills the process.
+pub struct Server {
+    shared: Arc<Shared>,
+    reader: tokio::task::JoinHandle<()>,
+    next_id: AtomicI64,
+    next_version: AtomicI64,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // The reader owns the process: ending it drops the `Exec`, which kills the process.
+        self.reader.abort();
+    }
+}
+
+impl Server {
+    /// Takes over a started process, whose notifications go to `sink`.
+    pub fn new(exec: Exec, sink: Option<Sink>) -> Self {
+        let shared = Arc::new(Shared {
+            control: exec.control(),
+            write: tokio::sync::Mutex::new(()),
+            state: Mutex::new(State::default()),
+            changed: watch::channel(0).0,
+            sink,
+        });
+        let reader = tokio::spawn(read(exec, shared.clone()));
+        Self { shared, reader, next_id: AtomicI64::new(1), next_version: AtomicI64::new(1) }
+    }
+
+    /// A document version no earlier message of this server used.
+    pub fn next_version(&self) -> i64 {
+        self.next_version.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Why it is gone, once it is.
+    pub fn ended(&self) -> Option<String> {
+        self.shared.state.lock().unwrap().ended.clone()
+    }
+
+    /// How many messages it has sent so far.
+    pub fn heard(&self) -> u64 {
+        self.shared.state.lock().unwrap().seq
+    }
+
+    /// The latest diagnostics it published for `uri`.
+    pub fn published(&self, uri: &str) -> Option<Published> {
+        self.shared.state.lock().unwrap().published.get(uri).cloned()
+    }
+
+    /// Every file it published diagnostics for after message `since`.
+    pub fn published_since(&self, since: u64) -> Vec<(String, Published)> {
+        let state = self.shared.state.lock().unwrap();
+        state.published.iter().filter(|(_, p)| p.seq > since).map(|(u, p)| (u.clone(), p.clone())).collect()
+    }
+
+    /// Whether it has work in progress, and when it last said anything.
+    pub fn busy(&self) -> (bool, Option<Instant>) {
+        let state = self.shared.state.lock().unwrap();
+        (!state.progress.is_empty(), state.last_heard)
+    }
+
+    /// Waits until the server says something more (or ends), or `until`.
+    pub async fn changed(&self, until: tokio::time::Instant) {
+        let mut rx = self.shared.changed.subscribe();
+        rx.mark_unchanged();
+        let _ = tokio::time::timeout_at(until, rx.changed()).await;
+    }
+
+    pub async fn notify(&self, method: &str, params: Value) -> Result<(), SessionError> {
+        self.shared.send(&json!({"jsonrpc": "2.0", "method": method, "params": params})).await
+    }
+
+    /// Sends a request and waits `timeout` for its answer: `Ok(Err(error))` is the server's
+    /// error answer.
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Result<Value, Value>, SessionError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut state = self.shared.state.lock().unwrap();
+            if let Some(why) = &state.ended {
+                return Err(SessionError::Lsp(format!("the language server is gone: {why}")));
+            }
+            state.pending.insert(id, tx);
+        }
+        let sent = self.shared.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await;
+        if let Err(e) = sent {
+            self.shared.state.lock().unwrap().pending.remove(&id);
+            return Err(e);
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(_)) => Err(SessionError::Lsp(format!(
+                "the language server is gone: {}",
+                self.ended().unwrap_or_else(|| "ended".into())
+            ))),
+            Err(_) => {
+                self.shared.state.lock().unwrap().pending.remove(&id);
+                let _ = self.notify("$/cancelRequest", json!({"id": id})).await;
+                Err(SessionError::Timeout(format!(
+                    "the language server did not answer {method} within {} ms",
+                    timeout.as_millis()
+                )))
+            }
+        }
+    }
+
+    /// `shutdown` then `exit`, as LSP asks; killed if it has not gone `grace` later.
+    pub async fn stop(&self, grace: Duration) {
+        if self.ended().is_none() {
+            let _ = self.request("shutdown", Value::Null, grace).await;
+            let _ = self.notify("exit", Value::Null).await;
+            let deadline = tokio::time::Instant::now() + grace;
+            while self.ended().is_none() && tokio::time::Instant::now() < deadline {
+                self.changed(deadline).await;
+            }
+        }
+        self.shared.control.interrupt(9);
+    }
+}
+
+impl Shared {
+    async fn send(&self, message: &Value) -> Result<(), SessionError> {
+        let _one = self.write.lock().await;
+        self.control.write_stdin(encode(message)).await
+    }
+
+    fn bump(&self, state: &mut State) {
+        state.seq += 1;
+        state.last_heard = Some(Instant::now());
+        self.changed.send_replace(state.seq);
+    }
+}
+
+async fn read(mut exec: Exec, shared: Arc<Shared>) {
+    let mut decoder = Decoder::default();
+    let why = loop {
+        let Some(event) = exec.next_event().await else { break "its process ended".to_string() };
+        match event.kind {
+            EventKind::Stdout { data, .. } => {
+                let bytes = data.to_bytes().unwrap_or_default();
+                match decoder.push(&bytes) {
+                    Ok(messages) => {
+                        for m in messages {
+                            handle(&shared, m).await;
+                        }
+                    }
+                    Err(e) => {
+                        shared.control.interrupt(9);
+                        break format!("it sent {e}");
+                    }
+                }
+            }
+            EventKind::Stderr { data, .. } => {
+                let mut state = shared.state.lock().unwrap();
+                state.stderr.push_str(&String::from_utf8_lossy(&data.to_bytes().unwrap_or_default()));
+                if state.stderr.len() > STDERR_TAIL {
+                    let cut = state.stderr.len() - STDERR_TAIL;
+                    let cut = (cut..state.stderr.len()).find(|&i| state.stderr.is_char_boundary(i)).unwrap_or(0);
+                    state.stderr.drain(..cut);
+                }
+            }
+            EventKind::Exit(exit) => {
+                let how = match (exit.code, exit.signal) {
+                    (Some(code), _) => format!("it exited with code {code}"),
+                    (_, Some(signal)) => format!("it was killed by signal {signal}"),
+                    _ => "it ended".to_string(),
+                };
+                break match exit.reason {
+                    Some(reason) => format!("{how} ({reason})"),
+                    None => how,
+                };
+            }
+            _ => {}
+        }
+    };
+    let mut state = shared.state.lock().unwrap();
+    let tail = state.stderr.trim().lines().last().unwrap_or_default().to_string();
+    state.ended = Some(if tail.is_empty() { why } else { format!("{why}; its last error line: {tail}") });
+    state.pending.clear(); // the waiting requests learn it from their dropped senders
+    shared.bump(&mut state);
+}
+
+async fn handle(shared: &Shared, message: Value) {
+    let method = message.get("method").and_then(Value::as_str).map(str::to_string);
+    let id = message.get("id").cloned().filter(|id| id.is_i64() || id.is_string());
+    match (method, id) {
+        // A response.
+        (None, Some(id)) => {
+            let waiting = id.as_i64().and_then(|id| shared.state.lock().unwrap().pending.remove(&id));
+            if let Some(tx) = waiting {
+                let answer = match message.get("error") {
+                    Some(e) => Err(e.clone()),
+                    None => Ok(message.get("result").cloned().unwrap_or(Value::Null)),
+                };
+                let _ = tx.send(answer);
+            }
+            shared.bump(&mut shared.state.lock().unwrap());
+        }
+        // A request of the server's: the answers of a client that keeps no settings.
+        (Some(method), Some(id)) => {
+            let params = message.get("params").cloned().unwrap_or(Value::Null);
+            let result = match method.as_str() {
+                "workspace/configuration" => {
+                    let n = params.get("items").and_then(Value::as_array).map_or(0, Vec::len).min(1024);
+                    Ok(Value::Array(vec![Value::Null; n]))
+                }
+                "window/workDoneProgress/create" | "client/registerCapability" | "client/unregisterCapability" => {
+                    Ok(Value::Null)
+                }
+                "workspace/workspaceFolders" => Ok(Value::Null),
+                "window/showMessageRequest" => Ok(Value::Null),
+                "workspace/applyEdit" => Ok(json!({"applied": false, "failureReason": "read-only client"})),
+                _ => Err(json!({"code": -32601, "message": format!("the client does not handle {method:.100}")})),
+            };
+            let reply = match result {
+                Ok(r) => json!({"jsonrpc": "2.0", "id": id, "result": r}),
+                Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": e}),
+            };
+            let _ = shared.send(&reply).await;
+            shared.bump(&mut shared.state.lock().unwrap());
+        }
+        (Some(method), None) => {
+            let params = message.get("params").cloned().unwrap_or(Value::Null);
+            {
+                let mut state = shared.state.lock().unwrap();
+                match method.as_str() {
+                    "textDocument/publishDiagnostics" => {
+                        if let Some(uri) = params.get("uri").and_then(Value::as_str) {
+                            let diagnostics =
+                                params.get("diagnostics").and_then(Value::as_array).cloned().unwrap_or_default();
+                            let version = params.get("version").and_then(Value::as_i64);
+                            let seq = state.seq + 1;
+                            state.published.insert(super::normal_uri(uri), Published { seq, version, diagnostics });
+                        }
+                    }
+                    "$/progress" => {
+                        let token = params.get("token").map(Value::to_string).unwrap_or_default();
+                        match params.pointer("/value/kind").and_then(Value::as_str) {
+                            // Bounded: a server that only begins cannot grow this forever.
+                            Some("begin") if state.progress.len() < 4096 => {
+                                state.progress.insert(token);
+                            }
+                            Some("end") => {
+                                state.progress.remove(&token);
+                            }
+                            _ => {}
+                        }
+                    }
+                    _ => {}
+                }
+                shared.bump(&mut state);
+            }
+            if let Some(sink) = &shared.sink {
+                sink(&method, &params);
+            }
+        }
+        (None, None) => shared.bump(&mut shared.state.lock().unwrap()),
+    }
+}
