@@ -209,6 +209,20 @@ async fn python_diagnostics_for_a_change_and_definitions_in_changed_files() {
     let diff = client.call::<ShadowDiff>(ShadowParams { session: "lint".into(), folder: "work".into() }).await.unwrap();
     assert!(diff.changes.is_empty(), "the shadow is untouched: {:?}", diff.changes);
 
+    // The same from the command line: compiler-style lines, status 2 for new diagnostics.
+    let proposed = daemon.dir.0.join("proposed.py");
+    std::fs::write(&proposed, "from util import helper\nprint(helper(q))\n").unwrap();
+    let out = std::process::Command::new(umbra_tests::workspace_bin("vmctl"))
+        .env("UMBRA_SOCKET", &daemon.socket)
+        .args(["session", "lint", "lint", "--change"])
+        .arg(format!("main.py=@{}", proposed.display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "main.py:2:14: error: undefined name 'q' [pyflakes]\n");
+    assert!(stderr.contains("1 new, 0 resolved"), "{stderr}");
+
     // Bad requests are refused by name.
     let e = client.call::<DiagnosticsForChange>(change(&[("../escape.py", Some("x"))])).await.unwrap_err();
     assert!(e.message.contains("../escape.py"), "{e:?}");

@@ -216,6 +216,54 @@ for batch in range(20):
 print("ATTEMPTS", 10000, "REFUSED", refused, "CONNECTED", done, "OTHER", other, "SECONDS", round(time.time() - t0, 1), dict(errors))
 "#;
 
+/// A language server that lies (`lsp.start` runs it): answers for requests nobody made, a
+/// request of its own asking for 100 000 settings, 5000 progress tokens begun, 50 000 malformed
+/// diagnostics for a file outside its root, then a real `initialize` answer. Asked `evil/huge`,
+/// it announces a 100 GB message and streams; as `endless-header`, it never ends its header;
+/// as `flood`, it publishes diagnostics for file after file.
+const EVIL_LSP_PY: &str = r#"
+import json, sys
+mode = sys.argv[1]
+out, inp = sys.stdout.buffer, sys.stdin.buffer
+def read():
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        c = inp.read(1)
+        if not c:
+            sys.exit(0)
+        head += c
+    n = int(head.split(b":")[1].split(b"\r")[0])
+    return json.loads(inp.read(n))
+def send(m):
+    b = json.dumps(m).encode()
+    out.write(b"Content-Length: %d\r\n\r\n" % len(b) + b)
+    out.flush()
+if mode == "endless-header":
+    out.write(b"Content-Length: 10")
+    while True:
+        out.write(b"X" * 65536)
+        out.flush()
+init = read()
+send({"jsonrpc": "2.0", "id": 999, "result": "for nobody"})
+send({"jsonrpc": "2.0", "id": "s1", "method": "workspace/configuration", "params": {"items": [{}] * 100000}})
+for i in range(5000):
+    send({"jsonrpc": "2.0", "method": "$/progress", "params": {"token": i, "value": {"kind": "begin"}}})
+bad = [{"range": "x", "message": "m" * 100}] * 50000
+send({"jsonrpc": "2.0", "method": "textDocument/publishDiagnostics", "params": {"uri": "file:///etc/shadow", "diagnostics": bad}})
+send({"jsonrpc": "2.0", "id": init["id"], "result": {"capabilities": {}}})
+while True:
+    m = read()
+    if m.get("method") == "evil/huge":
+        out.write(b"Content-Length: 99999999999\r\n\r\n")
+        while True:
+            out.write(b"A" * 65536)
+            out.flush()
+    if m.get("method") == "evil/flood":
+        for i in range(100000):
+            send({"jsonrpc": "2.0", "method": "textDocument/publishDiagnostics",
+                  "params": {"uri": "file:///f/%d" % i, "diagnostics": [{"message": "x" * 4000}] * 10}})
+"#;
+
 const PRIVILEGES_PY: &str = r#"
 import os
 for name, value in (("security.capability", b"\x01\x00\x00\x02\xff\xff\xff\xff" + b"\x00" * 12), ("trusted.x", b"1"), ("security.x", b"1"), ("user.x", b"1")):
@@ -1256,6 +1304,53 @@ async fn run_suite(backend: BackendKind) {
         Box::pin(outputs_links_case(&g, &m, &s, &dir.0, &secret)),
     ));
     // Last: it leaves the session under approval scope `guest`.
+    cases.push((
+        "a lying language server ends itself, not the host",
+        Box::pin(async {
+            let (code, out) = g.sh(&format!("cat > /tmp/evil-lsp.py <<'PYEOF'\n{EVIL_LSP_PY}\nPYEOF\n")).await;
+            if code != 0 {
+                return Err(format!("writing the server: {out}"));
+            }
+            let start = |mode: &str| umbra_api::lsp::LspStartParams {
+                session: SESSION.into(),
+                folder: "rw".into(),
+                command: Some(vec!["python3".into(), "/tmp/evil-lsp.py".into(), mode.into()]),
+                ..Default::default()
+            };
+            let t = Instant::now();
+            // Its lies are absorbed, and it starts.
+            let info = g.s.lsp_start(start("lies")).await.map_err(|e| format!("lsp.start: {e}"))?;
+            // A 100 GB message is refused at its header; the request fails at once, naming it.
+            let e =
+                g.s.lsp_request(info.server, "evil/huge", serde_json::json!({}), Some(60_000))
+                    .await
+                    .err()
+                    .ok_or("evil/huge was answered")?;
+            if !e.to_string().contains("at most") || t.elapsed() > Duration::from_secs(60) {
+                return Err(format!("evil/huge: {e} after {:?}", t.elapsed()));
+            }
+            // A header that never ends, at start.
+            let e = g.s.lsp_start(start("endless-header")).await.err().ok_or("an endless header started")?;
+            if !e.to_string().contains("header longer") {
+                return Err(format!("endless header: {e}"));
+            }
+            // Diagnostics for file after file: ended at the host's bound.
+            let flood = g.s.lsp_start(start("lies")).await.map_err(|e| format!("lsp.start: {e}"))?;
+            g.s.lsp_notify(flood.server, "evil/flood", serde_json::json!({})).await.map_err(|e| e.to_string())?;
+            let deadline = Instant::now() + Duration::from_secs(120);
+            let why = loop {
+                match g.s.lsp_request(flood.server, "ping", serde_json::json!({}), Some(2_000)).await {
+                    Err(e) if e.to_string().contains("more diagnostics than the host keeps") => break e.to_string(),
+                    _ if Instant::now() > deadline => return Err("the flood was not ended within 120 s".into()),
+                    _ => {}
+                }
+            };
+            if !g.s.lsp_list().is_empty() {
+                return Err(format!("servers left: {:?}", g.s.lsp_list()));
+            }
+            Ok(format!("a 100 GB frame, an endless header and a diagnostics flood each ended their server ({why:.60})"))
+        }),
+    ));
     cases.push((
         "exec gate: execs the rules refuse run none, and the checks stay bounded",
         Box::pin(async {

@@ -6,6 +6,7 @@ mod bundle_pull;
 mod bundle_sign;
 mod bundle_store;
 mod doctor;
+mod lint;
 mod mcp;
 mod network;
 mod paths;

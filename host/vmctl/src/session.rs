@@ -56,6 +56,9 @@ pub enum SessionCommand {
     /// Change a session's settings, running or not: approval, network, the idle timeout and
     /// action take effect at once, the rest at its next boot (it says which).
     Update(UpdateArgs),
+    /// The diagnostics a change to a folder's files would bring and take away, from language
+    /// servers in the session (pylsp, clangd); nothing is written. Exits 2 if there are new ones.
+    Lint(crate::lint::LintArgs),
 }
 
 #[derive(Args, Debug)]
@@ -210,6 +213,7 @@ pub async fn run(command: SessionCommand) -> i32 {
     let result = match command {
         SessionCommand::Exec(args) => return exec(args).await,
         SessionCommand::Attach(args) => return crate::attach::attach(args).await,
+        SessionCommand::Lint(args) => return crate::lint::lint(args).await,
         SessionCommand::Ps(args) => crate::attach::ps(args).await,
         SessionCommand::Start(args) => start(*args).await,
         SessionCommand::Ls(args) => ls(args).await,

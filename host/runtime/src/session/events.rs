@@ -236,7 +236,8 @@ impl EventBus {
     pub fn emit(&self, event: SessionEvent) {
         debug_assert!(!event.is_process_output(), "process output goes to its owner only");
         if let Some(session) = event.session.clone() {
-            if !matches!(event.kind, EventKind::DownloadProgress(_)) {
+            // Not logged: progress, and a language server's chatter (a guest's, at its pace).
+            if !matches!(event.kind, EventKind::DownloadProgress(_) | EventKind::LspNotification { .. }) {
                 self.record(&session, &event);
             }
         }

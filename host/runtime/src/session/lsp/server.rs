@@ -30,6 +30,8 @@ pub struct Published {
     /// The document version they are for, when the server says (clangd does, pylsp does not).
     pub version: Option<i64>,
     pub diagnostics: Vec<Value>,
+    /// Their size as JSON, counted against [`MAX_KEPT_BYTES`].
+    bytes: usize,
 }
 
 /// What the reader learned, for whoever waits on it.
@@ -37,6 +39,7 @@ pub struct Published {
 struct State {
     pending: HashMap<i64, oneshot::Sender<Result<Value, Value>>>,
     published: HashMap<String, Published>,
+    published_bytes: usize,
     /// Messages heard so far.
     seq: u64,
     /// `$/progress` tokens begun and not ended.
@@ -48,8 +51,16 @@ struct State {
     stderr: String,
 }
 
+/// How long a message may wait for the server to read it.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keeps at most this much of a server's stderr.
 const STDERR_TAIL: usize = 2048;
+/// What the host keeps of a server's diagnostics: the guest chooses how many it sends, so
+/// past these bounds the server is ended instead.
+const MAX_KEPT_FILES: usize = 4096;
+const MAX_KEPT_BYTES: usize = 64 << 20;
+/// Diagnostics kept per file (the rest are dropped, as `convert` would).
+const MAX_KEPT_PER_FILE: usize = 1000;
 
 struct Shared {
     control: ExecControl,
@@ -129,12 +140,21 @@ impl Server {
         let _ = tokio::time::timeout_at(until, rx.changed()).await;
     }
 
+    /// Sends a notification; an error if the server has not taken it within
+    /// [`WRITE_TIMEOUT`] (it does not read its input).
     pub async fn notify(&self, method: &str, params: Value) -> Result<(), SessionError> {
-        self.shared.send(&json!({"jsonrpc": "2.0", "method": method, "params": params})).await
+        let message = json!({"jsonrpc": "2.0", "method": method, "params": params});
+        match tokio::time::timeout(WRITE_TIMEOUT, self.shared.send(&message)).await {
+            Ok(sent) => sent,
+            Err(_) => Err(SessionError::Timeout(format!(
+                "the language server did not take {method} within {} s (it does not read its input)",
+                WRITE_TIMEOUT.as_secs()
+            ))),
+        }
     }
 
-    /// Sends a request and waits `timeout` for its answer: `Ok(Err(error))` is the server's
-    /// error answer.
+    /// Sends a request and waits `timeout` for its answer (the sending included): `Ok(Err(error))`
+    /// is the server's error answer.
     pub async fn request(
         &self,
         method: &str,
@@ -150,20 +170,26 @@ impl Server {
             }
             state.pending.insert(id, tx);
         }
-        let sent = self.shared.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await;
-        if let Err(e) = sent {
-            self.shared.state.lock().unwrap().pending.remove(&id);
-            return Err(e);
-        }
-        match tokio::time::timeout(timeout, rx).await {
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let exchange = async {
+            self.shared.send(&message).await?;
+            rx.await.map_err(|_| {
+                SessionError::Lsp(format!(
+                    "the language server is gone: {}",
+                    self.ended().unwrap_or_else(|| "ended".into())
+                ))
+            })
+        };
+        match tokio::time::timeout(timeout, exchange).await {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(_)) => Err(SessionError::Lsp(format!(
-                "the language server is gone: {}",
-                self.ended().unwrap_or_else(|| "ended".into())
-            ))),
+            Ok(Err(e)) => {
+                self.shared.state.lock().unwrap().pending.remove(&id);
+                Err(e)
+            }
             Err(_) => {
                 self.shared.state.lock().unwrap().pending.remove(&id);
-                let _ = self.notify("$/cancelRequest", json!({"id": id})).await;
+                let cancel = json!({"jsonrpc": "2.0", "method": "$/cancelRequest", "params": {"id": id}});
+                let _ = tokio::time::timeout(Duration::from_secs(1), self.shared.send(&cancel)).await;
                 Err(SessionError::Timeout(format!(
                     "the language server did not answer {method} within {} ms",
                     timeout.as_millis()
@@ -190,6 +216,17 @@ impl Shared {
     async fn send(&self, message: &Value) -> Result<(), SessionError> {
         let _one = self.write.lock().await;
         self.control.write_stdin(encode(message)).await
+    }
+
+    /// Records why the server is gone (the first reason wins) and fails what waits on it.
+    fn end(&self, why: String) {
+        let mut state = self.state.lock().unwrap();
+        if state.ended.is_none() {
+            let tail = state.stderr.trim().lines().last().unwrap_or_default().to_string();
+            state.ended = Some(if tail.is_empty() { why } else { format!("{why}; its last error line: {tail}") });
+        }
+        state.pending.clear(); // the waiting requests learn it from their dropped senders
+        self.bump(&mut state);
     }
 
     fn bump(&self, state: &mut State) {
@@ -241,11 +278,7 @@ async fn read(mut exec: Exec, shared: Arc<Shared>) {
             _ => {}
         }
     };
-    let mut state = shared.state.lock().unwrap();
-    let tail = state.stderr.trim().lines().last().unwrap_or_default().to_string();
-    state.ended = Some(if tail.is_empty() { why } else { format!("{why}; its last error line: {tail}") });
-    state.pending.clear(); // the waiting requests learn it from their dropped senders
-    shared.bump(&mut state);
+    shared.end(why);
 }
 
 async fn handle(shared: &Shared, message: Value) {
@@ -284,7 +317,8 @@ async fn handle(shared: &Shared, message: Value) {
                 Ok(r) => json!({"jsonrpc": "2.0", "id": id, "result": r}),
                 Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": e}),
             };
-            let _ = shared.send(&reply).await;
+            // Bounded: a server that does not read its input must not stop this reader.
+            let _ = tokio::time::timeout(Duration::from_secs(5), shared.send(&reply)).await;
             shared.bump(&mut shared.state.lock().unwrap());
         }
         (Some(method), None) => {
@@ -294,11 +328,27 @@ async fn handle(shared: &Shared, message: Value) {
                 match method.as_str() {
                     "textDocument/publishDiagnostics" => {
                         if let Some(uri) = params.get("uri").and_then(Value::as_str) {
-                            let diagnostics =
+                            let mut diagnostics =
                                 params.get("diagnostics").and_then(Value::as_array).cloned().unwrap_or_default();
+                            diagnostics.truncate(MAX_KEPT_PER_FILE);
                             let version = params.get("version").and_then(Value::as_i64);
                             let seq = state.seq + 1;
-                            state.published.insert(super::normal_uri(uri), Published { seq, version, diagnostics });
+                            let bytes = Value::Array(diagnostics.clone()).to_string().len();
+                            let uri = super::normal_uri(uri);
+                            let replaced = state.published.get(&uri).map_or(0, |p| p.bytes);
+                            let kept = state.published_bytes - replaced + bytes;
+                            if kept > MAX_KEPT_BYTES || (replaced == 0 && state.published.len() >= MAX_KEPT_FILES) {
+                                drop(state);
+                                shared.control.interrupt(9);
+                                shared.end(format!(
+                                    "it published more diagnostics than the host keeps ({MAX_KEPT_FILES} files, \
+                                     {} MiB)",
+                                    MAX_KEPT_BYTES >> 20
+                                ));
+                                return;
+                            }
+                            state.published_bytes = kept;
+                            state.published.insert(uri, Published { seq, version, diagnostics, bytes });
                         }
                     }
                     "$/progress" => {
