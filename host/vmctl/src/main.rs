@@ -72,6 +72,9 @@ enum BenchCommand {
     /// A guest server through an exposed port beside the same server on the host: connection
     /// set-up and throughput.
     Ports(umbra_bench::ports::PortsBenchArgs),
+    /// `diagnostics.for_change` for a one-line change in a 1,000-module Python project, beside
+    /// pyflakes run on the changed file directly in the same guest.
+    Lint(umbra_bench::lint::LintBenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -130,6 +133,9 @@ fn main() {
         }
         Command::Bench { command: BenchCommand::Ports(args) } => {
             async_main(async move { exit_code(umbra_bench::ports::ports(args).await) })
+        }
+        Command::Bench { command: BenchCommand::Lint(args) } => {
+            async_main(async move { exit_code(umbra_bench::lint::lint(args).await) })
         }
         Command::Bench { command: BenchCommand::Boot(args) } => {
             async_main(async move { exit_code(umbra_bench::boot::boot(args).await) })
