@@ -102,6 +102,11 @@ fn vm_processes(s: &Session) -> Vec<u32> {
     umbra_tests::with_descendants(&s.info().vm.map(|v| v.pids).unwrap_or_default())
 }
 
+/// One process's resident memory.
+fn rss_mib(pid: u32) -> u64 {
+    total_rss_mib(&[pid])
+}
+
 fn total_rss_mib(pids: &[u32]) -> u64 {
     pids.iter().map(|p| umbra_tests::rss_kib(*p)).sum::<u64>() / 1024
 }
@@ -220,7 +225,7 @@ print("ATTEMPTS", 10000, "REFUSED", refused, "CONNECTED", done, "OTHER", other, 
 /// request of its own asking for 100 000 settings, 5000 progress tokens begun, 50 000 malformed
 /// diagnostics for a file outside its root, then a real `initialize` answer. Asked `evil/huge`,
 /// it announces a 100 GB message and streams; as `endless-header`, it never ends its header;
-/// as `flood`, it publishes diagnostics for file after file.
+/// as `flood`, it publishes diagnostics for 128 URIs of 64 KiB, then for file after file.
 const EVIL_LSP_PY: &str = r#"
 import json, sys
 mode = sys.argv[1]
@@ -259,6 +264,9 @@ while True:
             out.write(b"A" * 65536)
             out.flush()
     if m.get("method") == "evil/flood":
+        for i in range(128):
+            send({"jsonrpc": "2.0", "method": "textDocument/publishDiagnostics",
+                  "params": {"uri": "file:///" + "u" * 65536 + str(i), "diagnostics": []}})
         for i in range(100000):
             send({"jsonrpc": "2.0", "method": "textDocument/publishDiagnostics",
                   "params": {"uri": "file:///f/%d" % i, "diagnostics": [{"message": "x" * 4000}] * 10}})
@@ -1303,7 +1311,6 @@ async fn run_suite(backend: BackendKind) {
         "outputs: links the guest plants are not followed by the host",
         Box::pin(outputs_links_case(&g, &m, &s, &dir.0, &secret)),
     ));
-    // Last: it leaves the session under approval scope `guest`.
     cases.push((
         "a lying language server ends itself, not the host",
         Box::pin(async {
@@ -1318,6 +1325,8 @@ async fn run_suite(backend: BackendKind) {
                 ..Default::default()
             };
             let t = Instant::now();
+            // The runtime runs in this process: what it holds shows in this RSS.
+            let rss_before = rss_mib(std::process::id());
             // Its lies are absorbed, and it starts.
             let info = g.s.lsp_start(start("lies")).await.map_err(|e| format!("lsp.start: {e}"))?;
             // A 100 GB message is refused at its header; the request fails at once, naming it.
@@ -1348,9 +1357,17 @@ async fn run_suite(backend: BackendKind) {
             if !g.s.lsp_list().is_empty() {
                 return Err(format!("servers left: {:?}", g.s.lsp_list()));
             }
-            Ok(format!("a 100 GB frame, an endless header and a diagnostics flood each ended their server ({why:.60})"))
+            let grew = rss_mib(std::process::id()).saturating_sub(rss_before);
+            if grew > 256 {
+                return Err(format!("the host process grew by {grew} MiB"));
+            }
+            Ok(format!(
+                "a 100 GB frame, an endless header, 8 MiB of long URIs and a diagnostics flood each ended \
+                 or were ignored by their server; the host grew {grew} MiB ({why:.60})"
+            ))
         }),
     ));
+    // Last: it leaves the session under approval scope `guest`.
     cases.push((
         "exec gate: execs the rules refuse run none, and the checks stay bounded",
         Box::pin(async {

@@ -11,6 +11,8 @@ use umbra_api::ApiError;
 
 /// Exit status when the change brings new diagnostics (1 is vmctl's own errors).
 pub const EXIT_NEW: i32 = 2;
+/// Exit status when it brings none the servers reported, but they did not all finish in time.
+pub const EXIT_INCOMPLETE: i32 = 3;
 
 #[derive(Args, Debug)]
 pub struct LintArgs {
@@ -46,7 +48,8 @@ fn parse_change(s: &str) -> Result<(String, Option<String>), String> {
     Ok((path.to_string(), Some(text)))
 }
 
-/// Prints the new diagnostics (and the resolved ones); exits [`EXIT_NEW`] if there are new ones.
+/// Prints the new diagnostics (and the resolved ones); exits [`EXIT_NEW`] if there are new ones,
+/// [`EXIT_INCOMPLETE`] if there are none but the servers did not finish.
 pub async fn lint(args: LintArgs) -> i32 {
     match run(args).await {
         Ok(code) => code,
@@ -91,7 +94,11 @@ async fn run(args: LintArgs) -> Result<i32, ApiError> {
             r.elapsed_ms
         );
     }
-    Ok(if r.diagnostics.is_empty() { 0 } else { EXIT_NEW })
+    Ok(match (r.diagnostics.is_empty(), r.complete) {
+        (false, _) => EXIT_NEW,
+        (true, false) => EXIT_INCOMPLETE,
+        (true, true) => 0,
+    })
 }
 
 /// `path:line:column: severity: message [source]`, 1-based as compilers print them.
@@ -103,8 +110,23 @@ fn line(d: &Diagnostic) -> String {
         Some(4) => "hint",
         _ => "note",
     };
-    let source = d.source.as_ref().map(|s| format!(" [{s}]")).unwrap_or_default();
-    format!("{}:{}:{}: {severity}: {}{source}", d.path, d.range.start.line + 1, d.range.start.character + 1, d.message)
+    let source = d.source.as_ref().map(|s| format!(" [{}]", printable(s))).unwrap_or_default();
+    let (line, column) = (d.range.start.line + 1, d.range.start.character + 1);
+    format!("{}:{line}:{column}: {severity}: {}{source}", printable(&d.path), printable(&d.message))
+}
+
+/// The guest's text made safe for a terminal: control and bidi characters become `?` (clang's
+/// multi-line messages stay on one line).
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c) || ('\u{2066}'..='\u{2069}').contains(&c) {
+                '?'
+            } else {
+                c
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -122,6 +144,7 @@ mod tests {
         assert!(parse_change("a.py=x = 1").unwrap_err().contains("@FILE"));
         assert!(parse_change("=@x").unwrap_err().contains("empty PATH"));
         assert!(parse_change("a.py=@/nonexistent/file").unwrap_err().contains("/nonexistent/file"));
+        assert_eq!(printable("a\x1b[2Jb\nc\u{202e}d"), "a?[2Jb?c?d");
         std::fs::remove_file(f).unwrap();
     }
 }

@@ -57,7 +57,8 @@ pub enum SessionCommand {
     /// action take effect at once, the rest at its next boot (it says which).
     Update(UpdateArgs),
     /// The diagnostics a change to a folder's files would bring and take away, from language
-    /// servers in the session (pylsp, clangd); nothing is written. Exits 2 if there are new ones.
+    /// servers in the session (pylsp, clangd); nothing is written. Exits 2 if there are new ones,
+    /// 3 if the servers did not finish in time.
     Lint(crate::lint::LintArgs),
 }
 

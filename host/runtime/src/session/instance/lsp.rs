@@ -26,6 +26,7 @@ impl Session {
     pub async fn lsp_start(self: &Arc<Self>, p: LspStartParams) -> Result<LspServerInfo, SessionError> {
         let folder = self.folder(&p.folder)?;
         let command = command(p.language.as_deref(), p.command)?;
+        let place = self.lsp.reserve()?;
         let id = self.lsp.next_id();
         let me = self.me.clone();
         let sink: lsp::Sink = Box::new(move |method: &str, params: &Value| {
@@ -41,7 +42,7 @@ impl Session {
             command,
             initialize: server.1,
         };
-        self.lsp.add(info.clone(), Arc::new(server.0))?;
+        self.lsp.add(info.clone(), Arc::new(server.0), place);
         Ok(info)
     }
 
@@ -98,6 +99,7 @@ impl Session {
         }
         // Files by language, each with what it holds now.
         let mut by_language: BTreeMap<String, Vec<FileChange>> = BTreeMap::new();
+        let mut text_bytes = 0;
         for (path, after) in p.changes {
             lsp::check_relative(&path)?;
             let language = match &p.language {
@@ -115,6 +117,14 @@ impl Session {
             }
             let guest = format!("{}/{path}", folder.guest_path);
             let before = self.read_text(&guest).await?;
+            // The guest chooses the sizes of the files read: the request's texts are bounded.
+            text_bytes += before.as_ref().map_or(0, String::len) + after.as_ref().map_or(0, String::len);
+            if text_bytes > lsp::MAX_CHANGE_BYTES {
+                return Err(SessionError::InvalidArgument(format!(
+                    "the changed files hold more than {} bytes, before and after",
+                    lsp::MAX_CHANGE_BYTES
+                )));
+            }
             let language_id = match api::language_of(&path) {
                 Some(l) if p.language.is_none() => l.to_string(),
                 _ => language.clone(),
@@ -130,7 +140,7 @@ impl Session {
         // One server per language, concurrently.
         let runs = by_language.into_iter().map(|(language, files)| {
             let folder = folder.clone();
-            async move {
+            let run = async move {
                 let command = command(Some(&language), None)?;
                 let pool = self.lsp.pool(&folder.guest_path, &command);
                 let lent =
@@ -141,17 +151,32 @@ impl Session {
                     _ => lent.server.stop(Duration::from_secs(1)).await,
                 }
                 reported.map(|r| (language, r))
+            };
+            // Whatever the server does, the call ends soon after its deadline: a server lent
+            // and not given back is dropped, which kills it.
+            async move {
+                tokio::time::timeout_at(deadline + Duration::from_secs(3), run).await.unwrap_or_else(|_| {
+                    Err(SessionError::Timeout(format!(
+                        "the language servers did not finish within timeout_ms ({} ms)",
+                        timeout.as_millis()
+                    )))
+                })
             }
         });
         let mut out = ForChange { complete: true, ..Default::default() };
         for run in futures_util::future::join_all(runs).await {
             let (language, reported) = run?;
-            let before = lsp::convert(&folder.guest_path, &reported.before);
-            let after = lsp::convert(&folder.guest_path, &reported.after);
-            let (new, resolved) = api::compare(&before, &after);
-            out.diagnostics.extend(new);
-            out.resolved.extend(resolved);
-            out.after.extend(after);
+            // A file without both reports is unknown: neither new nor resolved.
+            for file in reported.files {
+                if let (Some(before), Some(after)) = (file.before, file.after) {
+                    let (before, after) =
+                        (lsp::relative(&folder.guest_path, before), lsp::relative(&folder.guest_path, after));
+                    let (new, resolved) = api::compare(&before, &after);
+                    out.diagnostics.extend(new);
+                    out.resolved.extend(resolved);
+                    out.after.extend(after);
+                }
+            }
             out.complete &= reported.complete;
             out.languages.push(language);
         }

@@ -9,8 +9,9 @@ use serde_json::Value;
 
 /// Longest header block accepted (servers send one or two short lines).
 pub const MAX_HEADER: usize = 4096;
-/// Largest message accepted: a completion list or a workspace's symbols fit well within it.
-pub const MAX_BODY: usize = 32 << 20;
+/// Largest message accepted: a completion list or a workspace's symbols fit well within it
+/// (parsed, JSON takes several times its text's size: this bounds that too).
+pub const MAX_BODY: usize = 8 << 20;
 
 /// Splits a server's output into messages.
 #[derive(Debug, Default)]
@@ -25,37 +26,49 @@ impl Decoder {
     pub fn push(&mut self, data: &[u8]) -> Result<Vec<Value>, String> {
         self.buf.extend_from_slice(data);
         let mut out = Vec::new();
-        loop {
+        // Messages are taken from `at` on; the buffer is shifted once, at the end.
+        let mut at = 0;
+        let result = loop {
+            let rest = &self.buf[at..];
             let len = match self.body {
                 Some(len) => len,
                 None => {
-                    let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        if self.buf.len() > MAX_HEADER {
-                            return Err(format!("a header longer than {MAX_HEADER} bytes"));
+                    let Some(end) = rest.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        if rest.len() > MAX_HEADER {
+                            break Err(format!("a header longer than {MAX_HEADER} bytes"));
                         }
-                        return Ok(out);
+                        break Ok(());
                     };
                     if end > MAX_HEADER {
-                        return Err(format!("a header longer than {MAX_HEADER} bytes"));
+                        break Err(format!("a header longer than {MAX_HEADER} bytes"));
                     }
-                    let len = content_length(&self.buf[..end])?;
-                    self.buf.drain(..end + 4);
-                    self.body = Some(len);
-                    len
+                    match content_length(&rest[..end]) {
+                        Ok(len) => {
+                            at += end + 4;
+                            self.body = Some(len);
+                            len
+                        }
+                        Err(e) => break Err(e),
+                    }
                 }
             };
-            if self.buf.len() < len {
-                return Ok(out);
+            let rest = &self.buf[at..];
+            if rest.len() < len {
+                break Ok(());
             }
-            let message: Value =
-                serde_json::from_slice(&self.buf[..len]).map_err(|e| format!("a message that is not JSON: {e}"))?;
+            let message: Value = match serde_json::from_slice(&rest[..len]) {
+                Ok(m) => m,
+                Err(e) => break Err(format!("a message that is not JSON: {e}")),
+            };
             if !message.is_object() {
-                return Err("a message that is not a JSON object".into());
+                break Err("a message that is not a JSON object".into());
             }
-            self.buf.drain(..len);
+            at += len;
             self.body = None;
             out.push(message);
-        }
+        };
+        self.buf.drain(..at);
+        result.map(|()| out)
     }
 }
 
@@ -63,10 +76,12 @@ fn content_length(header: &[u8]) -> Result<usize, String> {
     let header = std::str::from_utf8(header).map_err(|_| "a header that is not UTF-8".to_string())?;
     let mut length = None;
     for line in header.split("\r\n") {
-        let (name, value) = line.split_once(':').ok_or_else(|| format!("a header line without ':': {line:.80?}"))?;
+        let shown = |s: &str| format!("{:?}", s.chars().take(80).collect::<String>());
+        let (name, value) =
+            line.split_once(':').ok_or_else(|| format!("a header line without ':': {}", shown(line)))?;
         if name.trim().eq_ignore_ascii_case("content-length") {
             let n: usize =
-                value.trim().parse().map_err(|_| format!("a Content-Length that is not a number: {value:.40?}"))?;
+                value.trim().parse().map_err(|_| format!("a Content-Length that is not a number: {}", shown(value)))?;
             if n > MAX_BODY {
                 return Err(format!("a message of {n} bytes (at most {MAX_BODY})"));
             }

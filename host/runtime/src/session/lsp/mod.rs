@@ -20,9 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use umbra_api::lsp::{Diagnostic, LspServerInfo};
 #[cfg(test)]
-use umbra_api::lsp::Position;
-use umbra_api::lsp::{Diagnostic, LspServerInfo, Range};
+use umbra_api::lsp::{Position, Range};
 
 pub use server::{Published, Server, Sink};
 
@@ -43,6 +43,8 @@ pub const QUIET: Duration = Duration::from_millis(300);
 pub const MAX_CHANGED_FILES: usize = 256;
 /// Largest file a change may read or write (LSP sends a document whole).
 pub const MAX_FILE_BYTES: usize = 8 << 20;
+/// Most bytes of text one change may hold, its files before and after.
+pub const MAX_CHANGE_BYTES: usize = 32 << 20;
 
 /// A pool's folder root and server command.
 type PoolKey = (String, Vec<String>);
@@ -52,6 +54,8 @@ type PoolKey = (String, Vec<String>);
 pub struct Registry {
     next: AtomicU64,
     servers: Mutex<BTreeMap<u64, (LspServerInfo, Arc<Server>)>>,
+    /// Servers being started for `lsp.start`: places held against [`MAX_SERVERS`].
+    starting: Arc<AtomicU64>,
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
 }
 
@@ -60,17 +64,23 @@ impl Registry {
         self.next.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Keeps a started server; refused past [`MAX_SERVERS`] running ones.
-    pub fn add(&self, info: LspServerInfo, server: Arc<Server>) -> Result<(), SessionError> {
+    /// A place for one more server, held until the returned guard goes (keep the server with
+    /// [`Self::add`] before that); refused past [`MAX_SERVERS`] running or starting ones.
+    pub fn reserve(&self) -> Result<Reserved, SessionError> {
         let mut servers = self.servers.lock().unwrap();
         servers.retain(|_, (_, s)| s.ended().is_none());
-        if servers.len() >= MAX_SERVERS {
+        if servers.len() + self.starting.load(Ordering::Acquire) as usize >= MAX_SERVERS {
             return Err(SessionError::Busy(format!(
                 "this session runs {MAX_SERVERS} language servers already: stop one (lsp.stop)"
             )));
         }
-        servers.insert(info.server, (info, server));
-        Ok(())
+        self.starting.fetch_add(1, Ordering::AcqRel);
+        Ok(Reserved(self.starting.clone()))
+    }
+
+    /// Keeps a started server in the place `_place` held for it.
+    pub fn add(&self, info: LspServerInfo, server: Arc<Server>, _place: Reserved) {
+        self.servers.lock().unwrap().insert(info.server, (info, server));
     }
 
     /// A running server; one that has ended is forgotten, and the error says why it ended.
@@ -104,6 +114,15 @@ impl Registry {
     pub fn clear(&self) {
         self.servers.lock().unwrap().clear();
         self.pools.lock().unwrap().clear();
+    }
+}
+
+/// A place [`Registry::reserve`] holds; given back when dropped.
+pub struct Reserved(Arc<AtomicU64>);
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -151,6 +170,7 @@ impl Pool {
 
     /// Takes a server back for the next request; it is shut down after [`POOL_IDLE`] unused.
     pub fn give_back(self: &Arc<Self>, lent: Lent) {
+        lent.server.forget_reports();
         let stamp = Instant::now();
         self.idle.lock().unwrap().push((lent.server.clone(), stamp));
         drop(lent);
@@ -235,7 +255,7 @@ pub async fn initialize(
         "rootUri": uri,
         "workspaceFolders": [{"uri": uri, "name": folder}],
         "capabilities": {
-            "workspace": {"configuration": true, "workspaceFolders": true},
+            "workspace": {"configuration": true},
             "window": {"workDoneProgress": true},
             "textDocument": {
                 "synchronization": {"didSave": true},
@@ -277,11 +297,19 @@ pub struct FileChange {
     pub after: Option<String>,
 }
 
-/// What a server reported for a change's files, before it and after it.
+/// What a server reported for one changed file, before the change and after it; `None` where
+/// it did not report in time (or, after, for a deleted file): unknown, not clean.
+#[derive(Debug)]
+pub struct FileReport {
+    pub uri: String,
+    pub before: Option<Vec<Diagnostic>>,
+    pub after: Option<Vec<Diagnostic>>,
+}
+
+/// What a server reported for a change's files.
 #[derive(Debug, Default)]
 pub struct Reported {
-    pub before: Vec<(String, Vec<Value>)>,
-    pub after: Vec<(String, Vec<Value>)>,
+    pub files: Vec<FileReport>,
     /// It settled both times before the deadline.
     pub complete: bool,
     /// Its documents were closed and their diagnostics cleared: it can serve another change.
@@ -307,12 +335,19 @@ pub async fn diagnose(
         }
     }
     let settled_before = settle(server, &open, mark, v1, deadline).await?;
-    reported.before = open.iter().map(|u| (u.clone(), diagnostics_since(server, u, mark))).collect();
+    for f in files {
+        let before = match f.before {
+            Some(_) => report_since(server, &f.uri, mark, v1),
+            None => Some(Vec::new()), // a new file had nothing to say
+        };
+        reported.files.push(FileReport { uri: f.uri.clone(), before, after: None });
+    }
 
     let v2 = server.next_version();
     let mark = server.heard();
     let mut changed = Vec::new();
-    for f in files {
+    // Past the deadline already: the change is not worth making.
+    for f in files.iter().filter(|_| settled_before) {
         let doc = |text: &str| json!({"uri": f.uri, "languageId": f.language_id, "version": v2, "text": text});
         match (&f.before, &f.after) {
             (Some(_), Some(text)) => {
@@ -333,8 +368,12 @@ pub async fn diagnose(
             changed.push(f.uri.clone());
         }
     }
-    let settled_after = settle(server, &changed, mark, v2, deadline).await?;
-    reported.after = changed.iter().map(|u| (u.clone(), diagnostics_since(server, u, mark))).collect();
+    let settled_after = settled_before && settle(server, &changed, mark, v2, deadline).await?;
+    for report in &mut reported.files {
+        if changed.contains(&report.uri) {
+            report.after = report_since(server, &report.uri, mark, v2);
+        }
+    }
     reported.complete = settled_before && settled_after;
 
     // Close what is open; the server clears each file's diagnostics as it does.
@@ -344,20 +383,22 @@ pub async fn diagnose(
     }
     let until = tokio::time::Instant::now() + Duration::from_secs(2);
     loop {
+        let seen = server.heard();
         let cleared =
             open.iter().all(|u| server.published(u).is_some_and(|p| p.seq > mark && p.diagnostics.is_empty()));
         if cleared || server.ended().is_some() || tokio::time::Instant::now() >= until {
             reported.clean = cleared && server.ended().is_none();
             break;
         }
-        server.changed(until).await;
+        server.changed(seen, until).await;
     }
     Ok(reported)
 }
 
-/// The diagnostics the server published for `uri` after message `mark` (none if it did not).
-fn diagnostics_since(server: &Server, uri: &str, mark: u64) -> Vec<Value> {
-    server.published(uri).filter(|p| p.seq > mark).map(|p| p.diagnostics).unwrap_or_default()
+/// What the server published for `uri` after message `mark`, for `version` or later when it
+/// says which; `None` if it has not.
+fn report_since(server: &Server, uri: &str, mark: u64, version: i64) -> Option<Vec<Diagnostic>> {
+    server.published(uri).filter(|p| p.seq > mark && p.version.is_none_or(|v| v >= version)).map(|p| p.diagnostics)
 }
 
 /// Waits until the server published for each of `uris` after message `mark` (for `version`
@@ -371,12 +412,12 @@ async fn settle(
     deadline: tokio::time::Instant,
 ) -> Result<bool, SessionError> {
     loop {
+        // Read before looking: whatever the server says after this wakes the wait below.
+        let seen = server.heard();
         if let Some(why) = server.ended() {
             return Err(SessionError::Lsp(format!("the language server is gone: {why}")));
         }
-        let all = uris
-            .iter()
-            .all(|u| server.published(u).is_some_and(|p| p.seq > mark && p.version.is_none_or(|v| v >= version)));
+        let all = uris.iter().all(|u| report_since(server, u, mark, version).is_some());
         let (busy, last) = server.busy();
         let now = tokio::time::Instant::now();
         if now >= deadline {
@@ -387,39 +428,25 @@ async fn settle(
             if now >= quiet_until {
                 return Ok(true);
             }
-            server.changed(quiet_until.min(deadline)).await;
+            server.changed(seen, quiet_until.min(deadline)).await;
         } else {
-            server.changed(deadline).await;
+            server.changed(seen, deadline).await;
         }
     }
 }
 
-/// The diagnostics of a server's report, for the client: paths relative to `root`, malformed
-/// entries (the guest's) left out, at most 1000 per file.
-pub fn convert(root: &str, reports: &[(String, Vec<Value>)]) -> Vec<Diagnostic> {
+/// Diagnostics as the client gets them: each `path` (a server's URI) relative to `root`.
+pub fn relative(root: &str, diagnostics: Vec<Diagnostic>) -> Vec<Diagnostic> {
     let prefix = format!("{}/", root.trim_end_matches('/'));
-    let mut out = Vec::new();
-    for (uri, items) in reports {
-        let path = match uri_path(uri) {
-            Some(p) => p.strip_prefix(&prefix).map_or(p.clone(), str::to_string),
-            None => uri.clone(),
-        };
-        for item in items.iter().take(1000) {
-            let Some(range) = item.get("range").and_then(|r| serde_json::from_value::<Range>(r.clone()).ok()) else {
-                continue;
-            };
-            let Some(message) = item.get("message").and_then(Value::as_str) else { continue };
-            out.push(Diagnostic {
-                path: path.clone(),
-                range,
-                severity: item.get("severity").and_then(Value::as_u64).and_then(|s| u8::try_from(s).ok()),
-                message: message.chars().take(4000).collect(),
-                source: item.get("source").and_then(Value::as_str).map(|s| s.chars().take(100).collect()),
-                code: item.get("code").filter(|c| c.is_string() || c.is_number()).cloned(),
-            });
-        }
-    }
-    out
+    diagnostics
+        .into_iter()
+        .map(|mut d| {
+            if let Some(p) = uri_path(&d.path) {
+                d.path = p.strip_prefix(&prefix).map_or(p.clone(), str::to_string);
+            }
+            d
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -453,21 +480,18 @@ mod tests {
     }
 
     #[test]
-    fn a_report_becomes_folder_relative_and_malformed_entries_are_dropped() {
-        let reports = vec![(
-            file_uri("/r/w/a.py"),
-            vec![
-                json!({"range": {"start": {"line": 1, "character": 2}, "end": {"line": 1, "character": 5}},
-                       "severity": 1, "message": "undefined name 'x'", "source": "pyflakes"}),
-                json!({"range": "nonsense", "message": "dropped"}),
-                json!({"range": {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 0}}}),
-                json!({"range": {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 1}},
-                       "severity": 999, "message": "kept", "code": {"an": "object"}}),
-            ],
-        )];
-        let d = convert("/r/w", &reports);
-        assert_eq!(d.len(), 2);
-        assert_eq!((d[0].path.as_str(), d[0].range.start, d[0].severity), ("a.py", at(1, 2), Some(1)));
-        assert_eq!((d[1].severity, d[1].code.as_ref()), (None, None));
+    fn reports_become_folder_relative() {
+        let d = |path: String| Diagnostic {
+            path,
+            range: Range { start: at(1, 2), end: at(1, 5) },
+            severity: Some(1),
+            message: "m".into(),
+            source: None,
+            code: None,
+        };
+        let got =
+            relative("/r/w/", vec![d(file_uri("/r/w/pkg/a b.py")), d(file_uri("/etc/x")), d("untitled:1".into())]);
+        let paths: Vec<&str> = got.iter().map(|d| d.path.as_str()).collect();
+        assert_eq!(paths, ["pkg/a b.py", "/etc/x", "untitled:1"]);
     }
 }

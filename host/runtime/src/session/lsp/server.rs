@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tokio::sync::{oneshot, watch};
+use umbra_api::lsp::{Diagnostic, Range};
 use umbra_api::EventKind;
 
 use super::frame::{encode, Decoder};
@@ -22,15 +23,16 @@ use crate::session::exec::{Exec, ExecControl};
 /// What a server's notification is handed to (the session's event bus, for `lsp.start`'s).
 pub type Sink = Box<dyn Fn(&str, &Value) + Send + Sync>;
 
-/// The latest diagnostics a server published for one file.
+/// The latest diagnostics a server published for one file: parsed and bounded as they come
+/// (each one's `path` is the file's URI, as [`super::normal_uri`] spells it).
 #[derive(Debug, Clone)]
 pub struct Published {
     /// Its place among everything the server said ([`Server::heard`]).
     pub seq: u64,
     /// The document version they are for, when the server says (clangd does, pylsp does not).
     pub version: Option<i64>,
-    pub diagnostics: Vec<Value>,
-    /// Their size as JSON, counted against [`MAX_KEPT_BYTES`].
+    pub diagnostics: Vec<Diagnostic>,
+    /// What keeping them costs, counted against [`MAX_KEPT_BYTES`].
     bytes: usize,
 }
 
@@ -59,8 +61,16 @@ const STDERR_TAIL: usize = 2048;
 /// past these bounds the server is ended instead.
 const MAX_KEPT_FILES: usize = 4096;
 const MAX_KEPT_BYTES: usize = 64 << 20;
-/// Diagnostics kept per file (the rest are dropped, as `convert` would).
+/// Diagnostics kept per file (the rest are dropped).
 const MAX_KEPT_PER_FILE: usize = 1000;
+/// Longest URI, message and progress token kept; a publish for a longer URI is ignored.
+const MAX_URI: usize = 4096;
+const MAX_MESSAGE: usize = 4000;
+const MAX_TOKEN: usize = 256;
+/// Notifications of a server passed on as events: at most this many a second, each with
+/// params of at most [`MAX_EVENT_PARAMS`] bytes (larger ones say only their size).
+const EVENTS_PER_SECOND: u32 = 200;
+const MAX_EVENT_PARAMS: usize = 256 << 10;
 
 struct Shared {
     control: ExecControl,
@@ -70,6 +80,8 @@ struct Shared {
     /// Bumped whenever `state` changes.
     changed: watch::Sender<u64>,
     sink: Option<Sink>,
+    /// The current second, and the notifications passed to `sink` in it.
+    sunk: Mutex<(Instant, u32)>,
 }
 
 /// A running language server. Dropping it kills the process.
@@ -96,6 +108,7 @@ impl Server {
             state: Mutex::new(State::default()),
             changed: watch::channel(0).0,
             sink,
+            sunk: Mutex::new((Instant::now(), 0)),
         });
         let reader = tokio::spawn(read(exec, shared.clone()));
         Self { shared, reader, next_id: AtomicI64::new(1), next_version: AtomicI64::new(1) }
@@ -121,10 +134,12 @@ impl Server {
         self.shared.state.lock().unwrap().published.get(uri).cloned()
     }
 
-    /// Every file it published diagnostics for after message `since`.
-    pub fn published_since(&self, since: u64) -> Vec<(String, Published)> {
-        let state = self.shared.state.lock().unwrap();
-        state.published.iter().filter(|(_, p)| p.seq > since).map(|(u, p)| (u.clone(), p.clone())).collect()
+    /// Forgets its reports and open progress (a pooled server, between two requests).
+    pub fn forget_reports(&self) {
+        let mut state = self.shared.state.lock().unwrap();
+        state.published.clear();
+        state.published_bytes = 0;
+        state.progress.clear();
     }
 
     /// Whether it has work in progress, and when it last said anything.
@@ -133,11 +148,11 @@ impl Server {
         (!state.progress.is_empty(), state.last_heard)
     }
 
-    /// Waits until the server says something more (or ends), or `until`.
-    pub async fn changed(&self, until: tokio::time::Instant) {
+    /// Waits until the server has said more than `seen` messages ([`Self::heard`], read before
+    /// the caller looked at its state: nothing said in between is missed), or ended, or `until`.
+    pub async fn changed(&self, seen: u64, until: tokio::time::Instant) {
         let mut rx = self.shared.changed.subscribe();
-        rx.mark_unchanged();
-        let _ = tokio::time::timeout_at(until, rx.changed()).await;
+        let _ = tokio::time::timeout_at(until, rx.wait_for(|heard| *heard > seen)).await;
     }
 
     /// Sends a notification; an error if the server has not taken it within
@@ -201,11 +216,16 @@ impl Server {
     /// `shutdown` then `exit`, as LSP asks; killed if it has not gone `grace` later.
     pub async fn stop(&self, grace: Duration) {
         if self.ended().is_none() {
-            let _ = self.request("shutdown", Value::Null, grace).await;
-            let _ = self.notify("exit", Value::Null).await;
             let deadline = tokio::time::Instant::now() + grace;
-            while self.ended().is_none() && tokio::time::Instant::now() < deadline {
-                self.changed(deadline).await;
+            let _ = self.request("shutdown", Value::Null, grace).await;
+            let exit = json!({"jsonrpc": "2.0", "method": "exit"});
+            let _ = tokio::time::timeout_at(deadline, self.shared.send(&exit)).await;
+            loop {
+                let seen = self.heard();
+                if self.ended().is_some() || tokio::time::Instant::now() >= deadline {
+                    break;
+                }
+                self.changed(seen, deadline).await;
             }
         }
         self.shared.control.interrupt(9);
@@ -227,6 +247,16 @@ impl Shared {
         }
         state.pending.clear(); // the waiting requests learn it from their dropped senders
         self.bump(&mut state);
+    }
+
+    /// Whether another notification may go to the sink this second.
+    fn may_pass_on(&self) -> bool {
+        let mut sunk = self.sunk.lock().unwrap();
+        if sunk.0.elapsed() >= Duration::from_secs(1) {
+            *sunk = (Instant::now(), 0);
+        }
+        sunk.1 += 1;
+        sunk.1 <= EVENTS_PER_SECOND
     }
 
     fn bump(&self, state: &mut State) {
@@ -327,14 +357,23 @@ async fn handle(shared: &Shared, message: Value) {
                 let mut state = shared.state.lock().unwrap();
                 match method.as_str() {
                     "textDocument/publishDiagnostics" => {
-                        if let Some(uri) = params.get("uri").and_then(Value::as_str) {
-                            let mut diagnostics =
-                                params.get("diagnostics").and_then(Value::as_array).cloned().unwrap_or_default();
-                            diagnostics.truncate(MAX_KEPT_PER_FILE);
+                        let uri = params.get("uri").and_then(Value::as_str).filter(|u| u.len() <= MAX_URI);
+                        if let Some(uri) = uri {
+                            let uri = super::normal_uri(uri);
+                            let items = params.get("diagnostics").and_then(Value::as_array);
+                            let diagnostics: Vec<Diagnostic> = items
+                                .into_iter()
+                                .flatten()
+                                .filter_map(|d| parse_diagnostic(&uri, d))
+                                .take(MAX_KEPT_PER_FILE)
+                                .collect();
+                            let bytes = uri.len()
+                                + diagnostics
+                                    .iter()
+                                    .map(|d| 128 + d.message.len() + d.source.as_ref().map_or(0, String::len))
+                                    .sum::<usize>();
                             let version = params.get("version").and_then(Value::as_i64);
                             let seq = state.seq + 1;
-                            let bytes = Value::Array(diagnostics.clone()).to_string().len();
-                            let uri = super::normal_uri(uri);
                             let replaced = state.published.get(&uri).map_or(0, |p| p.bytes);
                             let kept = state.published_bytes - replaced + bytes;
                             if kept > MAX_KEPT_BYTES || (replaced == 0 && state.published.len() >= MAX_KEPT_FILES) {
@@ -353,6 +392,11 @@ async fn handle(shared: &Shared, message: Value) {
                     }
                     "$/progress" => {
                         let token = params.get("token").map(Value::to_string).unwrap_or_default();
+                        if token.len() > MAX_TOKEN {
+                            shared.bump(&mut state);
+                            drop(state);
+                            return;
+                        }
                         match params.pointer("/value/kind").and_then(Value::as_str) {
                             // Bounded: a server that only begins cannot grow this forever.
                             Some("begin") if state.progress.len() < 4096 => {
@@ -369,9 +413,36 @@ async fn handle(shared: &Shared, message: Value) {
                 shared.bump(&mut state);
             }
             if let Some(sink) = &shared.sink {
-                sink(&method, &params);
+                if shared.may_pass_on() {
+                    sink(&method, &bounded_params(params));
+                }
             }
         }
         (None, None) => shared.bump(&mut shared.state.lock().unwrap()),
     }
+}
+
+/// A notification's params as an event carries them: whole up to [`MAX_EVENT_PARAMS`] bytes
+/// of JSON, else only their size (and the file, for diagnostics).
+fn bounded_params(params: Value) -> Value {
+    let size = params.to_string().len();
+    if size <= MAX_EVENT_PARAMS {
+        return params;
+    }
+    let uri = params.get("uri").and_then(Value::as_str).filter(|u| u.len() <= MAX_URI).map(str::to_string);
+    json!({"uri": uri, "omitted": format!("params of {size} bytes (more than {MAX_EVENT_PARAMS})")})
+}
+
+/// One diagnostic of a report, if well formed (the guest's: malformed ones are dropped).
+fn parse_diagnostic(uri: &str, item: &Value) -> Option<Diagnostic> {
+    let range = serde_json::from_value::<Range>(item.get("range")?.clone()).ok()?;
+    let message = item.get("message")?.as_str()?;
+    Some(Diagnostic {
+        path: uri.to_string(),
+        range,
+        severity: item.get("severity").and_then(Value::as_u64).and_then(|s| u8::try_from(s).ok()),
+        message: message.chars().take(MAX_MESSAGE).collect(),
+        source: item.get("source").and_then(Value::as_str).map(|s| s.chars().take(100).collect()),
+        code: item.get("code").filter(|c| c.is_number() || c.as_str().is_some_and(|s| s.len() <= 100)).cloned(),
+    })
 }
