@@ -21,14 +21,19 @@ REPO = Path(__file__).resolve().parents[3]
 HELPERS = ("qemu-system", "vhost-device-vsock", "virtiofsd", "umbra-fsd", "umbra-vmm")
 
 
-def minimal_bundle() -> str:
+def built_bundle(flavor: str) -> str:
+    """A bundle `vmctl bundle build --flavor FLAVOR` made (or $UMBRA_TEST_BUNDLE_<FLAVOR>)."""
     cache = os.environ.get("UMBRA_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "umbra"
     )
-    d = os.environ.get("UMBRA_TEST_BUNDLE_MINIMAL") or os.path.join(cache, "bundles/minimal")
+    d = os.environ.get(f"UMBRA_TEST_BUNDLE_{flavor.upper()}") or os.path.join(cache, f"bundles/{flavor}")
     if not os.path.exists(os.path.join(d, "manifest.json")):
-        raise RuntimeError(f"no minimal bundle at {d} (run: target/debug/vmctl bundle build --flavor minimal)")
+        raise RuntimeError(f"no {flavor} bundle at {d} (run: target/debug/vmctl bundle build --flavor {flavor})")
     return d
+
+
+def minimal_bundle() -> str:
+    return built_bundle("minimal")
 
 
 def helpers_mentioning(marker: str) -> list[tuple[int, str]]:
@@ -55,7 +60,7 @@ def status_kib(pid: int, field: str) -> int:
 class Daemon:
     """One umbrad process (it can be killed and launched again over the same state)."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, **config: object) -> None:
         self.dir = tempfile.mkdtemp(prefix=f"umbra-py-{tag}-")
         self.socket = os.path.join(self.dir, "run/umbra/umbrad.sock")
         self.log_path = os.path.join(self.dir, "umbrad.log")
@@ -67,6 +72,7 @@ class Daemon:
             "idle_timeout_secs": 0,
             "disk_size_mib": 256,
             "boot_timeout_secs": int(os.environ.get("UMBRA_BOOT_TIMEOUT_SECS", "120")),
+            **config,
         }
         os.makedirs(os.path.join(self.dir, "config/umbra"))
         Path(self.dir, "config/umbra/umbrad.json").write_text(json.dumps(config))

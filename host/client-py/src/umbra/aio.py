@@ -174,6 +174,77 @@ class SessionShadow:
         return cast(t.Exported, await self._s.client.call("shadow.export", params))
 
 
+class SessionLanguages:
+    """Language servers in the guest (``lsp.*``) and the diagnostics a proposed change would
+    bring (``diagnostics.for_change``); see docs/diagnostics.md."""
+
+    def __init__(self, s: Session) -> None:
+        self._s = s
+
+    async def start(
+        self,
+        folder: str,
+        *,
+        language: str | None = None,
+        command: Sequence[str] | None = None,
+        initialization_options: Any = None,
+    ) -> LanguageServer:
+        """Starts and initializes a language server on ``folder``: ``language`` (``python``,
+        ``c``, ``cpp``) or a ``command`` of your own. Its notifications arrive as
+        ``lsp_notification`` events."""
+        params: dict[str, Any] = {"session": self._s.name, "folder": folder}
+        if language is not None:
+            params["language"] = language
+        if command is not None:
+            params["command"] = list(command)
+        if initialization_options is not None:
+            params["initialization_options"] = initialization_options
+        info = cast(t.LspServerInfo, await self._s.client.call("lsp.start", params))
+        return LanguageServer(self._s, info)
+
+    async def list(self) -> list[t.LspServerInfo]:
+        return cast(t.LspList, await self._s.client.call("lsp.list", {"session": self._s.name}))["servers"]
+
+    async def for_change(
+        self,
+        folder: str,
+        changes: Mapping[str, str | None],
+        *,
+        language: str | None = None,
+        timeout_ms: int | None = None,
+    ) -> t.ForChange:
+        """What ``changes`` (path in the folder -> new content, or None to delete) would bring
+        (``diagnostics``) and take away (``resolved``); nothing is written."""
+        params: dict[str, Any] = {"session": self._s.name, "folder": folder, "changes": dict(changes)}
+        if language is not None:
+            params["language"] = language
+        if timeout_ms is not None:
+            params["timeout_ms"] = timeout_ms
+        return cast(t.ForChange, await self._s.client.call("diagnostics.for_change", params))
+
+
+class LanguageServer:
+    """A language server started with ``session.languages.start``."""
+
+    def __init__(self, s: Session, info: t.LspServerInfo) -> None:
+        self._s = s
+        self.info = info
+        self.id = info["server"]
+
+    async def request(self, method: str, params: Any, *, timeout_ms: int | None = None) -> Any:
+        """An LSP request: the server's result (its error answer raises)."""
+        p: dict[str, Any] = {"session": self._s.name, "server": self.id, "method": method, "params": params}
+        if timeout_ms is not None:
+            p["timeout_ms"] = timeout_ms
+        return cast(t.LspResult, await self._s.client.call("lsp.request", p))["result"]
+
+    async def notify(self, method: str, params: Any) -> None:
+        await self._s.client.call("lsp.notify", {"session": self._s.name, "server": self.id, "method": method, "params": params})
+
+    async def stop(self) -> None:
+        await self._s.client.call("lsp.stop", {"session": self._s.name, "server": self.id})
+
+
 class Session:
     """A session, by name: from ``client.sessions.start/get/list/resume`` or
     ``client.sessions.session(name)``."""
@@ -185,6 +256,7 @@ class Session:
         self.files = SessionFiles(self)
         self.folders = SessionFolders(self)
         self.shadow = SessionShadow(self)
+        self.languages = SessionLanguages(self)
 
     def __repr__(self) -> str:
         return f"Session({self.name!r}, status={self.status!r})"

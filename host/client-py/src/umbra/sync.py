@@ -250,6 +250,60 @@ class SessionShadow:
         return self._loop.run(self._inner.export(folder, dest=dest))
 
 
+class SessionLanguages:
+    """Language servers in the guest and diagnostics for a change (see
+    ``umbra.aio.SessionLanguages``)."""
+
+    def __init__(self, loop: _Loop, inner: aio.SessionLanguages) -> None:
+        self._loop = loop
+        self._inner = inner
+
+    def start(
+        self,
+        folder: str,
+        *,
+        language: str | None = None,
+        command: Sequence[str] | None = None,
+        initialization_options: Any = None,
+    ) -> LanguageServer:
+        inner = self._loop.run(
+            self._inner.start(folder, language=language, command=command, initialization_options=initialization_options)
+        )
+        return LanguageServer(self._loop, inner)
+
+    def list(self) -> list[t.LspServerInfo]:
+        return self._loop.run(self._inner.list())
+
+    def for_change(
+        self,
+        folder: str,
+        changes: Mapping[str, str | None],
+        *,
+        language: str | None = None,
+        timeout_ms: int | None = None,
+    ) -> t.ForChange:
+        return self._loop.run(self._inner.for_change(folder, changes, language=language, timeout_ms=timeout_ms))
+
+
+class LanguageServer:
+    """A language server (see ``umbra.aio.LanguageServer``)."""
+
+    def __init__(self, loop: _Loop, inner: aio.LanguageServer) -> None:
+        self._loop = loop
+        self._inner = inner
+        self.info = inner.info
+        self.id = inner.id
+
+    def request(self, method: str, params: Any, *, timeout_ms: int | None = None) -> Any:
+        return self._loop.run(self._inner.request(method, params, timeout_ms=timeout_ms))
+
+    def notify(self, method: str, params: Any) -> None:
+        self._loop.run(self._inner.notify(method, params))
+
+    def stop(self) -> None:
+        self._loop.run(self._inner.stop())
+
+
 class Session:
     """A session, by name (see ``umbra.aio.Session``)."""
 
@@ -260,6 +314,7 @@ class Session:
         self.files = SessionFiles(loop, inner.files)
         self.folders = SessionFolders(loop, inner.folders)
         self.shadow = SessionShadow(loop, inner.shadow)
+        self.languages = SessionLanguages(loop, inner.languages)
 
     def __repr__(self) -> str:
         return f"Session({self.name!r}, status={self.status!r})"
