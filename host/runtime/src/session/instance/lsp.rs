@@ -143,14 +143,39 @@ impl Session {
             let run = async move {
                 let command = command(Some(&language), None)?;
                 let pool = self.lsp.pool(&folder.guest_path, &command);
-                let lent =
-                    pool.take(|| async { Ok(self.start_server(&folder, &command, None, None).await?.0) }).await?;
-                let reported = lsp::diagnose(&lent.server, &files, deadline).await;
-                match &reported {
-                    Ok(r) if r.clean => pool.give_back(lent),
-                    _ => lent.server.stop(Duration::from_secs(1)).await,
+                // A server for each side of the change, asked at once; one when no file exists yet.
+                let sides = if files.iter().any(|f| f.before.is_some()) { 2 } else { 1 };
+                let start = || async { Ok(self.start_server(&folder, &command, None, None).await?.0) };
+                let mut lent = pool.take(sides, start).await?;
+                let after_server = lent.pop().expect("take gives what it is asked for");
+                let before_server = lent.pop();
+                let (before, after) = tokio::join!(
+                    async {
+                        match &before_server {
+                            Some(l) => lsp::report(&l.server, &files, lsp::Side::Before, deadline).await,
+                            None => Ok(lsp::SideReport {
+                                files: vec![Some(Vec::new()); files.len()],
+                                complete: true,
+                                clean: true,
+                            }),
+                        }
+                    },
+                    lsp::report(&after_server.server, &files, lsp::Side::After, deadline),
+                );
+                for (lent, side) in [(before_server, &before), (Some(after_server), &after)] {
+                    let Some(lent) = lent else { continue };
+                    match side {
+                        Ok(r) if r.clean => pool.give_back(lent),
+                        _ => lent.server.stop(Duration::from_secs(1)).await,
+                    }
                 }
-                reported.map(|r| (language, r))
+                let (before, after) = (before?, after?);
+                let files: Vec<lsp::FileReport> = files
+                    .iter()
+                    .zip(before.files.into_iter().zip(after.files))
+                    .map(|(f, (before, after))| lsp::FileReport { uri: f.uri.clone(), before, after })
+                    .collect();
+                Ok((language, files, before.complete && after.complete))
             };
             // Whatever the server does, the call ends soon after its deadline: a server lent
             // and not given back is dropped, which kills it.
@@ -165,9 +190,9 @@ impl Session {
         });
         let mut out = ForChange { complete: true, ..Default::default() };
         for run in futures_util::future::join_all(runs).await {
-            let (language, reported) = run?;
+            let (language, files, complete) = run?;
             // A file without both reports is unknown: neither new nor resolved.
-            for file in reported.files {
+            for file in files {
                 if let (Some(before), Some(after)) = (file.before, file.after) {
                     let (before, after) =
                         (lsp::relative(&folder.guest_path, before), lsp::relative(&folder.guest_path, after));
@@ -177,7 +202,7 @@ impl Session {
                     out.after.extend(after);
                 }
             }
-            out.complete &= reported.complete;
+            out.complete &= complete;
             out.languages.push(language);
         }
         out.elapsed_ms = started.elapsed().as_millis() as u64;

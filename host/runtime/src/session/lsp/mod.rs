@@ -2,14 +2,15 @@
 //! (`docs/diagnostics.md`).
 //!
 //! A session keeps two kinds of server in its [`Registry`]: the ones a client started with
-//! `lsp.start`, which it drives itself, and pools of servers `diagnostics.for_change` takes one
-//! of per request. A pooled server is used by one request at a time, so concurrent requests
-//! never see each other's changes; its documents are closed (and their diagnostics cleared)
-//! before it goes back, and a server that does not clear them is not reused.
+//! `lsp.start`, which it drives itself, and pools of servers `diagnostics.for_change` takes two
+//! of per request (one for each side of the change, asked at once). A pooled server is used
+//! by one request at a time, so concurrent requests never see each other's changes; its
+//! documents are closed (and their diagnostics cleared) before it goes back, and a server
+//! that does not clear them is not reused.
 //!
-//! A change is never written anywhere: it lives in the server's open documents (LSP's
-//! `didOpen` / `didChange`, as an editor's unsaved buffers do), so the folder, its shadow
-//! and the host's files are untouched by construction.
+//! A change is never written anywhere: it lives in a server's open documents (LSP's
+//! `didOpen`, as an editor's unsaved buffers), so the folder, its shadow and the host's files
+//! are untouched by construction.
 
 pub mod frame;
 pub mod server;
@@ -143,29 +144,37 @@ impl Pool {
         Self { permits: Arc::new(tokio::sync::Semaphore::new(POOL_SIZE)), idle: Mutex::new(Vec::new()) }
     }
 
-    /// An idle server, or a new one from `start` when none is idle; waits while
-    /// [`POOL_SIZE`] are lent.
-    pub async fn take<F, Fut>(&self, start: F) -> Result<Lent, SessionError>
+    /// `n` servers (at most [`POOL_SIZE`]): idle ones, and new ones from `start` (together) for
+    /// the rest; waits while too many are lent. The `n` places are taken at once, so two requests
+    /// never each hold one and wait for another.
+    pub async fn take<F, Fut>(&self, n: usize, start: F) -> Result<Vec<Lent>, SessionError>
     where
-        F: FnOnce() -> Fut,
+        F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<Server, SessionError>>,
     {
-        let permit = self
+        let n = n.clamp(1, POOL_SIZE);
+        let mut permits = self
             .permits
             .clone()
-            .acquire_owned()
+            .acquire_many_owned(n as u32)
             .await
             .map_err(|_| SessionError::Internal("the pool is closed".into()))?;
-        let reused = {
+        let mut servers: Vec<Arc<Server>> = {
             let mut idle = self.idle.lock().unwrap();
             idle.retain(|(s, _)| s.ended().is_none());
-            idle.pop()
+            let keep = idle.len().saturating_sub(n);
+            idle.drain(keep..).map(|(s, _)| s).collect()
         };
-        let server = match reused {
-            Some((server, _)) => server,
-            None => Arc::new(start().await?),
-        };
-        Ok(Lent { server, _permit: permit })
+        let missing = n - servers.len();
+        for started in futures_util::future::join_all((0..missing).map(|_| start())).await {
+            servers.push(Arc::new(started?));
+        }
+        let mut lent = Vec::with_capacity(n);
+        for server in servers {
+            let permit = permits.split(1).expect("one permit taken per server");
+            lent.push(Lent { server, _permit: permit });
+        }
+        Ok(lent)
     }
 
     /// Takes a server back for the next request; it is shut down after [`POOL_IDLE`] unused.
@@ -306,93 +315,76 @@ pub struct FileReport {
     pub after: Option<Vec<Diagnostic>>,
 }
 
-/// What a server reported for a change's files.
+/// The side of a change a server is asked about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The files as they are.
+    Before,
+    /// The files as the change makes them.
+    After,
+}
+
+/// What one server said about one side of a change.
 #[derive(Debug, Default)]
-pub struct Reported {
-    pub files: Vec<FileReport>,
-    /// It settled both times before the deadline.
+pub struct SideReport {
+    /// Per file of the change, in its order: its diagnostics, or `None` when unknown.
+    pub files: Vec<Option<Vec<Diagnostic>>>,
+    /// It settled before the deadline.
     pub complete: bool,
     /// Its documents were closed and their diagnostics cleared: it can serve another change.
     pub clean: bool,
 }
 
-/// Opens the files as they are, waits for the server to settle, changes them, waits again, and
-/// closes them. Nothing is written to disk.
-pub async fn diagnose(
+/// Opens the files as they are on `side`, waits for the server to settle, takes its reports and
+/// closes them again. The two sides run on two servers at once (each waits out its server's
+/// own lint delay and quiet period, so together they take the time of one). Nothing is
+/// written to disk: the text lives in the server's open documents.
+pub async fn report(
     server: &Server,
     files: &[FileChange],
+    side: Side,
     deadline: tokio::time::Instant,
-) -> Result<Reported, SessionError> {
-    let mut reported = Reported::default();
-    let v1 = server.next_version();
+) -> Result<SideReport, SessionError> {
+    let text = |f: &FileChange| match side {
+        Side::Before => f.before.clone(),
+        Side::After => f.after.clone(),
+    };
+    let version = server.next_version();
     let mark = server.heard();
     let mut open = Vec::new();
     for f in files {
-        if let Some(text) = &f.before {
-            let doc = json!({"uri": f.uri, "languageId": f.language_id, "version": v1, "text": text});
+        if let Some(text) = text(f) {
+            let doc = json!({"uri": f.uri, "languageId": f.language_id, "version": version, "text": text});
             server.notify("textDocument/didOpen", json!({"textDocument": doc})).await?;
             open.push(f.uri.clone());
         }
     }
-    let settled_before = settle(server, &open, mark, v1, deadline).await?;
-    for f in files {
-        let before = match f.before {
-            Some(_) => report_since(server, &f.uri, mark, v1),
-            None => Some(Vec::new()), // a new file had nothing to say
-        };
-        reported.files.push(FileReport { uri: f.uri.clone(), before, after: None });
-    }
+    let complete = settle(server, &open, mark, version, deadline).await?;
+    let files = files
+        .iter()
+        .map(|f| match (text(f), side) {
+            (Some(_), _) => report_since(server, &f.uri, mark, version),
+            (None, Side::Before) => Some(Vec::new()), // a new file had nothing to say
+            (None, Side::After) => None,              // a deleted one has nothing to say
+        })
+        .collect();
 
-    let v2 = server.next_version();
-    let mark = server.heard();
-    let mut changed = Vec::new();
-    // Past the deadline already: the change is not worth making.
-    for f in files.iter().filter(|_| settled_before) {
-        let doc = |text: &str| json!({"uri": f.uri, "languageId": f.language_id, "version": v2, "text": text});
-        match (&f.before, &f.after) {
-            (Some(_), Some(text)) => {
-                let params = json!({"textDocument": {"uri": f.uri, "version": v2}, "contentChanges": [{"text": text}]});
-                server.notify("textDocument/didChange", params).await?;
-            }
-            (None, Some(text)) => {
-                server.notify("textDocument/didOpen", json!({"textDocument": doc(text)})).await?;
-                open.push(f.uri.clone());
-            }
-            (Some(_), None) => {
-                server.notify("textDocument/didClose", json!({"textDocument": {"uri": f.uri}})).await?;
-                open.retain(|u| u != &f.uri);
-            }
-            (None, None) => continue,
-        }
-        if f.after.is_some() {
-            changed.push(f.uri.clone());
-        }
-    }
-    let settled_after = settled_before && settle(server, &changed, mark, v2, deadline).await?;
-    for report in &mut reported.files {
-        if changed.contains(&report.uri) {
-            report.after = report_since(server, &report.uri, mark, v2);
-        }
-    }
-    reported.complete = settled_before && settled_after;
-
-    // Close what is open; the server clears each file's diagnostics as it does.
+    // Close them; the server clears each file's diagnostics as it does.
     let mark = server.heard();
     for uri in &open {
         server.notify("textDocument/didClose", json!({"textDocument": {"uri": uri}})).await?;
     }
     let until = tokio::time::Instant::now() + Duration::from_secs(2);
-    loop {
+    let clean = loop {
         let seen = server.heard();
         let cleared =
             open.iter().all(|u| server.published(u).is_some_and(|p| p.seq > mark && p.diagnostics.is_empty()));
         if cleared || server.ended().is_some() || tokio::time::Instant::now() >= until {
-            reported.clean = cleared && server.ended().is_none();
-            break;
+            break cleared && server.ended().is_none();
         }
         server.changed(seen, until).await;
-    }
-    Ok(reported)
+    };
+    Ok(SideReport { files, complete, clean })
 }
 
 /// What the server published for `uri` after message `mark`, for `version` or later when it
