@@ -117,7 +117,9 @@ pub struct ForChangeParams {
     /// The language of every changed file; default: each file's, by its extension.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
-    /// How long the servers may take in all (default 20 000, at most 300 000).
+    /// How long the servers may take to answer once they are free and started (default 20 000,
+    /// at most 300 000); waiting for them and starting them (on first use) is bounded apart
+    /// (90 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
 }

@@ -33,7 +33,8 @@ def test_for_change_and_a_server_of_ones_own(standard: Daemon) -> None:
     with Umbra.connect(standard.socket) as client:
         s = client.sessions.start("lint", folders=[{"path": work, "name": "work", "mode": "shadow"}])
         # The import is used and the name defined by the change: both errors resolved, one new.
-        r = s.languages.for_change("work", {"main.py": "import os\nfrom util import helper\n\nprint(helper(os.sep), bad)\n"})
+        change = {"main.py": "import os\nfrom util import helper\n\nprint(helper(os.sep), bad)\n"}
+        r = s.languages.for_change("work", change, timeout_ms=120_000)
         assert r["complete"]
         assert sorted(d["message"] for d in r["resolved"]) == ["'os' imported but unused", "undefined name 'helper'"]
         assert [(d["path"], d["range"]["start"]["line"], d["message"]) for d in r["diagnostics"]] == [

@@ -415,7 +415,7 @@ class ForChangeParams(TypedDict):
     changes: dict[str, str | None]
     #: The language of every changed file; default: each file's, by its extension.
     language: NotRequired[str | None]
-    #: How long the servers may take in all (default 20 000, at most 300 000).
+    #: How long the servers may take to answer once they are free and started (default 20 000, at most 300 000); waiting for them and starting them (on first use) is bounded apart (90 s).
     timeout_ms: NotRequired[int | None]
 
 

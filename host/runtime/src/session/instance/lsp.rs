@@ -85,7 +85,9 @@ impl Session {
     pub async fn diagnostics_for_change(self: &Arc<Self>, p: ForChangeParams) -> Result<ForChange, SessionError> {
         let started = Instant::now();
         let timeout = p.timeout_ms.map_or(FOR_CHANGE_TIMEOUT, Duration::from_millis).min(MAX_TIMEOUT);
-        let deadline = tokio::time::Instant::now() + timeout;
+        // The servers' answers get `timeout` once they are lent; waiting for them to be free or
+        // to start (on first use) is bounded apart, by the start's own bound.
+        let bound = tokio::time::Instant::now() + timeout + lsp::INITIALIZE_TIMEOUT + Duration::from_secs(3);
         let folder = self.folder(&p.folder)?;
         if p.changes.is_empty() {
             return Err(SessionError::InvalidArgument("changes is empty: name at least one file".into()));
@@ -147,6 +149,7 @@ impl Session {
                 let sides = if files.iter().any(|f| f.before.is_some()) { 2 } else { 1 };
                 let start = || async { Ok(self.start_server(&folder, &command, None, None).await?.0) };
                 let mut lent = pool.take(sides, start).await?;
+                let deadline = tokio::time::Instant::now() + timeout;
                 let after_server = lent.pop().expect("take gives what it is asked for");
                 let before_server = lent.pop();
                 let (before, after) = tokio::join!(
@@ -177,13 +180,14 @@ impl Session {
                     .collect();
                 Ok((language, files, before.complete && after.complete))
             };
-            // Whatever the server does, the call ends soon after its deadline: a server lent
-            // and not given back is dropped, which kills it.
+            // Whatever the servers do, the call ends: a server lent and not given back is dropped,
+            // which kills it.
             async move {
-                tokio::time::timeout_at(deadline + Duration::from_secs(3), run).await.unwrap_or_else(|_| {
+                tokio::time::timeout_at(bound, run).await.unwrap_or_else(|_| {
                     Err(SessionError::Timeout(format!(
-                        "the language servers did not finish within timeout_ms ({} ms)",
-                        timeout.as_millis()
+                        "the language servers did not finish within timeout_ms ({} ms) and {} s to start",
+                        timeout.as_millis(),
+                        lsp::INITIALIZE_TIMEOUT.as_secs()
                     )))
                 })
             }
