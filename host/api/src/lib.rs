@@ -56,4 +56,4 @@ pub use session::{
 };
 
 /// The IPC contract's version: a new minor adds methods, fields or events; a new major breaks.
-pub const API_VERSION: &str = "1.10";
+pub const API_VERSION: &str = "1.11";

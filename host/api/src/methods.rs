@@ -145,6 +145,11 @@ pub struct StartParams {
     /// Guest ports to reach from the host from the start (`session.expose`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<crate::ports::PortSpec>,
+    /// Since 1.11: boot an OCI image (`python:3.12-slim`, `ghcr.io/org/tool@sha256:…`) instead
+    /// of `bundle`: pulled and converted into a bundle first unless it was before (`images.md`);
+    /// its `Env`, `WorkingDir` and `User` become every process's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

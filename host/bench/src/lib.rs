@@ -9,6 +9,7 @@ pub mod boot;
 pub mod bundle;
 pub mod density;
 pub mod fs;
+pub mod image;
 pub mod lint;
 pub mod net;
 pub mod ports;

@@ -289,6 +289,7 @@ mod tests {
             min_host_version: "0.1.0",
             version: None,
             zstd_level: 3,
+            image: None,
         };
         pack(&inputs, &opts, &dir.join("bundle")).unwrap()
     }

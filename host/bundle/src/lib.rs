@@ -24,7 +24,10 @@ pub mod testserver;
 
 pub use extract::{extract_artifact, Extracted, ExtractedBundle};
 pub use fetch::SourceCheck;
-pub use manifest::{Arch, Artifact, ArtifactRole, Boot, Manifest, ManifestError, MANIFEST_FILE, SCHEMA_VERSION};
+pub use lock::{exclusive as lock_exclusive, Lock};
+pub use manifest::{
+    Arch, Artifact, ArtifactRole, Boot, ImageInfo, Manifest, ManifestError, MANIFEST_FILE, SCHEMA_VERSION,
+};
 pub use pack::{current, pack, PackInput, PackOptions};
 pub use progress::{Phase, Progress};
 pub use pull::{dir_url, PullOptions, Pulled, PulledHow, Signed};

@@ -24,7 +24,44 @@ pub struct Manifest {
     pub min_host_version: String,
     pub boot: Boot,
     pub artifacts: Vec<Artifact>,
+    /// For a bundle converted from an OCI image: where it came from and the defaults its
+    /// config sets for the processes a session runs. Absent in other bundles (and then not
+    /// written, so their manifests and signatures are unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageInfo>,
 }
+
+/// An OCI image's identity and the defaults of its config (`Env`, `WorkingDir`, `User`,
+/// `Entrypoint`, `Cmd`), as a converted bundle's manifest keeps them.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    /// The reference it was pulled or imported as (`registry/repository:tag`, or a path).
+    pub reference: String,
+    /// The image manifest's digest (`sha256:…`), for this architecture.
+    pub digest: String,
+    /// `KEY=VALUE` entries, applied under a process's own environment.
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// `User` as the config wrote it (`name`, `uid`, `name:group`, `uid:gid`)…
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// …and resolved against the image's own `/etc/passwd` and `/etc/group`.
+    #[serde(default)]
+    pub uid: u32,
+    #[serde(default)]
+    pub gid: u32,
+    #[serde(default)]
+    pub entrypoint: Vec<String>,
+    #[serde(default)]
+    pub cmd: Vec<String>,
+}
+
+/// Bounds on what an image config can put in a manifest.
+const MAX_IMAGE_STRINGS: usize = 4096;
+const MAX_IMAGE_STRING: usize = 64 << 10;
 
 /// A guest architecture, spelled as `uname -m` prints it. Backends refuse a bundle for an
 /// architecture they cannot run (KVM and Virtualization.framework run only the host's; QEMU
@@ -109,6 +146,9 @@ pub enum ArtifactRole {
     Initrd,
     /// A read-only root filesystem image attached as the first virtio-blk disk.
     Rootfs,
+    /// The guest agent as a static executable, for images made from this bundle's kernel
+    /// (OCI images get it as their init).
+    Agent,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -233,11 +273,28 @@ impl Manifest {
         if count(ArtifactRole::Kernel) != 1 {
             return Err(invalid("artifacts", "exactly one kernel is required"));
         }
-        if count(ArtifactRole::Initrd) > 1 || count(ArtifactRole::Rootfs) > 1 {
-            return Err(invalid("artifacts", "at most one initrd and one rootfs"));
+        if count(ArtifactRole::Initrd) > 1 || count(ArtifactRole::Rootfs) > 1 || count(ArtifactRole::Agent) > 1 {
+            return Err(invalid("artifacts", "at most one initrd, one rootfs and one agent"));
         }
         if count(ArtifactRole::Initrd) + count(ArtifactRole::Rootfs) == 0 {
             return Err(invalid("artifacts", "an initrd or a rootfs is required"));
+        }
+        if let Some(image) = &self.image {
+            let strings = [&image.reference, &image.digest]
+                .into_iter()
+                .chain(image.working_dir.as_ref())
+                .chain(image.user.as_ref())
+                .chain(&image.env)
+                .chain(&image.entrypoint)
+                .chain(&image.cmd);
+            let (mut count, mut longest) = (0, 0);
+            for s in strings {
+                count += 1;
+                longest = longest.max(s.len());
+            }
+            if count > MAX_IMAGE_STRINGS || longest > MAX_IMAGE_STRING {
+                return Err(invalid("image", "more strings, or longer ones, than an image config may set"));
+            }
         }
         Ok(())
     }
@@ -289,6 +346,7 @@ pub(crate) mod tests {
             min_host_version: "0.1.0".into(),
             boot: Boot { cmdline: String::new() },
             artifacts: vec![art("kernel", ArtifactRole::Kernel), art("initramfs", ArtifactRole::Initrd)],
+            image: None,
         }
     }
 

@@ -29,6 +29,8 @@ pub struct PackOptions<'a> {
     /// Defaults to `<flavor>-<first 12 hex digits of a digest over the artifacts and cmdline>`.
     pub version: Option<String>,
     pub zstd_level: i32,
+    /// What an OCI image's conversion records (see [`crate::ImageInfo`]).
+    pub image: Option<crate::ImageInfo>,
 }
 
 fn compress(input: &PackInput, level: i32, out: &Path) -> Result<Artifact, BundleError> {
@@ -68,6 +70,7 @@ pub fn current(inputs: &[PackInput], opts: &PackOptions, out_dir: &Path) -> Opti
         && manifest.arch == opts.arch
         && manifest.min_host_version == opts.min_host_version
         && manifest.boot.cmdline == opts.cmdline
+        && manifest.image == opts.image
         && manifest.artifacts.len() == inputs.len();
     if !same_options {
         return None;
@@ -120,6 +123,7 @@ pub fn pack(inputs: &[PackInput], opts: &PackOptions, out_dir: &Path) -> Result<
             min_host_version: opts.min_host_version.to_string(),
             boot: Boot { cmdline: opts.cmdline.to_string() },
             artifacts,
+            image: opts.image.clone(),
         };
         manifest.validate(opts.min_host_version)?;
         let mpath = tmp.join(MANIFEST_FILE);
@@ -177,6 +181,7 @@ mod tests {
             min_host_version: "0.1.0",
             version: None,
             zstd_level: 3,
+            image: None,
         }
     }
 

@@ -45,6 +45,9 @@ pub struct PullOptions {
     /// Where the bundle may come from (the system policy's `bundle_sources`), held to every
     /// redirect; the caller checks the URL it passes. `None`: anywhere the URL rules allow.
     pub sources: Option<SourceCheck>,
+    /// Install without making it `current` (nor touching the warm slot): a bundle converted
+    /// from an image, which sessions name themselves.
+    pub keep_current: bool,
 }
 
 impl Default for PullOptions {
@@ -56,6 +59,7 @@ impl Default for PullOptions {
             reinstall: false,
             trust: Trust::default(),
             sources: None,
+            keep_current: false,
         }
     }
 }
@@ -150,7 +154,7 @@ impl Store {
         let warm = self.warm_dir(&version);
         if !opts.reinstall && self.is_complete(&installed, &manifest) {
             keep_signed(&installed, &json, signature.as_deref())?;
-            if !opts.warm {
+            if !opts.warm && !opts.keep_current {
                 self.point_current(&version)?;
                 self.drop_other_warm(&version);
             }
@@ -163,8 +167,10 @@ impl Store {
             }
             meter.emit(Phase::Promote, None);
             self.install_dir(&warm, &installed)?;
-            self.point_current(&version)?;
-            self.drop_other_warm(&version);
+            if !opts.keep_current {
+                self.point_current(&version)?;
+                self.drop_other_warm(&version);
+            }
             return done(self, PulledHow::PromotedWarm, &mut meter, 0);
         }
 
@@ -196,8 +202,10 @@ impl Store {
                 self.drop_other_warm(&version);
             } else {
                 self.install_dir(&staging, &installed)?;
-                self.point_current(&version)?;
-                self.drop_other_warm(&version);
+                if !opts.keep_current {
+                    self.point_current(&version)?;
+                    self.drop_other_warm(&version);
+                }
             }
             Ok(())
         };

@@ -572,6 +572,7 @@ mod tests {
             min_host_version: "0.1.0".into(),
             boot: Boot { cmdline: build.into() },
             artifacts: vec![art("kernel", ArtifactRole::Kernel), art("initramfs", ArtifactRole::Initrd)],
+            image: None,
         };
         fs::create_dir_all(dir).unwrap();
         fs::write(dir.join(COMPLETE_MARKER), m.to_json()).unwrap();

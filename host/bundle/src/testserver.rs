@@ -313,6 +313,7 @@ pub fn synthetic_bundle(
         min_host_version,
         version: Some(version.to_string()),
         zstd_level: level,
+        image: None,
     };
     let m = pack(&inputs, &opts, out_dir);
     let _ = std::fs::remove_file(&k);

@@ -14,6 +14,7 @@ mod client;
 mod connection;
 mod dispatch;
 mod handlers;
+mod images;
 mod owned;
 mod processes;
 mod server;

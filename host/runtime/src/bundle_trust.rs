@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use umbra_api::system::SystemPolicy;
-use umbra_bundle::{BundleError, PublicKey, SourceCheck, Trust};
+use umbra_bundle::{BundleError, PublicKey, SecretKey, SourceCheck, Trust};
 
 /// Where a download may come from: the system policy's `bundle_sources` (if it sets them), to
 /// hold every redirect to as the URL itself is held.
@@ -43,6 +43,40 @@ pub fn trust(
         trust = trust.key(PublicKey::read(path)?, path.display().to_string());
     }
     trust.keys_in_dir(dir)
+}
+
+/// Signs a bundle this machine made with the user's build key (`given`, else
+/// `$UMBRA_BUNDLE_SIGNING_KEY`, else `~/.config/umbra/bundle-signing.key`). The default key is
+/// made on first use and then trusted by this user (a `.pub` in the trusted-keys directory), so
+/// what this machine builds installs here and nowhere else by default. Returns the key's id
+/// and, when the key was made now, the trusted public key file.
+pub fn sign_local(dir: &Path, given: Option<PathBuf>) -> Result<(String, Option<PathBuf>), BundleError> {
+    let (path, default) = match given.or_else(|| std::env::var_os("UMBRA_BUNDLE_SIGNING_KEY").map(PathBuf::from)) {
+        Some(p) => (p, false),
+        None => (umbra_api::paths::signing_key_path(), true),
+    };
+    let mut made = None;
+    if default && !path.exists() {
+        let key = SecretKey::generate()?;
+        match key.write_new(&path, "umbra local builds") {
+            Ok(public) => {
+                let trusted = umbra_api::paths::trusted_keys_dir().join("local-build.pub");
+                let io = |what| {
+                    let path = trusted.display().to_string();
+                    move |source| BundleError::Io { what, path, source }
+                };
+                std::fs::create_dir_all(trusted.parent().expect("a directory")).map_err(io("cannot create"))?;
+                std::fs::copy(&public, &trusted).map_err(io("cannot write"))?;
+                made = Some(trusted);
+            }
+            // Another build made it first: sign with that one.
+            Err(BundleError::Io { source, .. }) if source.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let key = SecretKey::read(&path)?;
+    umbra_bundle::sign_dir(dir, &key)?;
+    Ok((key.public().id(), made))
 }
 
 #[cfg(test)]

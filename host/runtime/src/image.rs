@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use umbra_bundle::{BundleError, Store};
+use umbra_bundle::{BundleError, ExtractedBundle, Store};
 
 use crate::backend::BootImage;
 use crate::paths;
@@ -83,10 +83,21 @@ pub fn resolve(spec: &str, store: &Store) -> Result<Resolved, ImageError> {
 /// [`resolve`], promoting a warm download to `current` first only when `promote` (a session
 /// start does; the warm pool, which only looks ahead, does not).
 pub fn resolve_with(spec: &str, store: &Store, promote: bool) -> Result<Resolved, ImageError> {
+    let (bundle, promoted_warm) = extracted_with(spec, store, promote)?;
+    Ok(Resolved { image: BootImage::from_extracted(&bundle), promoted_warm })
+}
+
+/// [`resolve_with`]'s bundle itself (its manifest and directory), and the warm bundle it
+/// promoted first, if any.
+pub fn extracted_with(
+    spec: &str,
+    store: &Store,
+    promote: bool,
+) -> Result<(ExtractedBundle, Option<String>), ImageError> {
     if let Some(dir) = packed_dir(spec) {
-        let image = BootImage::from_bundle_dir(&dir, &paths::extracted_dir())
+        let bundle = ExtractedBundle::from_dir(&dir, &paths::extracted_dir(), env!("CARGO_PKG_VERSION"))
             .map_err(|source| ImageError::Invalid { spec: spec.into(), source: Box::new(source) })?;
-        return Ok(Resolved { image, promoted_warm: None });
+        return Ok((bundle, None));
     }
     let promoted_warm = if spec == "current" && promote {
         store.promote_warm().map_err(|e| ImageError::Promote(Box::new(e)))?.map(|b| b.manifest.bundle_version.clone())
@@ -99,14 +110,14 @@ pub fn resolve_with(spec: &str, store: &Store, promote: bool) -> Result<Resolved
         // `scripts/sandbox` or `vmctl bundle build` leaves), so a first session just works.
         Err(BundleError::NotInstalled { .. }) if spec == "current" => {
             if let Some(flavor) = built_flavors().into_iter().next() {
-                return resolve_with(&flavor, store, promote);
+                return extracted_with(&flavor, store, promote);
             }
             return Err(no_such_bundle(spec, store));
         }
         Err(BundleError::NotInstalled { .. }) => return Err(no_such_bundle(spec, store)),
         Err(other) => return Err(ImageError::Invalid { spec: spec.into(), source: Box::new(other) }),
     };
-    Ok(Resolved { image: BootImage::from_extracted(&bundle), promoted_warm })
+    Ok((bundle, promoted_warm))
 }
 
 fn no_such_bundle(spec: &str, store: &Store) -> ImageError {

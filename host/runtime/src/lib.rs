@@ -12,6 +12,7 @@ pub mod backend;
 pub mod bundle_trust;
 pub mod egress;
 pub mod image;
+pub mod oci;
 pub mod paths;
 pub mod session;
 pub mod share;

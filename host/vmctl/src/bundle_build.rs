@@ -154,8 +154,12 @@ pub fn run(args: BuildArgs) -> anyhow::Result<()> {
             Flavor::Minimal => 19,
             Flavor::Standard => 9,
         }),
+        image: None,
     };
-    let inputs = [kernel_input, image];
+    // The agent on its own as well, for the OCI images made with this bundle's kernel.
+    let agent_input =
+        PackInput { name: "agent".into(), role: ArtifactRole::Agent, format: "elf-static".into(), path: agent };
+    let inputs = [kernel_input, image, agent_input];
     // The same inputs packed before (bundles are reproducible): kept, not compressed again
     // (for the standard image that is half a minute of zstd). An explicit --level is not in
     // the manifest, so it always packs.

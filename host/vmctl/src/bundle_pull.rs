@@ -234,7 +234,7 @@ fn spawn_warm(args: &PullArgs) -> anyhow::Result<()> {
 
 pub fn import(args: ImportArgs) -> i32 {
     let reporter = Reporter::new(args.json);
-    let result = crate::run::bundle_dir(&args.path).and_then(|dir| {
+    let result = crate::paths::bundle_dir(&args.path).and_then(|dir| {
         let opts = PullOptions { trust: args.trust.trust()?, ..PullOptions::default() };
         store().import(&dir, &opts, &mut |p| reporter.event(p)).map_err(anyhow::Error::from)
     });

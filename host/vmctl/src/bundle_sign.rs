@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
-use umbra_bundle::{public_path, sign_dir, SecretKey, Trust};
+use umbra_bundle::{sign_dir, SecretKey, Trust};
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct TrustArgs {
@@ -89,7 +89,7 @@ pub fn keygen(args: KeygenArgs) -> anyhow::Result<()> {
 }
 
 pub fn sign(args: SignArgs) -> anyhow::Result<()> {
-    let dir = crate::run::bundle_dir(&args.path)?;
+    let dir = crate::paths::bundle_dir(&args.path)?;
     let (path, _) = key_path(args.key);
     let key = SecretKey::read(&path)?;
     let version = sign_dir(&dir, &key)?;
@@ -97,37 +97,13 @@ pub fn sign(args: SignArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Signs a bundle `vmctl bundle build` just wrote. With no key given, the user's default key
-/// is used, made on first use — and then trusted by this user (a `.pub` in the trusted-keys
-/// directory), so what this machine builds installs here and nowhere else by default.
+/// Signs a bundle `vmctl bundle build` just wrote (`umbra_runtime::bundle_trust::sign_local`:
+/// the user's key, made and trusted on first use).
 pub fn sign_build(dir: &Path, given: Option<PathBuf>) -> anyhow::Result<()> {
-    let (path, default) = key_path(given);
-    if default && !path.exists() {
-        let key = SecretKey::generate()?;
-        let public = match key.write_new(&path, "umbra local builds") {
-            Ok(p) => p,
-            // Another build made it first: sign with that one.
-            Err(umbra_bundle::BundleError::Io { source, .. }) if source.kind() == std::io::ErrorKind::AlreadyExists => {
-                return sign_with(dir, &path);
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let trusted = umbra_api::paths::trusted_keys_dir().join("local-build.pub");
-        std::fs::create_dir_all(trusted.parent().expect("a directory"))?;
-        std::fs::copy(&public, &trusted).with_context(|| format!("cannot write {}", trusted.display()))?;
-        eprintln!(
-            "vmctl: made the signing key {} ({}); this user trusts it: {}",
-            path.display(),
-            key.public().id(),
-            trusted.display()
-        );
+    let (id, made) = umbra_runtime::bundle_trust::sign_local(dir, given)?;
+    if let Some(trusted) = made {
+        eprintln!("vmctl: made the signing key {id}; this user trusts it: {}", trusted.display());
     }
-    sign_with(dir, &path)
-}
-
-fn sign_with(dir: &Path, path: &Path) -> anyhow::Result<()> {
-    let key = SecretKey::read(path)?;
-    sign_dir(dir, &key)?;
-    eprintln!("vmctl: signed by {} ({})", key.public().id(), public_path(path).display());
+    eprintln!("vmctl: signed by {id}");
     Ok(())
 }

@@ -175,7 +175,7 @@ fn verify_source(source: &str, trust: &crate::bundle_sign::TrustArgs, json: bool
     let url = if source.contains("://") {
         source.to_string()
     } else {
-        umbra_bundle::dir_url(&crate::run::bundle_dir(source)?)?
+        umbra_bundle::dir_url(&crate::paths::bundle_dir(source)?)?
     };
     let opts = umbra_bundle::PullOptions { trust: trust.trust()?, ..Default::default() };
     let result = store().check_signature(&url, &opts);

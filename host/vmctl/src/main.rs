@@ -6,6 +6,7 @@ mod bundle_pull;
 mod bundle_sign;
 mod bundle_store;
 mod doctor;
+mod image;
 mod lint;
 mod mcp;
 mod network;
@@ -42,6 +43,11 @@ enum Command {
     },
     /// Serve sessions to an MCP client (an agent) on stdin and stdout, through umbrad.
     Mcp(mcp::McpArgs),
+    /// OCI images as guest bundles: pull from a registry, import an archive, list.
+    Image {
+        #[command(subcommand)]
+        command: image::ImageCommand,
+    },
     /// Guest bundles.
     Bundle {
         #[command(subcommand)]
@@ -75,6 +81,9 @@ enum BenchCommand {
     /// `diagnostics.for_change` for a one-line change in a 1,000-module Python project, beside
     /// pyflakes run on the changed file directly in the same guest.
     Lint(umbra_bench::lint::LintBenchArgs),
+    /// An OCI image pulled from a registry on 127.0.0.1 and converted, beside `skopeo copy` +
+    /// `umoci unpack` + `mkfs.erofs`; a second pull; a session start beside a bundle's.
+    Image(umbra_bench::image::ImageBenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -104,6 +113,9 @@ fn main() {
     let cli = Cli::parse();
     umbra_sys::raise_nofile_limit();
     let code = match cli.command {
+        Command::Image { command: image::ImageCommand::Pull(args) } => async_main(image::pull(args)),
+        Command::Image { command: image::ImageCommand::Import(args) } => async_main(image::import(args)),
+        Command::Image { command: image::ImageCommand::Ls(args) } => image::ls(args),
         Command::Bundle { command: BundleCommand::Build(args) } => exit_code(bundle_build::run(args)),
         Command::Bundle { command: BundleCommand::Pull(args) } => bundle_pull::pull(args),
         Command::Bundle { command: BundleCommand::Import(args) } => bundle_pull::import(args),
@@ -114,6 +126,7 @@ fn main() {
         Command::Bundle { command: BundleCommand::Sign(args) } => exit_code(bundle_sign::sign(args)),
         Command::Bundle { command: BundleCommand::Gc(args) } => bundle_store::gc(args),
         Command::Bench { command: BenchCommand::Bundle(args) } => exit_code(umbra_bench::bundle::bundle(args)),
+        Command::Bench { command: BenchCommand::Image(args) } => exit_code(umbra_bench::image::image(args)),
         Command::Doctor(args) => doctor::run(args),
         Command::Bench { command: BenchCommand::Fs(args) } => {
             async_main(async move { exit_code(umbra_bench::fs::fs(args).await) })

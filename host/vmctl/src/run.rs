@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +34,13 @@ pub struct RunArgs {
     /// same default as sessions and the clients.
     #[arg(long, default_value = "current")]
     bundle: String,
+    /// Boot an OCI image instead (`vmctl image pull` first when it was not converted before):
+    /// the command runs after its `Entrypoint`, or its `Cmd` runs when none is given, with its
+    /// `Env`, `WorkingDir` and `User`, as `docker run` does.
+    #[arg(long, conflicts_with = "bundle")]
+    image: Option<String>,
+    #[command(flatten)]
+    image_args: crate::image::ImageArgs,
     /// Reach a guest port from the host while the command runs: [[BIND:]HOST:]GUEST
     /// (repeatable; HOST omitted: a free port, printed on stderr).
     #[arg(long = "publish", short = 'p', value_name = "[[BIND:]HOST:]GUEST", value_parser = crate::network::parse_publish)]
@@ -84,7 +90,7 @@ pub struct RunArgs {
     #[arg(long)]
     json: bool,
     /// The command and its arguments.
-    #[arg(required = true, last = true)]
+    #[arg(required_unless_present = "image", last = true)]
     command: Vec<String>,
 }
 
@@ -166,10 +172,22 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
     let mut bus = manager.subscribe();
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
+    let (bundle, argv) = match &args.image {
+        None => (args.bundle.clone(), args.command.clone()),
+        Some(reference) => {
+            let (bundle, info) = crate::image::for_run(reference, &args.image_args).await?;
+            let rest = if args.command.is_empty() { info.cmd.clone() } else { args.command.clone() };
+            let argv: Vec<String> = info.entrypoint.iter().cloned().chain(rest).collect();
+            if argv.is_empty() {
+                bail!("the image {reference} has no Entrypoint or Cmd: give a command after --");
+            }
+            (bundle, argv)
+        }
+    };
     let settings = SettingsPatch {
         memory_mib: Some(args.memory),
         cpus: Some(args.cpus),
-        bundle: Some(args.bundle.clone()),
+        bundle: Some(bundle),
         backend: Some(args.backend),
         // The daemon's defaults keep a session alive and watched; one command needs neither.
         disk_size_mib: Some(0),
@@ -190,6 +208,7 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
         secrets,
         ssh_keys: args.network.ssh_keys(),
         ports: args.publish.clone(),
+        image: None,
     });
     let session = tokio::select! {
         s = start => s.context("the sandbox did not start")?,
@@ -212,7 +231,7 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
 
     let raw = if args.tty { RawTerminal::enable().ok() } else { None };
     let request = ExecRequest {
-        argv: args.command.clone(),
+        argv: argv.clone(),
         cwd,
         env: args.env.iter().cloned().collect::<BTreeMap<_, _>>(),
         tty: args.tty.then(|| crate::tty::size().unwrap_or(TtySize { rows: 24, cols: 80 })),
@@ -224,7 +243,7 @@ async fn run_in(manager: &SessionManager, args: &RunArgs, out: &Output) -> anyho
             let error = ApiError::from(e);
             let failed = SessionEvent::new(Some(SESSION), EventKind::SpawnFailed { process: 0, error: error.clone() });
             out.event(&failed);
-            eprintln!("vmctl: cannot run {:?}: {}", args.command[0], error.message);
+            eprintln!("vmctl: cannot run {:?}: {}", argv[0], error.message);
             return Ok(spawn_failure_status(&error));
         }
     };
@@ -419,12 +438,4 @@ pub fn host_stdin_reader() -> tokio::sync::mpsc::Receiver<Option<bytes::Bytes>> 
         }
     });
     rx
-}
-
-/// A packed bundle directory (or built flavor) by name, for the benchmarks that boot one
-/// directly.
-pub fn bundle_dir(spec: &str) -> anyhow::Result<PathBuf> {
-    umbra_runtime::image::packed_dir(spec).with_context(|| {
-        format!("no bundle {spec:?} (a directory with manifest.json, or a flavor built by `vmctl bundle build`)")
-    })
 }

@@ -133,6 +133,11 @@ pub struct StartArgs {
     /// (`current`: the installed current bundle, else the flavor this machine built).
     #[arg(long)]
     bundle: Option<String>,
+    /// Boot an OCI image instead of a bundle (umbrad pulls and converts it unless it did
+    /// before; `vmctl image pull` does the same here): its Env, WorkingDir and User become the
+    /// defaults of every process.
+    #[arg(long, conflicts_with = "bundle")]
+    image: Option<String>,
     #[command(flatten)]
     network: crate::network::NetworkArgs,
     #[command(flatten)]
@@ -338,6 +343,7 @@ async fn start(args: StartArgs) -> Result<(), ApiError> {
         secrets,
         ssh_keys: args.network.ssh_keys(),
         ports: args.publish,
+        image: args.image,
     };
     let start = client.call::<SessionStart>(params);
     tokio::pin!(start);

@@ -11,7 +11,7 @@ from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
 from ._base import UmbraError
 
 #: The IPC contract's version (`major.minor`) these types describe.
-API_VERSION = "1.10"
+API_VERSION = "1.11"
 #: Bytes of each output stream umbrad sends before it waits for `process.ack`.
 OUTPUT_WINDOW = 1048576
 #: Largest read or write of `file.read` / `file.write` in one request.
@@ -1853,6 +1853,8 @@ class StartParams(TypedDict):
     idle_action: NotRequired[IdleAction | None]
     #: Idle seconds before the session stops; 0 never.
     idle_timeout_secs: NotRequired[int | None]
+    #: Since 1.11: boot an OCI image (`python:3.12-slim`, `ghcr.io/org/tool@sha256:…`) instead of `bundle`: pulled and converted into a bundle first unless it was before (`images.md`); its `Env`, `WorkingDir` and `User` become every process's defaults.
+    image: NotRequired[str | None]
     #: Guest memory (64 to 65536).
     memory_mib: NotRequired[int | None]
     #: The network policy (replaces the whole policy).

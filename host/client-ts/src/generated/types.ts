@@ -4,7 +4,7 @@
 // The wire protocol and what every field means: docs/ipc.md.
 
 /** The IPC contract's version (`major.minor`) these types describe. */
-export const API_VERSION = "1.10";
+export const API_VERSION = "1.11";
 
 /** Bytes of each output stream umbrad sends before it waits for `process.ack`. */
 export const OUTPUT_WINDOW = 1048576;
@@ -2328,6 +2328,12 @@ export interface StartParams {
   idle_action?: IdleAction | null;
   /** Idle seconds before the session stops; 0 never. */
   idle_timeout_secs?: number | null;
+  /**
+   * Since 1.11: boot an OCI image (`python:3.12-slim`, `ghcr.io/org/tool@sha256:…`) instead
+   * of `bundle`: pulled and converted into a bundle first unless it was before (`images.md`);
+   * its `Env`, `WorkingDir` and `User` become every process's defaults.
+   */
+  image?: string | null;
   /** Guest memory (64 to 65536). */
   memory_mib?: number | null;
   /** The network policy (replaces the whole policy). */

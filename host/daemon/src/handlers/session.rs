@@ -19,7 +19,16 @@ pub async fn handle(conn: &Arc<Connection>, method: &str, params: Option<Value>)
     let manager = &conn.daemon.manager;
     Some(match method {
         SessionStart::NAME => {
-            call::<SessionStart, _, _>(params, |p| async move { Ok(manager.start(p).await?.info()) }).await
+            call::<SessionStart, _, _>(params, |mut p| async move {
+                if let Some(reference) = p.image.take() {
+                    if p.settings.bundle.is_some() {
+                        return Err(ApiError::invalid_params("give `image` or `bundle`, not both"));
+                    }
+                    p.settings.bundle = Some(crate::images::bundle_for(&conn.daemon, &reference).await?);
+                }
+                Ok(manager.start(p).await?.info())
+            })
+            .await
         }
         SessionResume::NAME => {
             call::<SessionResume, _, _>(params, |p| async move {

@@ -51,6 +51,7 @@ mod arch_tests {
             initrd: None,
             rootfs: None,
             cmdline: String::new(),
+            image: None,
         };
         for backend in [BackendKind::Kvm, BackendKind::Vz] {
             let e = Vm::launch(backend, &VmSpec::new(image.clone())).await.err().expect("refused");
@@ -72,6 +73,7 @@ mod arch_tests {
             initrd: None,
             rootfs: None,
             cmdline: String::new(),
+            image: None,
         };
         let vz = BackendKind::Vz;
         let e = vz.capabilities().check_arch(vz, &image).unwrap_err().to_string();

@@ -125,6 +125,8 @@ pub struct BootImage {
     pub rootfs: Option<PathBuf>,
     /// The image's own kernel arguments (root device, init).
     pub cmdline: String,
+    /// For a bundle converted from an OCI image: its config's defaults for processes.
+    pub image: Option<umbra_bundle::ImageInfo>,
 }
 
 impl BootImage {
@@ -143,6 +145,7 @@ impl BootImage {
             initrd: b.path(ArtifactRole::Initrd),
             rootfs: b.path(ArtifactRole::Rootfs),
             cmdline: b.manifest.boot.cmdline.clone(),
+            image: b.manifest.image.clone(),
         }
     }
 }

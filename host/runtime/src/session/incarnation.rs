@@ -56,6 +56,8 @@ pub(super) struct Incarnation {
     pub bundle: String,
     /// The guest's hostname.
     pub hostname: String,
+    /// The image config's defaults, when the bundle was converted from an OCI image.
+    pub image: Option<umbra_bundle::ImageInfo>,
     /// The folders as clients see them (readable without waiting for `machine`).
     pub folder_infos: Mutex<Vec<FolderInfo>>,
     /// Why this VM ended, once it has: processes that lose their connection report it.
@@ -131,6 +133,7 @@ impl Incarnation {
             .size(plan.settings.cpus, plan.settings.memory_mib, plan.boot_timeout)
             .folder_sharing(shares.any());
         let (backend, why, version) = (prepared.backend, prepared.why.clone(), prepared.image.version.clone());
+        let prepared_image = prepared.image.image.clone();
         let disk = plan.disk();
         // Only a session with storage can take a pooled VM: those boot with folder sharing.
         let key = super::pool::key_of(&prepared.image, backend, &plan.settings);
@@ -192,7 +195,7 @@ impl Incarnation {
             from_pool,
             host_memory_kib: None,
         };
-        let names = (plan.settings.bundle.clone(), BOOT_HOSTNAME.to_string());
+        let names = (plan.settings.bundle.clone(), BOOT_HOSTNAME.to_string(), prepared_image);
         Self::attach(plan, report, Machine { vm, folders }, infos, info, names)
     }
 
@@ -219,6 +222,7 @@ impl Incarnation {
             .size(meta.cpus, meta.memory_mib, plan.boot_timeout)
             .folder_sharing(meta.folder_sharing);
         let (backend, why, version) = (prepared.backend, prepared.why.clone(), prepared.image.version.clone());
+        let prepared_image = prepared.image.image.clone();
 
         // The session's own folders come from its storage, a read-only `/tmp` from an empty
         // directory there; the user's folders are the snapshot's.
@@ -270,7 +274,7 @@ impl Incarnation {
             from_pool: false,
             host_memory_kib: None,
         };
-        let names = (meta.bundle.clone(), hostname.to_string());
+        let names = (meta.bundle.clone(), hostname.to_string(), prepared_image);
         Self::attach(plan, report, Machine { vm, folders }, infos, info, names)
     }
 
@@ -282,7 +286,7 @@ impl Incarnation {
         machine: Machine,
         infos: Vec<FolderInfo>,
         info: VmInfo,
-        (bundle, hostname): (String, String),
+        (bundle, hostname, image): (String, String, Option<umbra_bundle::ImageInfo>),
     ) -> Result<Incarnation, SessionError> {
         // Guest connections to host port 1026 arrive on `<vsock socket>_1026`.
         let egress_socket =
@@ -321,6 +325,7 @@ impl Incarnation {
             info,
             bundle,
             hostname,
+            image,
             folder_infos: Mutex::new(infos),
             ended,
             _outputs: outputs,

@@ -268,6 +268,7 @@ mod tests {
             initrd: None,
             rootfs: Some(PathBuf::from("/b/root.erofs")),
             cmdline: "root=/dev/vda".into(),
+            image: None,
         });
         let cfg = vm_config(&spec, Path::new("/r/vsock/vsock.sock"), None, false).unwrap();
         assert_eq!(cfg.disks, [DiskConfig { path: "/b/root.erofs".into(), read_only: true }]);

@@ -386,6 +386,7 @@ mod tests {
             initrd: None,
             rootfs: rootfs.map(PathBuf::from),
             cmdline: "root=/dev/vda".into(),
+            image: None,
         });
         spec.disk = disk.map(PathBuf::from);
         spec

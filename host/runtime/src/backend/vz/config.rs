@@ -117,6 +117,7 @@ mod tests {
             initrd: None,
             rootfs: Some(PathBuf::from("/b/root.erofs")),
             cmdline: "root=/dev/vda rootfstype=erofs ro init=/sbin/umbra-agent".into(),
+            image: None,
         });
         spec.cpus = 2;
         spec.memory_mib = 1024;

@@ -25,8 +25,14 @@ impl Session {
         }
         self.approve(crate::session::approval::command_line(&req.argv), req.cwd.as_deref(), &req.env).await?;
         let inc = self.running("run a process").await?;
+        // An OCI image's config sets defaults, as `docker exec` applies them: its `Env` under
+        // everything else, its `WorkingDir` and `User` unless the request names its own cwd.
+        let image = inc.image.as_ref();
+        let mut env: std::collections::BTreeMap<String, String> = image
+            .map(|i| i.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect())
+            .unwrap_or_default();
         // Each secret as its placeholder; the request's own variables win.
-        let mut env: std::collections::BTreeMap<String, String> = self.secrets.read().unwrap().env().collect();
+        env.extend(self.secrets.read().unwrap().env());
         if !self.ssh_keys.read().unwrap().is_empty() {
             // The guest agent's socket, which carries each connection to the keys on the host.
             env.insert("SSH_AUTH_SOCK".into(), umbra_proto::egress::SSH_AGENT_SOCKET.into());
@@ -34,10 +40,10 @@ impl Session {
         env.extend(req.env.clone());
         let spawn = umbra_proto::SpawnRequest {
             argv: req.argv.clone(),
-            cwd: req.cwd.clone(),
+            cwd: req.cwd.clone().or_else(|| image.and_then(|i| i.working_dir.clone())),
             env,
-            uid: None,
-            gid: None,
+            uid: image.map(|i| i.uid).filter(|uid| *uid != 0),
+            gid: image.map(|i| i.gid).filter(|_| image.is_some_and(|i| i.uid != 0 || i.gid != 0)),
             tty: req.tty,
             exec_gate: self.exec_gate(&inc.agent)?,
         };
