@@ -590,6 +590,58 @@ fn tampered_blobs_altered_manifests_and_private_repositories() {
     let from_config = json_of(&env.pull(&reference, &[]));
     assert_eq!(from_config["bundle"], given["bundle"]);
     assert_eq!(from_config["converted"], false);
+
+    // A credential helper, as `docker login` with one configures it: `docker-credential-NAME
+    // get` answers for the registry named on its stdin.
+    let bin = env.dir.0.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let helper = bin.join("docker-credential-umbratest");
+    std::fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh
+[ \"$1\" = get ] || exit 1
+read server
+echo \"$server\" >> {}
+             printf '{{\"ServerURL\":\"%s\",\"Username\":\"tester\",\"Secret\":\"{PASSWORD}\"}}' \"$server\"
+",
+            env.dir.0.join("asked").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(
+        env.dir.0.join("docker/config.json"),
+        json!({"credHelpers": {private.addr.clone(): "umbratest"}}).to_string(),
+    )
+    .unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let out = env
+        .cmd()
+        .env("PATH", path)
+        .args(["image", "pull", "--json", "--allow-http-loopback", "--base"])
+        .arg(test_bundle("minimal"))
+        .arg(&reference)
+        .output()
+        .unwrap();
+    assert_eq!(json_of(&out)["bundle"], given["bundle"]);
+    let asked = std::fs::read_to_string(env.dir.0.join("asked")).unwrap();
+    assert!(asked.contains(&private.addr), "the helper was asked for the registry: {asked:?}");
+
+    // Wrong credentials are named as such.
+    let mut child = env
+        .cmd()
+        .args(["image", "pull", "--allow-http-loopback", "--base"])
+        .arg(test_bundle("minimal"))
+        .args(["--username", "tester", "--password-stdin", &reference])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"not-the-password\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("the registry refused the credentials"), "{}", text(&out.stderr));
 }
 
 #[test]
