@@ -15,7 +15,7 @@ use umbra_bundle::Arch;
 use crate::cache::sha256_hex;
 use crate::config::oci_arch;
 use crate::layers::components;
-use crate::registry::LAYER_MEDIA_TYPES;
+use crate::registry::check_layer_type;
 use crate::{ImageError, Layer, Source};
 
 const MAX_JSON: u64 = 4 << 20;
@@ -107,12 +107,7 @@ fn from_layout(dir: &Path, reference: &str, arch: Arch) -> Result<Source, ImageE
         let config = read_json_file(&blob(dir, &image.config.digest)?)?;
         let mut layers = Vec::new();
         for (i, desc) in image.layers.iter().enumerate() {
-            if !LAYER_MEDIA_TYPES.contains(&desc.media_type.as_str()) {
-                return Err(ImageError::Invalid(format!(
-                    "layer {i} has media type {:?}, which is not a tar layer",
-                    desc.media_type
-                )));
-            }
+            check_layer_type(i, &desc.media_type)?;
             layers.push(Layer { digest: desc.digest.clone(), path: blob(dir, &desc.digest)? });
         }
         return Ok(Source { reference: reference.to_string(), digest: manifest.digest.clone(), config, layers });

@@ -35,6 +35,14 @@ pub const LAYER_MEDIA_TYPES: &[&str] = &[
     "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
 ];
 
+/// Layer `i` is a tar layer this converter applies (not, say, an encrypted one).
+pub(crate) fn check_layer_type(i: usize, media_type: &str) -> Result<(), ImageError> {
+    if !LAYER_MEDIA_TYPES.contains(&media_type) {
+        return Err(ImageError::Invalid(format!("layer {i} has media type {media_type:?}, which is not a tar layer")));
+    }
+    Ok(())
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct PullOptions {
     /// The guest's architecture [default: the host's].
@@ -179,12 +187,7 @@ pub async fn pull(
     let (mut downloaded, mut cached) = (0, 0);
     let mut layers = Vec::new();
     for (i, desc) in manifest.layers.iter().enumerate() {
-        if !LAYER_MEDIA_TYPES.contains(&desc.media_type.as_str()) {
-            return Err(ImageError::Invalid(format!(
-                "layer {i} has media type {:?}, which is not a tar layer",
-                desc.media_type
-            )));
-        }
+        check_layer_type(i, &desc.media_type)?;
         let size =
             u64::try_from(desc.size).map_err(|_| ImageError::Invalid(format!("layer {i} has a negative size")))?;
         let path = match cache.get(&desc.digest)? {
