@@ -4,6 +4,7 @@
 //! 1024. On the host (`--listen unix:PATH`) the same server runs as an ordinary process, which
 //! is how the test suite drives it with real processes and no VM.
 
+mod container;
 mod fdio;
 mod files;
 mod forward;
@@ -70,6 +71,10 @@ struct Args {
 
 fn main() {
     let pid1 = pid1::is_pid1();
+    // `/proc/1/exe container-exec <json>`: a container's process being started (`container.rs`).
+    if !pid1 && std::env::args().nth(1).as_deref() == Some(umbra_proto::container::CONTAINER_EXEC) {
+        container::main(std::env::args().nth(2));
+    }
     // As PID 1 the kernel passes unknown `key=value` boot arguments as environment and
     // anything else as argv; only our own flags are meaningful, so ignore parse errors there.
     let args = match Args::try_parse() {

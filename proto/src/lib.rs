@@ -10,6 +10,7 @@
 //! implemented by the agent and the runtime's agent client.
 
 pub mod codec;
+pub mod container;
 pub mod egress;
 pub mod exec_gate;
 pub mod forward;

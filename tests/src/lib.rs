@@ -11,6 +11,7 @@ use umbra_runtime::backend::{BackendKind, KvmKind};
 
 pub mod daemon;
 pub mod pty;
+pub mod registry;
 
 /// Path of a workspace binary built next to the running test executable.
 /// The boot timeout tests give guests: `UMBRA_BOOT_TIMEOUT_SECS`, else 120 s (software

@@ -18,7 +18,10 @@ pub fn enter_private() -> Result<(), String> {
         std::fs::write("/proc/self/uid_map", format!("0 {uid} 1")).map_err(|e| format!("uid_map: {e}"))?;
         std::fs::write("/proc/self/gid_map", format!("0 {gid} 1")).map_err(|e| format!("gid_map: {e}"))?;
     }
-    // Nothing we mount may propagate back to the host's namespace.
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .map_err(|e| format!("make / private: {e}"))
+    // Nothing we mount may propagate back to the host's namespace (a slave receives, never
+    // sends). What the host mounts under a shared mount still reaches us: the containerd shim
+    // mounts a pod's later containers' rootfs under a shared directory after this server
+    // started, and shares them (docs/kubernetes.md).
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_SLAVE, None::<&str>)
+        .map_err(|e| format!("make / a slave: {e}"))
 }
