@@ -1,4 +1,4 @@
-//! `umbra-agent container-exec <json>`: the agent binary, spawned by the agent as an ordinary
+//! `umbra-agent container-exec …` ([`ContainerExec::to_argv`]): the agent binary, spawned by the agent as an ordinary
 //! process, enters an OCI container and execs its program ([`umbra_proto::container`]). The
 //! containerd shim's containers are process trees in the session's VM, each with its own root
 //! (its rootfs folder), mounts, hostname and IPC; later processes of the container (`ctr task
@@ -19,8 +19,8 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 
 /// Runs the subcommand; never returns (execs, or exits 127 with the reason on stderr, as a
 /// shell does for a command it cannot run).
-pub fn main(spec: Option<String>) -> ! {
-    let err = match spec.context("container-exec needs the container's JSON").and_then(|s| run(&s)) {
+pub fn main(args: &[String]) -> ! {
+    let err = match ContainerExec::from_argv(args).map_err(anyhow::Error::msg).and_then(|s| run(&s)) {
         Ok(never) => match never {},
         Err(e) => e,
     };
@@ -28,12 +28,25 @@ pub fn main(spec: Option<String>) -> ! {
     std::process::exit(127)
 }
 
-fn run(json: &str) -> Result<std::convert::Infallible> {
-    let spec: ContainerExec = serde_json::from_str(json).context("the container's JSON")?;
+/// The agent's commands cgroup (`process/cgroup.rs`), under which each container has its own.
+const COMMANDS_CGROUP: &str = "/sys/fs/cgroup/umbra-commands";
+
+/// How long a later process waits for the container's first one to have entered it.
+const SETUP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn run(spec: &ContainerExec) -> Result<std::convert::Infallible> {
     if spec.args.is_empty() {
         bail!("the process has no args");
     }
     let root = PathBuf::from(&spec.root);
+    // Into the container's cgroup while this is still the VM's mount namespace (the
+    // container's own /sys/fs/cgroup is read-only); a later process once the first made it.
+    if let Some(pid) = spec.join {
+        wait_for_setup(pid)?;
+    }
+    if let Some(name) = &spec.cgroup {
+        join_cgroup(name, spec.join.is_none())?;
+    }
     match spec.join {
         Some(pid) => {
             // The mount namespace last: opening the others' files needs this root's /proc.
@@ -82,6 +95,13 @@ fn run(json: &str) -> Result<std::convert::Infallible> {
             if dev {
                 populate_dev(&root.join("dev"))?;
             }
+            if spec.readonly_root {
+                // The root as a mount of its own (its submounts kept), then read-only.
+                mount(Some(&root), &root, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+                    .context("binding the root")?;
+                let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+                mount(None::<&str>, &root, None::<&str>, flags, None::<&str>).context("making the root read-only")?;
+            }
             if let Some(name) = &spec.hostname {
                 nix::unistd::sethostname(name).context("setting the hostname")?;
             }
@@ -114,6 +134,48 @@ fn run(json: &str) -> Result<std::convert::Infallible> {
         }
     }
     exec(&spec.args, &env)
+}
+
+/// Moves this process into the container's cgroup (making it for the first process). Best
+/// effort on a guest without cgroup v2: the container then only lacks `kill --all`.
+fn join_cgroup(name: &str, first: bool) -> Result<()> {
+    if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        bail!("{name:?} is not a cgroup name");
+    }
+    let dir = Path::new(COMMANDS_CGROUP).join(name);
+    if !Path::new(COMMANDS_CGROUP).exists() {
+        return Ok(());
+    }
+    if first {
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        }
+    }
+    std::fs::write(dir.join("cgroup.procs"), "0").with_context(|| format!("joining {}", dir.display()))
+}
+
+/// A later process (`ctr task exec`) started right after the first one must not join its
+/// namespaces before it made them: wait until it left the VM's mount namespace and its root.
+fn wait_for_setup(pid: u32) -> Result<()> {
+    let deadline = std::time::Instant::now() + SETUP_WAIT;
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
+    loop {
+        // Its chroot is its last step of entering (after the namespaces and mounts).
+        let entered = ns(&pid.to_string()) != ns("1")
+            && std::fs::read_link(format!("/proc/{pid}/root")).is_ok_and(|r| r != Path::new("/"));
+        if entered {
+            return Ok(());
+        }
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            bail!("the container's first process (pid {pid}) has ended");
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!("the container's first process (pid {pid}) did not enter the container within {SETUP_WAIT:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// A path inside the root, with `.` and `..` refused (an OCI destination is absolute and clean).

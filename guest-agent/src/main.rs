@@ -73,7 +73,7 @@ fn main() {
     let pid1 = pid1::is_pid1();
     // `/proc/1/exe container-exec <json>`: a container's process being started (`container.rs`).
     if !pid1 && std::env::args().nth(1).as_deref() == Some(umbra_proto::container::CONTAINER_EXEC) {
-        container::main(std::env::args().nth(2));
+        container::main(&std::env::args().skip(2).collect::<Vec<_>>());
     }
     // As PID 1 the kernel passes unknown `key=value` boot arguments as environment and
     // anything else as argv; only our own flags are meaningful, so ignore parse errors there.

@@ -273,6 +273,28 @@ fn ctr_runs_execs_kills_and_deletes_containers_in_microvms() {
 
     // Detached: exec into it (same root, its namespaces), list, kill, delete.
     ctd.run(&["-d"], &ctd.image, "long", &["sh", "-c", "echo ready > /ready; exec sleep 1000"]).success();
+    // Its rootfs is mounted where only root reaches it (an image's files are not the host
+    // users'), nosuid and nodev.
+    use std::os::unix::fs::PermissionsExt;
+    for dir in std::fs::read_dir("/run/umbra-shim")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .chain([PathBuf::from("/run/umbra-shim")])
+    {
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", dir.display());
+    }
+    let rootfs_mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("/run/umbra-shim/") && l.contains("/c-long "))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        !rootfs_mounts.is_empty() && rootfs_mounts.iter().all(|l| l.contains("nosuid") && l.contains("nodev")),
+        "{rootfs_mounts:?}"
+    );
     let exec = ctd.ctr(&["task", "exec", "--exec-id", "e1", "long", "sh", "-c", "cat /ready; hostname; exit 3"]);
     assert_eq!(exec.code(), Some(3), "{}\n{}", exec.stdout(), exec.log);
     assert!(exec.stdout().starts_with("ready\n"), "{}", exec.stdout());
@@ -334,6 +356,33 @@ fn ctr_runs_execs_kills_and_deletes_containers_in_microvms() {
     let _ = events.kill();
     let seen = text(&events.wait_with_output().unwrap().stdout);
     assert!(seen.lines().any(|l| l.contains("/tasks/oom") && l.contains("\"oom\"")), "{seen}");
+
+    // A read-only root.
+    let ran = ctd.run(
+        &["--rm", "--read-only"],
+        &ctd.image,
+        "ro",
+        &["sh", "-c", "echo x > /x || echo refused; ls /proc/self >/dev/null && echo proc"],
+    );
+    assert!(ran.stdout().contains("refused\nproc"), "{}\n{}", ran.stdout(), text(&ran.out.stderr));
+
+    // Handler options that do not load refuse the container, naming what is wrong; no VM.
+    let bad = ctd.dir.join("bad.toml");
+    std::fs::write(&bad, "memroy_mib = 256\n").unwrap();
+    let args = [
+        "run",
+        "--rm",
+        "--runtime",
+        RUNTIME,
+        "--runtime-config-path",
+        bad.to_str().unwrap(),
+        &ctd.image,
+        "bad",
+        "true",
+    ];
+    let ran = ctd.ctr(&args);
+    assert!(!ran.out.status.success());
+    assert!(text(&ran.out.stderr).contains("memroy_mib"), "{}", text(&ran.out.stderr));
 
     // The escape suite's rule for a new channel: the container's rootfs is a host directory
     // shared with a guest that is root. A device node and a setuid file made in it never
@@ -557,7 +606,11 @@ fn a_pods_containers_share_one_vm() {
     // Each sees its own root.
     let mine = |id: &str| ctd.ctr(&["task", "exec", "--exec-id", "m", id, "cat", "/mine"]).stdout();
     assert_eq!((mine("sandbox").trim().to_string(), mine("app").trim().to_string()), ("first".into(), "second".into()));
-    // The app goes; the sandbox (and the VM) stay.
+    // The app goes, and what it started with it (an exec still running); the sandbox (and the
+    // VM) stay.
+    ctd.ctr(&["task", "exec", "-d", "--exec-id", "bg", "app", "sleep", "777"]).success();
+    let ps = |id: &str| ctd.ctr(&["task", "exec", "--exec-id", "ps", id, "ps", "-o", "args"]).stdout();
+    assert!(ps("sandbox").contains("sleep 777"), "{}", ps("sandbox"));
     ctd.ctr(&["task", "kill", "-s", "SIGKILL", "app"]).success();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !ctd.ctr(&["task", "ls"]).stdout().contains("STOPPED") {
@@ -568,6 +621,7 @@ fn a_pods_containers_share_one_vm() {
     ctd.ctr(&["container", "delete", "app"]).success();
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(mine("sandbox").trim(), "first", "{}", ctd.log());
+    assert!(!ps("sandbox").contains("sleep 777"), "the app's exec outlived it: {}", ps("sandbox"));
     assert_eq!(vms(&ctd), 1);
     ctd.ctr(&["task", "kill", "-s", "SIGKILL", "sandbox"]).success();
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -13,12 +13,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::process::Command;
 use umbra_api::methods::StartParams;
 use umbra_api::session::{FolderSpec, NetworkMode, NetworkPolicy, SettingsPatch};
 use umbra_policy::SandboxPolicy;
 use umbra_proto::ShareMode;
 use umbra_runtime::backend::BackendKind;
 use umbra_runtime::session::{ExecRequest, Session};
+
 use umbra_tests::{comm, TempDir};
 
 const SESSION: &str = "esc";
@@ -437,6 +439,17 @@ async fn run_suite(backend: BackendKind) {
     give_to_share_owner(&rw);
     let (ro_before, rw_before) = (snapshot(&ro), snapshot(&rw));
 
+    // For the case "the folder server's mounts": a folder that is a shared mount before the VM
+    // starts, as the containerd shim's pod directory is (root only: it takes mounting).
+    let prop = dir.0.join("prop");
+    std::fs::create_dir_all(prop.join("sub")).unwrap();
+    std::fs::write(prop.join("sub/under"), "under\n").unwrap();
+    let mount = |args: &[&str]| Command::new("mount").args(args).status().is_ok_and(|s| s.success());
+    // SAFETY: geteuid has no preconditions.
+    let prop_shared = unsafe { libc::geteuid() } == 0 && {
+        let p = prop.display().to_string();
+        mount(&["--bind", &p, &p]) && mount(&["--make-shared", &p])
+    };
     let m = umbra_tests::session_manager_for(&dir, "standard", MEMORY_MIB);
     let backend_choice = backend.choice();
     let params = StartParams {
@@ -484,6 +497,83 @@ async fn run_suite(backend: BackendKind) {
     let (vmm_boot, helpers_boot) = vmm_and_helpers_rss_mib(&vm);
 
     let mut cases: Vec<(&str, Case)> = Vec::new();
+    // First: later cases fill the guest's disk and memory, and this one shares a folder more.
+    cases.push((
+        "the folder server's mounts stay in its namespace, a slave of the host's",
+        Box::pin(async {
+            // The guest tries to mount over a directory of its share (landlock refuses a confined
+            // process; were it allowed, it would be a guest mount, on nothing of the host's).
+            let _ = g
+                .sh(&format!("d=/sessions/{SESSION}/mnt/rw/mount-here; mkdir -p $d; mount -t tmpfs none $d; echo tried"))
+                .await;
+            let fsd = vm_processes(&s)
+                .into_iter()
+                .find(|p| comm(*p) == "umbra-fsd")
+                .ok_or("no umbra-fsd among the VM's processes")?;
+            let cmdline = std::fs::read(format!("/proc/{fsd}/cmdline")).map_err(|e| e.to_string())?;
+            let args: Vec<String> =
+                cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+            let staging =
+                args.iter().skip_while(|a| *a != "--staging").nth(1).ok_or("umbra-fsd has no --staging")?.clone();
+            let points = |table: &str| -> Vec<(String, String)> {
+                table
+                    .lines()
+                    .filter_map(|l| {
+                        let (left, _) = l.split_once(" - ")?;
+                        let fields: Vec<&str> = left.split(' ').collect();
+                        Some((fields.get(4)?.to_string(), fields.get(6..).unwrap_or_default().join(" ")))
+                    })
+                    .collect()
+            };
+            let theirs = points(&std::fs::read_to_string(format!("/proc/{fsd}/mountinfo")).map_err(|e| e.to_string())?);
+            let own: Vec<&(String, String)> = theirs.iter().filter(|(p, _)| p.starts_with(&staging)).collect();
+            if own.len() < 3 {
+                return Err(format!("expected the staging tmpfs and two folder binds under {staging}, found {own:?}"));
+            }
+            if let Some((point, tags)) = theirs.iter().find(|(_, tags)| tags.contains("shared:")) {
+                return Err(format!("a shared mount in umbra-fsd's namespace would propagate out: {point} {tags}"));
+            }
+            let ours = points(&std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?);
+            let leaked: Vec<&(String, String)> =
+                ours.iter().filter(|(p, _)| p.starts_with(&staging) || p.contains("mount-here")).collect();
+            if !leaked.is_empty() {
+                return Err(format!("mounts of the VM's on the host: {leaked:?}"));
+            }
+            // The other way: its namespace is a slave of the host's (the containerd shim's pod
+            // directory), so a mount the host makes later beneath a folder that is a shared
+            // mount reaches it; the share itself is a private clone, so the guest never sees
+            // that mount (which would keep its own flags: writable in a read-only share).
+            if !prop_shared {
+                return Ok(format!("{} mounts of umbra-fsd's own, none on the host; (host mounts: not root)", own.len()));
+            }
+            let run = |args: &[&str]| Command::new("mount").args(args).status().map(|s| s.success()).unwrap_or(false);
+            let p = prop.display().to_string();
+            let shared = s.mount(FolderSpec { path: prop.clone(), name: Some("prop".into()), mode: ShareMode::Ro }).await;
+            let sub = prop.join("sub").display().to_string();
+            let mounted = run(&["-t", "tmpfs", "-o", "size=1m", "host-later", &sub])
+                && std::fs::write(prop.join("sub/over"), "over\n").is_ok();
+            let (code, out) = g
+                .sh(&format!(
+                    "ls /sessions/{SESSION}/mnt/prop/sub; echo x > /sessions/{SESSION}/mnt/prop/sub/new && echo wrote"
+                ))
+                .await;
+            let _ = Command::new("umount").arg(&sub).status();
+            let _ = s.unmount("prop").await;
+            let _ = Command::new("umount").arg(&p).status();
+            shared.map_err(|e| format!("sharing the folder: {e}"))?;
+            if !mounted {
+                return Err("the host's later mount".into());
+            }
+            if out.contains("over") || out.contains("wrote") || !out.contains("under") {
+                return Err(format!("the guest sees or writes the host's later mount (exit {code}): {out}"));
+            }
+            Ok(format!(
+                "{} mounts of umbra-fsd's own under {staging}, none on the host; no shared mount in its namespace; a host \
+                 mount made later under a shared folder is not in the share",
+                own.len()
+            ))
+        }),
+    ));
 
     cases.push((
         "the host processes a guest talks to are confined",
@@ -1463,6 +1553,10 @@ async fn run_suite(backend: BackendKind) {
     }
     m.delete(SESSION).await.unwrap();
     watcher.abort();
+    if prop_shared {
+        // Its case unmounts what it mounted; this is for a case that failed half-way.
+        let _ = Command::new("umount").arg("-l").arg(&prop).status();
+    }
     let vm_failures = vm_failures.lock().unwrap().clone();
     if !vm_failures.is_empty() {
         eprintln!("escape [{}]: the VM failed during the suite: {vm_failures:?}", backend.name());

@@ -107,7 +107,7 @@ struct MountAttr {
 }
 
 /// Clones the directory `from` refers to (that directory only, not mounts beneath it) as a
-/// detached mount, `nosuid,nodev` and read-only if asked, and attaches it over `onto` (a
+/// detached private mount, `nosuid,nodev` and read-only if asked, and attaches it over `onto` (a
 /// directory descriptor) — or at `onto_path` when `onto` is `None`. Returns a descriptor of
 /// the new mount's root, through which it can be unmounted later.
 pub fn attach(from: &OwnedFd, onto: Option<&OwnedFd>, onto_path: &Path, read_only: bool) -> Result<OwnedFd, String> {
@@ -131,7 +131,10 @@ pub fn attach(from: &OwnedFd, onto: Option<&OwnedFd>, onto_path: &Path, read_onl
     if read_only {
         set |= libc::MOUNT_ATTR_RDONLY;
     }
-    let attr = MountAttr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    // Private: this namespace is a slave of the host's (`namespace.rs`), and a clone of a slave
+    // mount would be a slave too — a mount the host made beneath the folder later would then
+    // appear in the share with its own flags (writable in a read-only share).
+    let attr = MountAttr { attr_set: set, attr_clr: 0, propagation: libc::MS_PRIVATE, userns_fd: 0 };
     // SAFETY: `tree` is valid, `empty` NUL-terminated, `attr` a mount_attr of the size passed;
     // the kernel only reads them.
     let r = unsafe {

@@ -145,9 +145,15 @@ impl ShimConfig {
     }
 }
 
-/// `io.umbra.ports`: (pod port, guest port) pairs.
+/// The most ports one pod forwards (each is a listener in the shim).
+pub const MAX_PORTS: usize = 64;
+
+/// `io.umbra.ports`: (pod port, guest port) pairs, at most [`MAX_PORTS`].
 pub fn ports(annotations: &HashMap<String, String>) -> Result<Vec<(u16, u16)>, String> {
     let Some(list) = annotations.get(PORTS_ANNOTATION) else { return Ok(Vec::new()) };
+    if list.split(',').filter(|s| !s.trim().is_empty()).count() > MAX_PORTS {
+        return Err(format!("{PORTS_ANNOTATION}: more than {MAX_PORTS} ports"));
+    }
     let port = |s: &str| {
         s.trim()
             .parse::<u16>()
@@ -192,6 +198,8 @@ mod tests {
         assert!(ports(&a("0")).is_err());
         assert!(ports(&a("http")).is_err());
         assert!(ports(&HashMap::new()).unwrap().is_empty());
+        let many = (1..=65).map(|p| p.to_string()).collect::<Vec<_>>().join(",");
+        assert!(ports(&a(&many)).unwrap_err().contains("more than 64"));
     }
 
     #[test]

@@ -71,9 +71,10 @@ pub async fn pump(mut exec: Exec, stdio: &Stdio) -> u32 {
                     tracing::warn!("process {} was lost: {}", exit.process, exit.reason.unwrap_or_default());
                     return 255;
                 }
+                // The guest's numbers, bounded: a code is 0..=255, a signal 1..=127.
                 return match (exit.code, exit.signal) {
-                    (Some(c), _) => c as u32,
-                    (None, Some(s)) => 128 + s as u32,
+                    (Some(c), _) => c.clamp(0, 255) as u32,
+                    (None, Some(s)) => 128 + s.clamp(0, 127) as u32,
                     (None, None) => 255,
                 };
             }

@@ -13,7 +13,7 @@ mod stats;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use containerd_shim::asynchronous::{run, spawn, ExitSignal, Shim};
+use containerd_shim::asynchronous::{run, ExitSignal, Shim};
 use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{api, Config, Error, Flags, StartOpts};
 
@@ -44,9 +44,7 @@ impl Shim for UmbraShim {
     }
 
     async fn start_shim(&mut self, opts: StartOpts) -> Result<String, Error> {
-        let grouping = grouping(&opts.id);
-        let address = spawn(opts, &grouping, Vec::new()).await?;
-        Ok(address)
+        spawn_server(&opts, &grouping(&opts.id)).await
     }
 
     async fn delete_shim(&mut self) -> Result<api::DeleteResponse, Error> {
@@ -80,6 +78,32 @@ impl Shim for UmbraShim {
             self.pod_dir.clone(),
         )
     }
+}
+
+/// Starts the shim's server for a pod (or finds it running: the server, on a socket in use,
+/// checks it answers and exits) and returns its address once it serves (it closes its stdout
+/// then). The crate's own `spawn` reads containerd's runtime options from stdin as runc's,
+/// which ours (`runtimeoptions.v1.Options`, a config path or body) are not.
+async fn spawn_server(opts: &StartOpts, grouping: &str) -> Result<String, Error> {
+    let address = containerd_shim::socket_address(&opts.address, &opts.namespace, grouping);
+    let failed = |what: &str, e: std::io::Error| Error::Other(format!("{what}: {e}"));
+    let exe = std::env::current_exe().map_err(|e| failed("the shim's own path", e))?;
+    let cwd = std::env::current_dir().map_err(|e| failed("the bundle directory", e))?;
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .args(["-namespace", &opts.namespace, "-id", &opts.id, "-address", &opts.address, "-socket", &address]);
+    if opts.debug {
+        command.arg("-debug");
+    }
+    let mut child = command.spawn().map_err(|e| failed("starting the shim's server", e))?;
+    if let Some(mut out) = child.stdout.take() {
+        tokio::io::copy(&mut out, &mut tokio::io::stderr()).await.map_err(|e| failed("the server's output", e))?;
+    }
+    Ok(address)
 }
 
 /// The pod a container belongs to, from the spec in the working directory (its bundle): a CRI

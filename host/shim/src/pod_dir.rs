@@ -4,6 +4,7 @@
 //! starts: that server's mount namespace is a slave of the host's, so a rootfs mounted here
 //! later (a pod's second container) reaches it and can be shared with the running VM.
 
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -31,7 +32,17 @@ pub fn ensure(dir: &Path) -> Result<PathBuf, String> {
     if is_mount_point(dir) {
         return Ok(dir.to_path_buf());
     }
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // Root's alone (0700): the rootfs mounted in it hold the images' files, which no other
+    // user of the host may reach (containerd keeps its snapshots at 0700 for the same reason).
+    for d in [Path::new(BASE), dir] {
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(d)
+            .map_err(|e| format!("{}: {e}", d.display()))?;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("{}: {e}", d.display()))?;
+    }
     mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)
         .map_err(|e| format!("binding {} onto itself: {e}", dir.display()))?;
     mount(None::<&str>, dir, None::<&str>, MsFlags::MS_SHARED, None::<&str>)

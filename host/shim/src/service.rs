@@ -23,7 +23,7 @@ use oci_spec::runtime::Spec;
 use tokio::sync::watch;
 use umbra_api::methods::StartParams;
 use umbra_api::{DaemonConfig, FolderSpec};
-use umbra_proto::container::{ContainerExec, CONTAINER_EXEC};
+use umbra_proto::container::ContainerExec;
 use umbra_proto::ShareMode;
 use umbra_runtime::session::{ExecControl, ExecRequest, ManagerOptions, Session, SessionManager};
 
@@ -36,6 +36,8 @@ const POD: &str = "pod";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Status {
     Created,
+    /// Its spawn is under way: neither startable nor deletable.
+    Starting,
     Running,
     Stopped,
 }
@@ -58,7 +60,10 @@ struct Proc {
 
 struct ProcState {
     status: Status,
-    pid: u32,
+    /// Its pid in the guest (containerd is told the shim's: a pid it looks up on the host,
+    /// `/proc/<pid>/ns/net` for a CRI pod's later containers, must be a host process in the
+    /// pod's network namespace, as Kata reports its VMM's).
+    guest_pid: u32,
     control: Option<ExecControl>,
 }
 
@@ -69,7 +74,7 @@ impl Proc {
             exec_id: exec_id.to_string(),
             stdio,
             request: Mutex::new(Some(request)),
-            state: Mutex::new(ProcState { status: Status::Created, pid: 0, control: None }),
+            state: Mutex::new(ProcState { status: Status::Created, guest_pid: 0, control: None }),
             done: watch::channel(None).0,
         })
     }
@@ -78,13 +83,33 @@ impl Proc {
         *self.done.borrow()
     }
 
-    fn pid(&self) -> u32 {
-        self.state.lock().unwrap().pid
+    fn guest_pid(&self) -> u32 {
+        self.state.lock().unwrap().guest_pid
     }
+
+    fn status(&self) -> Status {
+        self.state.lock().unwrap().status
+    }
+
+    /// Ends a process that never ran (killed before its start, or a start that failed).
+    fn end_unstarted(&self, status: u32) -> Exited {
+        self.request.lock().unwrap().take();
+        self.state.lock().unwrap().status = Status::Stopped;
+        let exited = Exited { status, at: SystemTime::now() };
+        self.done.send_replace(Some(exited));
+        exited
+    }
+}
+
+/// The pid containerd is told for every process: the shim's own (see [`ProcState::guest_pid`]).
+fn host_pid() -> u32 {
+    std::process::id()
 }
 
 struct Container {
     bundle: String,
+    /// Its cgroup in the guest (under the agent's commands group), named as its folder.
+    cgroup: String,
     /// `<pod dir>/<folder>`, where we mounted its rootfs (unmounted on delete).
     rootfs: PathBuf,
     folder: String,
@@ -98,7 +123,12 @@ pub struct Inner {
     containerd: String,
     exit: Arc<ExitSignal>,
     publisher: RemotePublisher,
-    config: Mutex<ShimConfig>,
+    /// The handler's options; an error refuses every container until containerd passes
+    /// options that load (an admin's typo must not fall back to the permissive defaults).
+    config: Mutex<Result<ShimConfig, String>>,
+    /// Held across a container's create and its init's delete: the pod's VM, directory and
+    /// container set change together.
+    lifecycle: tokio::sync::Mutex<()>,
     /// Whether this shim runs in the pod's own network namespace (a CRI pod, `ctr run
     /// --with-ns network:…`): then its ports listen on every address there.
     pod_netns: bool,
@@ -125,11 +155,17 @@ fn timestamp(at: SystemTime) -> Timestamp {
     Timestamp { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32, ..Default::default() }
 }
 
-/// A container id as a folder name (letters, digits, `.`, `_`, `-`, at most 64 bytes).
+/// A container id as a folder and cgroup name (letters, digits, `_`, `-`, at most 64 bytes):
+/// the id itself when it fits, else its start and a hash of all of it (CRI ids are 64 hex).
 pub fn folder_name(id: &str) -> String {
+    use sha2::{Digest, Sha256};
     let clean: String =
         id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
-    format!("c-{}", &clean[..clean.len().min(60)])
+    if clean == id && id.len() <= 60 {
+        return format!("c-{id}");
+    }
+    let hash: String = Sha256::digest(id.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("c-{}-{hash}", &clean[..clean.len().min(40)])
 }
 
 impl Service {
@@ -141,16 +177,14 @@ impl Service {
         pod_netns: bool,
         pod_dir: PathBuf,
     ) -> Self {
-        let config = ShimConfig::load(None).unwrap_or_else(|e| {
-            tracing::warn!("shim options: {e}; using the defaults");
-            ShimConfig::default()
-        });
+        let config = ShimConfig::load(None);
         let inner = Arc::new(Inner {
             namespace: namespace.to_string(),
             containerd: containerd.to_string(),
             exit,
             publisher,
             config: Mutex::new(config),
+            lifecycle: tokio::sync::Mutex::new(()),
             pod_netns,
             pod_dir,
             manager: tokio::sync::OnceCell::new(),
@@ -159,6 +193,10 @@ impl Service {
         });
         tokio::spawn(watch_containerd(Arc::downgrade(&inner)));
         Self(inner)
+    }
+
+    fn config(&self) -> Result<ShimConfig, String> {
+        self.0.config.lock().unwrap().clone()
     }
 
     async fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
@@ -180,7 +218,7 @@ impl Service {
         self.0
             .manager
             .get_or_init(|| async {
-                let shim = self.0.config.lock().unwrap().clone();
+                let shim = self.config().unwrap_or_default();
                 let config = DaemonConfig {
                     boot_timeout_secs: shim.boot_timeout_secs,
                     // Inside a pod's own network namespace its ports are the pod's, on every
@@ -205,23 +243,22 @@ impl Service {
         let result = if req.rootfs.is_empty() {
             let root = spec.root().as_ref().map(|r| r.path().clone()).unwrap_or_else(|| "rootfs".into());
             let root = if root.is_absolute() { root } else { bundle.join(root) };
-            nix::mount::mount(
-                Some(&root),
-                &target,
-                None::<&str>,
-                nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REC,
-                None::<&str>,
-            )
-            .map_err(|e| format!("binding the rootfs {}: {e}", root.display()))
+            use nix::mount::MsFlags;
+            nix::mount::mount(Some(&root), &target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+                .and_then(|()| {
+                    let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+                    nix::mount::mount(None::<&str>, &target, None::<&str>, flags, None::<&str>)
+                })
+                .map_err(|e| format!("binding the rootfs {}: {e}", root.display()))
         } else {
+            // nosuid, nodev: a set-id binary or a device node of an image is never usable on the
+            // host through this mount (containerd keeps its snapshots out of reach at 0700 for
+            // the same reason; the pod directory is 0700 too).
             req.rootfs.iter().try_for_each(|m| {
-                containerd_shim::mount::mount_rootfs(
-                    Some(m.type_.as_str()),
-                    Some(m.source.as_str()),
-                    &m.options,
-                    &target,
-                )
-                .map_err(|e| format!("mounting the rootfs ({} {}): {e}", m.type_, m.source))
+                let mut options = m.options.clone();
+                options.extend(["nosuid".to_string(), "nodev".to_string()]);
+                containerd_shim::mount::mount_rootfs(Some(m.type_.as_str()), Some(m.source.as_str()), &options, &target)
+                    .map_err(|e| format!("mounting the rootfs ({} {}): {e}", m.type_, m.source))
             })
         };
         if let Err(e) = result {
@@ -240,7 +277,7 @@ impl Service {
             session.mount(folder).await.map_err(|e| e.to_string())?;
             return Ok(session.clone());
         }
-        let settings = self.0.config.lock().unwrap().settings(spec)?;
+        let settings = self.config()?.settings(spec)?;
         let annotations = spec.annotations().clone().unwrap_or_default();
         let bind = if self.0.pod_netns { std::net::Ipv4Addr::UNSPECIFIED } else { std::net::Ipv4Addr::LOCALHOST };
         let ports = config::ports(&annotations)?
@@ -263,47 +300,83 @@ impl Service {
         self.0.pod.lock().await.clone().ok_or_else(|| status(ttrpc::Code::FAILED_PRECONDITION, "the pod has no VM"))
     }
 
-    /// Starts `proc` in the pod's VM and pumps its stdio and exit.
-    async fn launch(&self, proc: &Arc<Proc>, join: Option<u32>) -> TtrpcResult<u32> {
-        let mut request =
-            proc.request.lock().unwrap().take().ok_or_else(|| {
-                status(ttrpc::Code::FAILED_PRECONDITION, format!("{} was started already", proc.exec_id))
-            })?;
+    /// Starts `proc` in the pod's VM and pumps its stdio and exit; a start that fails ends the
+    /// process (an exit event says so) and says why.
+    async fn launch(&self, proc: &Arc<Proc>, join: Option<u32>) -> TtrpcResult<()> {
+        let request = {
+            let mut state = proc.state.lock().unwrap();
+            if state.status != Status::Created {
+                return Err(status(ttrpc::Code::FAILED_PRECONDITION, format!("{} was started already", proc.exec_id)));
+            }
+            state.status = Status::Starting;
+            proc.request.lock().unwrap().take()
+        };
+        let Some(mut request) = request else {
+            return Err(status(ttrpc::Code::FAILED_PRECONDITION, format!("{} was started already", proc.exec_id)));
+        };
         request.join = join;
-        let json = serde_json::to_string(&request).map_err(|e| status(ttrpc::Code::INTERNAL, e.to_string()))?;
-        let session = self.session().await?;
-        let exec = session
-            .spawn(ExecRequest {
-                argv: vec!["/proc/1/exe".into(), CONTAINER_EXEC.into(), json],
-                tty: proc.stdio.terminal.then_some(umbra_proto::TtySize { rows: 24, cols: 80 }),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| status(ttrpc::Code::UNKNOWN, format!("starting {:?}: {e}", request.args)))?;
-        let pid = exec.pid();
+        let spawned = match self.session().await {
+            Ok(session) => {
+                let argv = std::iter::once("/proc/1/exe".to_string()).chain(request.to_argv()).collect();
+                let tty = proc.stdio.terminal.then_some(umbra_proto::TtySize { rows: 24, cols: 80 });
+                session
+                    .spawn(ExecRequest { argv, tty, ..Default::default() })
+                    .await
+                    .map_err(|e| status(ttrpc::Code::UNKNOWN, format!("starting {:?}: {e}", request.args)))
+            }
+            Err(e) => Err(e),
+        };
+        let exec = match spawned {
+            Ok(exec) => exec,
+            Err(e) => {
+                let exited = proc.end_unstarted(umbra_api::event::EXIT_CANNOT_RUN as u32);
+                self.publish_exit(proc, exited).await;
+                return Err(e);
+            }
+        };
         {
             let mut state = proc.state.lock().unwrap();
             state.status = Status::Running;
-            state.pid = pid;
+            state.guest_pid = exec.pid();
             state.control = Some(exec.control());
         }
         let (service, proc) = (self.clone(), proc.clone());
         tokio::spawn(async move {
             let status = io::pump(exec, &proc.stdio).await;
             let exited = Exited { status, at: SystemTime::now() };
+            if proc.exec_id.is_empty() {
+                // The container ends with its first process, as runc's shim ends a container
+                // without a pid namespace of its own: whatever it left running goes too.
+                service.kill_container(&proc.container).await;
+            }
             proc.state.lock().unwrap().status = Status::Stopped;
             proc.done.send_replace(Some(exited));
-            let event = TaskExit {
-                container_id: proc.container.clone(),
-                id: if proc.exec_id.is_empty() { proc.container.clone() } else { proc.exec_id.clone() },
-                pid: proc.pid(),
-                exit_status: status,
-                exited_at: Some(timestamp(exited.at)).into(),
-                ..Default::default()
-            };
-            service.publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(event)).await;
+            service.publish_exit(&proc, exited).await;
         });
-        Ok(pid)
+        Ok(())
+    }
+
+    async fn publish_exit(&self, proc: &Proc, exited: Exited) {
+        let event = TaskExit {
+            container_id: proc.container.clone(),
+            id: if proc.exec_id.is_empty() { proc.container.clone() } else { proc.exec_id.clone() },
+            pid: host_pid(),
+            exit_status: exited.status,
+            exited_at: Some(timestamp(exited.at)).into(),
+            ..Default::default()
+        };
+        self.publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(event)).await;
+    }
+
+    /// SIGKILLs every process of a container (its guest cgroup's `cgroup.kill`); best effort.
+    async fn kill_container(&self, id: &str) {
+        let cgroup = self.0.containers.lock().unwrap().get(id).map(|c| c.cgroup.clone());
+        let (Some(cgroup), Ok(session)) = (cgroup, self.session().await) else { return };
+        let path = format!("{}/{cgroup}/cgroup.kill", crate::stats::CGROUP);
+        let mode = umbra_proto::WriteMode::Truncate;
+        if let Err(e) = session.write_file(&path, false, b"1", mode, false, None).await {
+            tracing::debug!("killing container {id}'s processes: {e}");
+        }
     }
 
     /// Ends the pod's VM and every helper of it; the shim exits after.
@@ -362,7 +435,8 @@ async fn watch_containerd(inner: std::sync::Weak<Inner>) {
             continue;
         }
         let since = *gone_since.get_or_insert_with(std::time::Instant::now);
-        let grace = Duration::from_secs(inner.config.lock().unwrap().orphan_grace_secs);
+        let grace = inner.config.lock().unwrap().as_ref().map_or(60, |c| c.orphan_grace_secs);
+        let grace = Duration::from_secs(grace);
         if since.elapsed() >= grace {
             tracing::warn!("containerd at {socket} has been gone for {grace:?}: stopping the pod");
             let service = Service(inner.clone());
@@ -394,6 +468,7 @@ impl Task for Service {
         if !req.checkpoint.is_empty() {
             return Err(status(ttrpc::Code::UNIMPLEMENTED, "restoring a container from a checkpoint"));
         }
+        let _lifecycle = self.0.lifecycle.lock().await;
         if self.0.containers.lock().unwrap().contains_key(&req.id) {
             return Err(status(ttrpc::Code::ALREADY_EXISTS, format!("container {}", req.id)));
         }
@@ -406,8 +481,11 @@ impl Task for Service {
                 (None, None) => None,
             };
             if let Some(config) = loaded {
-                *self.0.config.lock().unwrap() = config.map_err(|e| status(ttrpc::Code::INVALID_ARGUMENT, e))?;
+                *self.0.config.lock().unwrap() = config;
             }
+        }
+        if let Err(e) = self.config() {
+            return Err(status(ttrpc::Code::INVALID_ARGUMENT, format!("the runtime handler's options: {e}")));
         }
         let bundle = PathBuf::from(&req.bundle);
         let spec = Spec::load(bundle.join("config.json"))
@@ -415,7 +493,9 @@ impl Task for Service {
         let rootfs = self.mount_rootfs(&req, &spec, &bundle).map_err(|e| status(ttrpc::Code::INTERNAL, e))?;
         let folder = folder_name(&req.id);
         let guest_root = format!("/sessions/{POD}/mnt/{folder}");
-        let request = crate::spec::init(&spec, &guest_root).map_err(|e| status(ttrpc::Code::INVALID_ARGUMENT, e));
+        let request = crate::spec::init(&spec, &guest_root)
+            .map(|r| ContainerExec { cgroup: Some(folder.clone()), ..r })
+            .map_err(|e| status(ttrpc::Code::INVALID_ARGUMENT, e));
         let request = match request {
             Ok(r) => r,
             Err(e) => {
@@ -435,9 +515,16 @@ impl Task for Service {
             terminal: req.terminal,
         };
         let init = Proc::new(&req.id, "", stdio, request);
-        let container = Container { bundle: req.bundle.clone(), rootfs, folder, init, execs: HashMap::new() };
+        let container = Container {
+            bundle: req.bundle.clone(),
+            cgroup: folder.clone(),
+            rootfs,
+            folder,
+            init,
+            execs: HashMap::new(),
+        };
         self.0.containers.lock().unwrap().insert(req.id.clone(), container);
-        let pid = std::process::id();
+        let pid = host_pid();
         let event = TaskCreate {
             container_id: req.id.clone(),
             bundle: req.bundle.clone(),
@@ -466,9 +553,10 @@ impl Task for Service {
             if init.state.lock().unwrap().status != Status::Running {
                 return Err(status(ttrpc::Code::FAILED_PRECONDITION, format!("container {} is not running", req.id)));
             }
-            Some(init.pid())
+            Some(init.guest_pid())
         };
-        let pid = self.launch(&proc, join).await?;
+        self.launch(&proc, join).await?;
+        let pid = host_pid();
         if req.exec_id.is_empty() {
             self.publish(
                 topics::TASK_START_EVENT_TOPIC,
@@ -492,6 +580,7 @@ impl Task for Service {
                 return Err(status(ttrpc::Code::ALREADY_EXISTS, format!("process {} of {}", req.exec_id, req.id)));
             }
             crate::spec::process_exec(&process, &format!("/sessions/{POD}/mnt/{}", c.folder))
+                .map(|r| ContainerExec { cgroup: Some(c.cgroup.clone()), ..r })
                 .map_err(|e| status(ttrpc::Code::INVALID_ARGUMENT, e))?
         };
         let stdio = io::Stdio { stdin: req.stdin, stdout: req.stdout, stderr: req.stderr, terminal: req.terminal };
@@ -510,6 +599,9 @@ impl Task for Service {
             let state = proc.state.lock().unwrap();
             match state.status {
                 Status::Stopped => return Err(not_found(&format!("process {} (it has exited)", req.id))),
+                Status::Starting => {
+                    return Err(status(ttrpc::Code::FAILED_PRECONDITION, format!("{} is starting", req.id)))
+                }
                 Status::Created => None,
                 Status::Running => state.control.clone(),
             }
@@ -538,9 +630,8 @@ impl Task for Service {
             }
             None => {
                 // Never started: it ends here, killed.
-                proc.request.lock().unwrap().take();
-                proc.state.lock().unwrap().status = Status::Stopped;
-                proc.done.send_replace(Some(Exited { status: 128 + req.signal, at: SystemTime::now() }));
+                let exited = proc.end_unstarted(128u32.saturating_add(req.signal.min(127)));
+                self.publish_exit(&proc, exited).await;
             }
         }
         Ok(api::Empty::new())
@@ -567,15 +658,12 @@ impl Task for Service {
     async fn state(&self, _ctx: &TtrpcContext, req: api::StateRequest) -> TtrpcResult<api::StateResponse> {
         let proc = self.process(&req.id, &req.exec_id)?;
         let bundle = self.0.containers.lock().unwrap().get(&req.id).map(|c| c.bundle.clone()).unwrap_or_default();
-        let (st, pid) = {
-            let s = proc.state.lock().unwrap();
-            (s.status, s.pid)
-        };
-        let status = match st {
-            Status::Created => api::Status::CREATED,
+        let status = match proc.status() {
+            Status::Created | Status::Starting => api::Status::CREATED,
             Status::Running => api::Status::RUNNING,
             Status::Stopped => api::Status::STOPPED,
         };
+        let pid = if proc.status() == Status::Created { 0 } else { host_pid() };
         let exited = proc.exited();
         Ok(api::StateResponse {
             id: if req.exec_id.is_empty() { req.id } else { req.exec_id },
@@ -594,19 +682,22 @@ impl Task for Service {
 
     async fn delete(&self, _ctx: &TtrpcContext, req: api::DeleteRequest) -> TtrpcResult<api::DeleteResponse> {
         let proc = self.process(&req.id, &req.exec_id)?;
-        if proc.state.lock().unwrap().status == Status::Running {
+        if matches!(proc.status(), Status::Running | Status::Starting) {
             return Err(status(
                 ttrpc::Code::FAILED_PRECONDITION,
                 format!("{} is still running: kill it first", req.id),
             ));
         }
         let exited = proc.exited().unwrap_or(Exited { status: 0, at: SystemTime::now() });
-        let pid = proc.pid();
+        let pid = host_pid();
         if !req.exec_id.is_empty() {
             if let Some(c) = self.0.containers.lock().unwrap().get_mut(&req.id) {
                 c.execs.remove(&req.exec_id);
             }
         } else {
+            let _lifecycle = self.0.lifecycle.lock().await;
+            // What the container left running (its execs, what they started) goes with it.
+            self.kill_container(&req.id).await;
             let container = self.0.containers.lock().unwrap().remove(&req.id);
             if let Some(c) = container {
                 let last = self.0.containers.lock().unwrap().is_empty();
@@ -646,8 +737,8 @@ impl Task for Service {
         let c = containers.get(&req.id).ok_or_else(|| not_found(&format!("container {}", req.id)))?;
         let processes = std::iter::once(&c.init)
             .chain(c.execs.values())
-            .filter(|p| p.state.lock().unwrap().status == Status::Running)
-            .map(|p| containerd_shim::protos::api::ProcessInfo { pid: p.pid(), ..Default::default() })
+            .filter(|p| p.status() == Status::Running)
+            .map(|p| containerd_shim::protos::api::ProcessInfo { pid: p.guest_pid(), ..Default::default() })
             .collect();
         Ok(api::PidsResponse { processes, ..Default::default() })
     }
@@ -673,8 +764,8 @@ impl Task for Service {
         Ok(api::Empty::new())
     }
 
-    async fn connect(&self, _ctx: &TtrpcContext, req: api::ConnectRequest) -> TtrpcResult<api::ConnectResponse> {
-        let task_pid = self.process(&req.id, "").map(|p| p.pid()).unwrap_or(0);
+    async fn connect(&self, _ctx: &TtrpcContext, _req: api::ConnectRequest) -> TtrpcResult<api::ConnectResponse> {
+        let task_pid = host_pid();
         Ok(api::ConnectResponse {
             shim_pid: std::process::id(),
             task_pid,

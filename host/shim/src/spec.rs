@@ -9,6 +9,7 @@ pub fn init(spec: &Spec, guest_root: &str) -> Result<ContainerExec, String> {
     let process = spec.process().as_ref().ok_or("the spec has no process")?;
     let mut exec = process_exec(process, guest_root)?;
     exec.hostname = spec.hostname().clone().filter(|h| !h.is_empty());
+    exec.readonly_root = spec.root().as_ref().and_then(|r| r.readonly()).unwrap_or(false);
     exec.mounts = spec
         .mounts()
         .iter()
@@ -49,6 +50,8 @@ pub fn process_exec(process: &Process, guest_root: &str) -> Result<ContainerExec
             .collect(),
         no_new_privileges: process.no_new_privileges().unwrap_or(false),
         umask: user.umask(),
+        cgroup: None,
+        readonly_root: false,
     })
 }
 

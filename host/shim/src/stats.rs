@@ -10,7 +10,11 @@ use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::Message;
 use umbra_runtime::session::Session;
 
-const CGROUP: &str = "/sys/fs/cgroup/umbra-commands";
+/// The agent's commands cgroup in the guest; each container has its own beneath it.
+pub const CGROUP: &str = "/sys/fs/cgroup/umbra-commands";
+/// How long a stats request waits for the guest: a guest that does not answer must not hold
+/// containerd's metrics walk (which asks task after task).
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 const METRICS_TYPE: &str = "io.containerd.cgroups.v1.Metrics";
 
 /// The value of `key` in a flat-keyed cgroup file (`cpu.stat`, `memory.stat`, `memory.events`).
@@ -93,21 +97,30 @@ async fn read(session: &Session, name: &str) -> String {
 
 /// The guest's OOM kill count so far; `None` when it cannot be read.
 pub async fn oom_kills(session: &Session) -> Option<u64> {
-    let text = session.read_file(&format!("{CGROUP}/memory.events"), false, 0, 4096).await.ok()?.0;
+    let path = format!("{CGROUP}/memory.events");
+    let read = session.read_file(&path, false, 0, 4096);
+    let text = tokio::time::timeout(DEADLINE, read).await.ok()?.ok()?.0;
     Some(keyed(&String::from_utf8_lossy(&text), "oom_kill"))
 }
 
-/// The pod VM's figures, packed for `StatsResponse`.
+/// The pod VM's figures, packed for `StatsResponse`: the files read at once, within
+/// [`DEADLINE`] (a file the guest did not give in time counts as empty).
 pub async fn of(session: &Session) -> Result<Any, String> {
-    let files = Files {
-        cpu_stat: read(session, "cpu.stat").await,
-        memory_stat: read(session, "memory.stat").await,
-        memory_current: read(session, "memory.current").await,
-        memory_max: read(session, "memory.max").await,
-        memory_events: read(session, "memory.events").await,
-        pids_current: read(session, "pids.current").await,
-        pids_max: read(session, "pids.max").await,
+    let all = async {
+        let (cpu_stat, memory_stat, memory_current, memory_max, memory_events, pids_current, pids_max) = tokio::join!(
+            read(session, "cpu.stat"),
+            read(session, "memory.stat"),
+            read(session, "memory.current"),
+            read(session, "memory.max"),
+            read(session, "memory.events"),
+            read(session, "pids.current"),
+            read(session, "pids.max"),
+        );
+        Files { cpu_stat, memory_stat, memory_current, memory_max, memory_events, pids_current, pids_max }
     };
+    let files = tokio::time::timeout(DEADLINE, all)
+        .await
+        .map_err(|_| format!("the guest gave no figures within {DEADLINE:?}"))?;
     let value = metrics(&files).write_to_bytes().map_err(|e| e.to_string())?;
     Ok(Any { type_url: METRICS_TYPE.into(), value, ..Default::default() })
 }
