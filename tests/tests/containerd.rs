@@ -115,6 +115,15 @@ impl Containerd {
         self.ctr(&args)
     }
 
+    /// Waits up to 30 s until `ctr task ls` shows what `done` looks for; `what` names a timeout.
+    fn wait_for_tasks(&self, done: impl Fn(&str) -> bool, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done(&self.ctr(&["task", "ls"]).stdout()) {
+            assert!(Instant::now() < deadline, "{what}: {}", self.log());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// The shims and the VM helpers they started (everything carrying this test's directory).
     fn umbra_processes(&self) -> Vec<(u32, String)> {
         processes_mentioning(
@@ -315,11 +324,7 @@ fn ctr_runs_execs_kills_and_deletes_containers_in_microvms() {
     assert!(figure("memory.usage_in_bytes") > 0, "{}", metrics.stdout());
     assert!(figure("cpuacct.usage") > 0, "{}", metrics.stdout());
     ctd.ctr(&["task", "kill", "-s", "SIGKILL", "long"]).success();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !ctd.ctr(&["task", "ls"]).stdout().contains("STOPPED") {
-        assert!(Instant::now() < deadline, "the task did not stop: {}", ctd.log());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    ctd.wait_for_tasks(|ls| ls.contains("STOPPED"), "the task did not stop");
     ctd.ctr(&["task", "delete", "long"]).success();
     ctd.ctr(&["container", "delete", "long"]).success();
     assert!(!ctd.ctr(&["task", "ls"]).stdout().contains("long"));
@@ -455,11 +460,7 @@ fn killing_the_shim_or_containerd_leaves_no_vm_behind() {
     }
     // containerd cleans up after the dead shim (`containerd-shim-umbra-v2 delete`): the task
     // ends, killed.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while ctd.ctr(&["task", "ls"]).stdout().contains("RUNNING") {
-        assert!(Instant::now() < deadline, "containerd did not see the task end: {}", ctd.log());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    ctd.wait_for_tasks(|ls| !ls.contains("RUNNING"), "containerd did not see the task end");
     let _ = ctd.ctr(&["task", "delete", "victim"]);
     ctd.ctr(&["container", "delete", "victim"]).success();
     assert!(ctd.mounts().is_empty(), "rootfs mounts left: {:?}", ctd.mounts());
@@ -575,11 +576,7 @@ fn a_pods_annotations_decide_its_egress_and_its_ports_reach_the_guest() {
     // Not on the host's own addresses.
     assert!(std::net::TcpStream::connect(("127.0.0.1", 8080)).is_err(), "the pod's port listens on the host");
     ctd.ctr(&["task", "kill", "-s", "SIGKILL", "server"]).success();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while ctd.ctr(&["task", "ls"]).stdout().contains("RUNNING") {
-        assert!(Instant::now() < deadline, "the server did not stop: {}", ctd.log());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    ctd.wait_for_tasks(|ls| !ls.contains("RUNNING"), "the server did not stop");
     ctd.ctr(&["task", "delete", "server"]).success();
     ctd.ctr(&["container", "delete", "server"]).success();
     let _ = server.kill();
@@ -612,11 +609,7 @@ fn a_pods_containers_share_one_vm() {
     let ps = |id: &str| ctd.ctr(&["task", "exec", "--exec-id", "ps", id, "ps", "-o", "args"]).stdout();
     assert!(ps("sandbox").contains("sleep 777"), "{}", ps("sandbox"));
     ctd.ctr(&["task", "kill", "-s", "SIGKILL", "app"]).success();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !ctd.ctr(&["task", "ls"]).stdout().contains("STOPPED") {
-        assert!(Instant::now() < deadline, "the app did not stop: {}", ctd.log());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    ctd.wait_for_tasks(|ls| ls.contains("STOPPED"), "the app did not stop");
     ctd.ctr(&["task", "delete", "app"]).success();
     ctd.ctr(&["container", "delete", "app"]).success();
     std::thread::sleep(Duration::from_secs(1));
@@ -624,11 +617,7 @@ fn a_pods_containers_share_one_vm() {
     assert!(!ps("sandbox").contains("sleep 777"), "the app's exec outlived it: {}", ps("sandbox"));
     assert_eq!(vms(&ctd), 1);
     ctd.ctr(&["task", "kill", "-s", "SIGKILL", "sandbox"]).success();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while ctd.ctr(&["task", "ls"]).stdout().contains("RUNNING") {
-        assert!(Instant::now() < deadline, "the sandbox did not stop: {}", ctd.log());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    ctd.wait_for_tasks(|ls| !ls.contains("RUNNING"), "the sandbox did not stop");
     ctd.ctr(&["task", "delete", "sandbox"]).success();
     ctd.ctr(&["container", "delete", "sandbox"]).success();
     ctd.assert_no_umbra_processes_within(Duration::from_secs(20));

@@ -775,8 +775,11 @@ impl Task for Service {
     }
 
     async fn shutdown(&self, _ctx: &TtrpcContext, _req: api::ShutdownRequest) -> TtrpcResult<api::Empty> {
+        let _lifecycle = self.0.lifecycle.lock().await;
         if self.0.containers.lock().unwrap().is_empty() {
             self.end_pod().await;
+            // Also after a first container whose VM never booted: its directory goes too.
+            crate::pod_dir::remove(&self.0.pod_dir);
             self.0.exit.signal();
         }
         Ok(api::Empty::new())
